@@ -1,0 +1,264 @@
+//! Command-line flags and the validated runtime configuration.
+//!
+//! Owns parsing (clap, every flag also read from `MCP_REATTACH_<FLAG>`) and the plain
+//! [`Config`] value the rest of the crate reads. Knows nothing of sockets or HTTP.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// When the gateway opens a tagged stream with a priming event (an id and empty data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Priming {
+    /// Only for sessions whose protocol version is 2025-11-25 or later.
+    Auto,
+    /// On every tagged stream.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
+///
+/// Durations take a unit (`500ms`, `15s`, `5m`, `1h`); sizes take an optional unit
+/// (`512`, `64KiB`, `1MiB`, `1MB`). Every flag can also be set from the environment as
+/// `MCP_REATTACH_<FLAG>` (for example `MCP_REATTACH_UPSTREAM`).
+#[derive(Debug, Parser)]
+#[command(name = "mcp-reattach", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start an embedded legacy MCP demo server on loopback with the gateway in front of it.
+    Demo,
+}
+
+/// The gateway's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Address the proxy listens on.
+    #[arg(long, env = "MCP_REATTACH_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// Base URL of the MCP server to proxy to (http only), e.g. http://127.0.0.1:3000.
+    /// Request paths and queries are forwarded as received. Required unless running `demo`.
+    #[arg(long, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
+    pub upstream: Option<http::Uri>,
+
+    /// Address of the admin listener (/healthz, /readyz).
+    #[arg(long, env = "MCP_REATTACH_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+
+    /// Per-session window: most recent events retained for resumption (count).
+    #[arg(long, env = "MCP_REATTACH_WINDOW_EVENTS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    pub window_events: u32,
+
+    /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
+    #[arg(long, env = "MCP_REATTACH_WINDOW_BYTES", default_value = "1MiB", value_parser = parse_size)]
+    pub window_bytes: u64,
+
+    /// Drop a session's state after this long with no client attached and no client request
+    /// (duration).
+    #[arg(long, env = "MCP_REATTACH_SESSION_TTL", default_value = "5m", value_parser = parse_positive_duration)]
+    pub session_ttl: Duration,
+
+    /// Most sessions held at once. At the cap the least recently used session with no
+    /// attached client is shed; if every session has a client attached, new sessions get 503
+    /// with Retry-After.
+    #[arg(long, env = "MCP_REATTACH_MAX_SESSIONS", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+
+    /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
+    /// 0 disables).
+    #[arg(long, env = "MCP_REATTACH_KEEPALIVE", default_value = "15s", value_parser = parse_duration)]
+    pub keepalive: Duration,
+
+    /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
+    /// close the gateway initiates (duration; default unset).
+    #[arg(long, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
+    pub retry_hint: Option<Duration>,
+
+    /// A client whose unsent backlog keeps growing for this long is detached with a
+    /// resumption-required signal (duration).
+    #[arg(long, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    pub stall_timeout: Duration,
+
+    /// Priming events: auto (protocol 2025-11-25 or later), always, never.
+    #[arg(long, env = "MCP_REATTACH_PRIMING", value_enum, default_value = "auto")]
+    pub priming: Priming,
+
+    /// Largest single SSE event accepted from the upstream (size); a larger one ends that
+    /// stream with an explicit error.
+    #[arg(long, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = "16MiB", value_parser = parse_size)]
+    pub max_event_bytes: u64,
+
+    /// Largest request body the gateway reads to classify a POST (size); larger gets 413.
+    #[arg(long, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = "4MiB", value_parser = parse_size)]
+    pub max_request_bytes: u64,
+
+    /// Log filter (tracing-subscriber EnvFilter syntax), e.g. `info` or `mcp_reattach=debug`.
+    #[arg(long, env = "MCP_REATTACH_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// The runtime configuration the gateway reads. Built from [`GatewayArgs`] or directly in tests.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Scheme and authority of the upstream (path and query come from each request).
+    pub upstream: http::Uri,
+    pub window_events: usize,
+    pub window_bytes: usize,
+    pub session_ttl: Duration,
+    pub max_sessions: usize,
+    /// `None` disables keep-alives.
+    pub keepalive: Option<Duration>,
+    pub retry_hint: Option<Duration>,
+    pub stall_timeout: Duration,
+    pub priming: Priming,
+    pub max_event_bytes: usize,
+    pub max_request_bytes: usize,
+    /// How often the background sweep looks for expired sessions and stalled clients.
+    pub sweep_interval: Duration,
+}
+
+impl Config {
+    /// Defaults of every flag, in front of `upstream`.
+    pub fn new(upstream: http::Uri) -> Config {
+        Config {
+            upstream,
+            window_events: 256,
+            window_bytes: 1 << 20,
+            session_ttl: Duration::from_secs(300),
+            max_sessions: 10_000,
+            keepalive: Some(Duration::from_secs(15)),
+            retry_hint: None,
+            stall_timeout: Duration::from_secs(30),
+            priming: Priming::Auto,
+            max_event_bytes: 16 << 20,
+            max_request_bytes: 4 << 20,
+            sweep_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// The configuration the flags describe, with `upstream` already decided.
+    pub fn from_args(args: &GatewayArgs, upstream: http::Uri) -> Config {
+        let sweep = (args.session_ttl.min(args.stall_timeout) / 4)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+        Config {
+            upstream,
+            window_events: args.window_events as usize,
+            window_bytes: usize::try_from(args.window_bytes).unwrap_or(usize::MAX),
+            session_ttl: args.session_ttl,
+            max_sessions: args.max_sessions as usize,
+            keepalive: (!args.keepalive.is_zero()).then_some(args.keepalive),
+            retry_hint: args.retry_hint,
+            stall_timeout: args.stall_timeout,
+            priming: args.priming,
+            max_event_bytes: usize::try_from(args.max_event_bytes).unwrap_or(usize::MAX),
+            max_request_bytes: usize::try_from(args.max_request_bytes).unwrap_or(usize::MAX),
+            sweep_interval: sweep,
+        }
+    }
+}
+
+/// Parses an upstream base URL: `http://host[:port]` with an optional trailing `/`.
+pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => return Err(format!("scheme {other:?} is not supported (use http)")),
+        None => return Err("missing scheme (expected http://host:port)".into()),
+    }
+    if uri.authority().is_none() {
+        return Err("missing host".into());
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("give only scheme, host and port; request paths are forwarded as received".into());
+    }
+    Ok(uri)
+}
+
+/// Parses a duration with a unit (`250ms`, `15s`, `5m`); a bare `0` is zero.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (expected e.g. 500ms, 15s, 5m)"))
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+/// Parses a byte size: a plain number of bytes or a number with `B`, `KB`, `KiB`, `MB`,
+/// `MiB`, `GB`, `GiB` (case-insensitive).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (expected e.g. 65536, 64KiB, 1MiB)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "kib" | "k" => 1 << 10,
+        "mb" => 1_000_000,
+        "mib" | "m" => 1 << 20,
+        "gb" => 1_000_000_000,
+        "gib" | "g" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    let v = n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))?;
+    if v == 0 {
+        return Err("must be greater than zero".into());
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("64kib"), Ok(65536));
+        assert_eq!(parse_size("1MB"), Ok(1_000_000));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1 parsec").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("15").is_err());
+        assert!(parse_positive_duration("0").is_err());
+    }
+
+    #[test]
+    fn upstreams() {
+        assert!(parse_upstream("http://127.0.0.1:3000").is_ok());
+        assert!(parse_upstream("http://127.0.0.1:3000/").is_ok());
+        assert!(parse_upstream("https://x").is_err());
+        assert!(parse_upstream("127.0.0.1:3000").is_err());
+        assert!(parse_upstream("http://h/mcp").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Embedded legacy MCP demo upstream (placeholder, being written).
