@@ -10,8 +10,11 @@
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 
 pub mod config;
+pub mod cursor;
 pub mod demo;
 pub mod server;
+pub mod sse;
+pub mod window;
 
 pub use config::{Config, Priming};
 pub use server::serve;

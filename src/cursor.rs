@@ -1,0 +1,143 @@
+//! The gateway's SSE event ids (cursors): `<epoch>.<stream>.<seq>`.
+//!
+//! * `epoch`: 16 lowercase hex digits, random per session state. A session the gateway
+//!   forgets and meets again, or a restarted gateway, gets a new epoch, so an id from another
+//!   session or an earlier run never parses as a valid cursor for this one.
+//! * `stream`: decimal number of the stream within the session (POST response or GET).
+//! * `seq`: decimal sequence number, strictly increasing across all streams of the session.
+//!
+//! Pure: parsing and formatting only; what a cursor means is decided by the session layer.
+
+use std::fmt;
+
+/// Longest `Last-Event-ID` the gateway will look at. Ours are at most 16+1+10+1+20 bytes.
+pub const MAX_CURSOR_LEN: usize = 64;
+
+/// A parsed gateway event id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cursor {
+    pub epoch: u64,
+    pub stream: u32,
+    pub seq: u64,
+}
+
+/// Why a `Last-Event-ID` is not a gateway cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CursorError {
+    #[error("Last-Event-ID is longer than {MAX_CURSOR_LEN} bytes")]
+    TooLong,
+    #[error("Last-Event-ID is not an id this gateway issued (expected <epoch>.<stream>.<seq>)")]
+    Malformed,
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}.{}.{}", self.epoch, self.stream, self.seq)
+    }
+}
+
+impl Cursor {
+    /// Parses the canonical form only (no leading zeros, no sign, lowercase hex), so each
+    /// position has exactly one spelling.
+    pub fn parse(s: &[u8]) -> Result<Cursor, CursorError> {
+        if s.len() > MAX_CURSOR_LEN {
+            return Err(CursorError::TooLong);
+        }
+        let mut parts = s.split(|&b| b == b'.');
+        let (Some(epoch), Some(stream), Some(seq), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(CursorError::Malformed);
+        };
+        if epoch.len() != 16 || !epoch.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(CursorError::Malformed);
+        }
+        let epoch = u64::from_str_radix(ascii(epoch)?, 16).map_err(|_| CursorError::Malformed)?;
+        Ok(Cursor { epoch, stream: decimal(stream)?, seq: decimal(seq)? })
+    }
+}
+
+fn ascii(b: &[u8]) -> Result<&str, CursorError> {
+    std::str::from_utf8(b).map_err(|_| CursorError::Malformed)
+}
+
+fn decimal<T: std::str::FromStr>(b: &[u8]) -> Result<T, CursorError> {
+    let canonical = !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b == b"0" || b[0] != b'0');
+    if !canonical {
+        return Err(CursorError::Malformed);
+    }
+    ascii(b)?.parse().map_err(|_| CursorError::Malformed)
+}
+
+/// A fresh random epoch for a new session state.
+pub fn new_epoch() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No OS randomness: fall back to std's randomly keyed SipHash over the time.
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        return h.finish();
+    }
+    u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn formats_as_visible_ascii() {
+        let c = Cursor { epoch: 0xab, stream: 3, seq: 42 };
+        assert_eq!(c.to_string(), "00000000000000ab.3.42");
+        assert!(crate::sse::is_valid_id(&c.to_string()));
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in [
+            &b""[..],
+            b"1",
+            b"e1",
+            b"00000000000000ab.3",
+            b"00000000000000ab.3.42.1",
+            b"00000000000000AB.3.42",
+            b"0000000000000ab.3.42",
+            b"00000000000000ab.03.42",
+            b"00000000000000ab.3.+42",
+            b"00000000000000ab.3.-1",
+            b"00000000000000ab.3.",
+            b"00000000000000ab.99999999999.1",
+            b"00000000000000ab.3.99999999999999999999999",
+            b"00000000000000ab.3.4 2",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(Cursor::parse(bad), Err(CursorError::Malformed), "{bad:?}");
+        }
+        assert_eq!(Cursor::parse(&[b'1'; 65]), Err(CursorError::TooLong));
+    }
+
+    #[test]
+    fn epochs_differ() {
+        assert_ne!(new_epoch(), new_epoch());
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(epoch in any::<u64>(), stream in any::<u32>(), seq in any::<u64>()) {
+            let c = Cursor { epoch, stream, seq };
+            let s = c.to_string();
+            prop_assert!(s.len() <= MAX_CURSOR_LEN);
+            prop_assert_eq!(Cursor::parse(s.as_bytes()), Ok(c));
+        }
+
+        #[test]
+        fn parse_never_panics_and_only_accepts_canonical(s in proptest::collection::vec(any::<u8>(), 0..80)) {
+            if let Ok(c) = Cursor::parse(&s) {
+                let text = c.to_string();
+                prop_assert_eq!(text.as_bytes(), &s[..]);
+            }
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! Incremental Server-Sent Events codec: a decoder that turns arbitrary byte chunks into
+//! events (LF, CR and CRLF line ends, multi-line `data`, comments, `retry`, a leading BOM),
+//! and an encoder that writes events back with the gateway's own id.
+//!
+//! Pure: no I/O, no tokio, no HTTP. Decoding any split of a byte stream yields the same
+//! events as decoding it in one piece (property-tested below).
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// One dispatched SSE event block (any block that carried at least one field).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// The `id` field as sent by the upstream, if any (the gateway replaces it).
+    pub id: Option<String>,
+    /// The `event` field (event type), if any.
+    pub event: Option<String>,
+    /// The `data` lines joined with `\n`; `None` when the block had no `data` field.
+    pub data: Option<String>,
+    /// The `retry` field in milliseconds, if any.
+    pub retry: Option<u64>,
+}
+
+/// Why the decoder refused its input. The stream it came from cannot continue.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SseError {
+    #[error("SSE event larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("SSE event is not valid UTF-8")]
+    InvalidUtf8,
+}
+
+/// Stateful, incremental SSE decoder.
+#[derive(Debug)]
+pub struct Decoder {
+    max_event_bytes: usize,
+    /// Bytes of the current, not yet terminated line.
+    line: Vec<u8>,
+    /// The previous chunk ended in CR: a leading LF of the next chunk belongs to it.
+    after_cr: bool,
+    /// Still at the very start of the stream (a BOM may follow).
+    at_start: bool,
+    /// Fields of the event being built.
+    cur: Partial,
+    /// Bytes accounted to the event being built (line bytes included).
+    cur_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Partial {
+    id: Option<Vec<u8>>,
+    event: Option<Vec<u8>>,
+    data: Option<Vec<u8>>,
+    retry: Option<u64>,
+}
+
+impl Partial {
+    fn is_empty(&self) -> bool {
+        self.id.is_none() && self.event.is_none() && self.data.is_none() && self.retry.is_none()
+    }
+}
+
+impl Decoder {
+    /// A decoder refusing any single event (all of its lines) larger than `max_event_bytes`.
+    pub fn new(max_event_bytes: usize) -> Decoder {
+        Decoder {
+            max_event_bytes,
+            line: Vec::new(),
+            after_cr: false,
+            at_start: true,
+            cur: Partial::default(),
+            cur_bytes: 0,
+        }
+    }
+
+    /// Feeds one chunk; complete events are appended to `out` in order.
+    pub fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<Event>) -> Result<(), SseError> {
+        if self.at_start && !chunk.is_empty() {
+            // A UTF-8 BOM may open the stream; it can arrive split across chunks.
+            let bom = b"\xEF\xBB\xBF";
+            let have = self.line.len();
+            let take = (bom.len() - have).min(chunk.len());
+            if bom[have..have + take] == chunk[..take] {
+                if have + take == bom.len() {
+                    self.line.clear();
+                    self.at_start = false;
+                    chunk = &chunk[take..];
+                } else {
+                    self.line.extend_from_slice(&chunk[..take]);
+                    return Ok(());
+                }
+            } else {
+                self.at_start = false;
+            }
+        }
+        while !chunk.is_empty() {
+            if self.after_cr {
+                self.after_cr = false;
+                if chunk[0] == b'\n' {
+                    chunk = &chunk[1..];
+                    continue;
+                }
+            }
+            match chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+                Some(i) => {
+                    self.grow(i)?;
+                    self.line.extend_from_slice(&chunk[..i]);
+                    if chunk[i] == b'\r' {
+                        if chunk.get(i + 1) == Some(&b'\n') {
+                            chunk = &chunk[i + 2..];
+                        } else {
+                            self.after_cr = i + 1 == chunk.len();
+                            chunk = &chunk[i + 1..];
+                        }
+                    } else {
+                        chunk = &chunk[i + 1..];
+                    }
+                    let line = std::mem::take(&mut self.line);
+                    self.process_line(&line, out)?;
+                    self.line = line;
+                    self.line.clear();
+                }
+                None => {
+                    self.grow(chunk.len())?;
+                    self.line.extend_from_slice(chunk);
+                    chunk = &[];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn grow(&mut self, n: usize) -> Result<(), SseError> {
+        self.cur_bytes += n;
+        if self.cur_bytes > self.max_event_bytes {
+            return Err(SseError::TooLarge { limit: self.max_event_bytes });
+        }
+        Ok(())
+    }
+
+    fn process_line(&mut self, line: &[u8], out: &mut Vec<Event>) -> Result<(), SseError> {
+        if line.is_empty() {
+            let cur = std::mem::take(&mut self.cur);
+            self.cur_bytes = 0;
+            if !cur.is_empty() {
+                out.push(finish(cur)?);
+            }
+            return Ok(());
+        }
+        if line[0] == b':' {
+            return Ok(()); // comment
+        }
+        let (name, value) = match line.iter().position(|&b| b == b':') {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
+        };
+        match name {
+            b"data" => match &mut self.cur.data {
+                Some(d) => {
+                    d.push(b'\n');
+                    d.extend_from_slice(value);
+                }
+                None => self.cur.data = Some(value.to_vec()),
+            },
+            b"event" => self.cur.event = Some(value.to_vec()),
+            b"id" => {
+                if !value.contains(&0) {
+                    self.cur.id = Some(value.to_vec());
+                }
+            }
+            b"retry" => {
+                if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
+                    self.cur.retry = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok());
+                }
+            }
+            _ => {} // unknown fields are ignored, as the SSE standard says
+        }
+        Ok(())
+    }
+}
+
+fn utf8(v: Option<Vec<u8>>) -> Result<Option<String>, SseError> {
+    v.map(|v| String::from_utf8(v).map_err(|_| SseError::InvalidUtf8))
+        .transpose()
+}
+
+fn finish(p: Partial) -> Result<Event, SseError> {
+    Ok(Event {
+        id: utf8(p.id)?,
+        event: utf8(p.event)?,
+        data: utf8(p.data)?,
+        retry: p.retry,
+    })
+}
+
+/// Writes `ev` as one SSE block with `id` as its id (the upstream's id is not written).
+/// Field values come from the decoder, so they hold no CR or LF; `data` lines are split on LF.
+pub fn encode(id: &str, ev: &Event, out: &mut BytesMut) {
+    debug_assert!(is_valid_id(id));
+    out.reserve(16 + id.len() + ev.data.as_ref().map_or(0, |d| d.len() + 8));
+    out.put_slice(b"id: ");
+    out.put_slice(id.as_bytes());
+    out.put_u8(b'\n');
+    if let Some(t) = &ev.event {
+        out.put_slice(b"event: ");
+        out.put_slice(t.as_bytes());
+        out.put_u8(b'\n');
+    }
+    if let Some(r) = ev.retry {
+        write_retry(r, out);
+    }
+    if let Some(d) = &ev.data {
+        for line in d.split('\n') {
+            out.put_slice(b"data: ");
+            out.put_slice(line.as_bytes());
+            out.put_u8(b'\n');
+        }
+    }
+    out.put_u8(b'\n');
+}
+
+/// Writes a gateway-made event: `id`, an optional `event` type, an optional `retry`, and `data`
+/// (a single line of JSON or empty).
+pub fn control(id: Option<&str>, event: Option<&str>, retry_ms: Option<u64>, data: &str) -> Bytes {
+    debug_assert!(!data.contains(['\n', '\r']));
+    let mut out = BytesMut::with_capacity(64 + data.len());
+    if let Some(id) = id {
+        out.put_slice(b"id: ");
+        out.put_slice(id.as_bytes());
+        out.put_u8(b'\n');
+    }
+    if let Some(t) = event {
+        out.put_slice(b"event: ");
+        out.put_slice(t.as_bytes());
+        out.put_u8(b'\n');
+    }
+    if let Some(r) = retry_ms {
+        write_retry(r, &mut out);
+    }
+    out.put_slice(b"data: ");
+    out.put_slice(data.as_bytes());
+    out.put_slice(b"\n\n");
+    out.freeze()
+}
+
+fn write_retry(ms: u64, out: &mut BytesMut) {
+    out.put_slice(b"retry: ");
+    out.put_slice(ms.to_string().as_bytes());
+    out.put_u8(b'\n');
+}
+
+/// The keep-alive comment the gateway sends on idle streams.
+pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
+
+/// An SSE id the gateway may emit: non-empty visible ASCII (no CR, LF, NUL or spaces).
+pub fn is_valid_id(id: &str) -> bool {
+    !id.is_empty() && id.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decode_all(input: &[u8]) -> Vec<Event> {
+        let mut d = Decoder::new(1 << 20);
+        let mut out = Vec::new();
+        d.feed(input, &mut out).expect("decodes");
+        out
+    }
+
+    fn ev(data: &str) -> Event {
+        Event { data: Some(data.into()), ..Event::default() }
+    }
+
+    #[test]
+    fn line_endings_are_equivalent() {
+        let lf = decode_all(b"data: a\n\ndata: b\n\n");
+        let cr = decode_all(b"data: a\r\rdata: b\r\r");
+        let crlf = decode_all(b"data: a\r\n\r\ndata: b\r\n\r\n");
+        assert_eq!(lf, vec![ev("a"), ev("b")]);
+        assert_eq!(lf, cr);
+        assert_eq!(lf, crlf);
+    }
+
+    #[test]
+    fn crlf_split_across_chunks_is_one_line_end() {
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        d.feed(b"data: a\r", &mut out).unwrap();
+        d.feed(b"\n\r", &mut out).unwrap();
+        d.feed(b"\ndata: b\r\n\r\n", &mut out).unwrap();
+        assert_eq!(out, vec![ev("a"), ev("b")]);
+    }
+
+    #[test]
+    fn fields_comments_and_multiline_data() {
+        let out = decode_all(
+            b": ping - 2025\nid: up-1\nevent: message\nretry: 1500\ndata: {\"a\":\ndata:1}\nx-unknown: y\n\n",
+        );
+        assert_eq!(
+            out,
+            vec![Event {
+                id: Some("up-1".into()),
+                event: Some("message".into()),
+                data: Some("{\"a\":\n1}".into()),
+                retry: Some(1500),
+            }]
+        );
+    }
+
+    #[test]
+    fn empty_data_and_id_only_blocks_are_events_comment_blocks_are_not() {
+        let out = decode_all(b"id: 1\ndata:\n\n: only a comment\n\nid: 2\n\n\n\nretry: x1\n\n");
+        assert_eq!(
+            out,
+            vec![
+                Event { id: Some("1".into()), data: Some(String::new()), ..Event::default() },
+                Event { id: Some("2".into()), ..Event::default() },
+            ]
+        );
+        // Two empty data lines make one LF.
+        assert_eq!(decode_all(b"data\ndata\n\n"), vec![ev("\n")]);
+    }
+
+    #[test]
+    fn unterminated_event_is_not_dispatched() {
+        assert!(decode_all(b"data: a\n").is_empty());
+        assert!(decode_all(b"data: a").is_empty());
+    }
+
+    #[test]
+    fn bom_is_stripped_once_even_when_split() {
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        d.feed(b"\xEF", &mut out).unwrap();
+        d.feed(b"\xBB\xBFdata: a\n\n\xEF\xBB\xBFdata: b\n\n", &mut out).unwrap();
+        assert_eq!(out[0], ev("a"));
+        // A BOM later in the stream is part of a field name, so that block has no data field.
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn oversized_event_is_refused() {
+        let mut d = Decoder::new(16);
+        let mut out = Vec::new();
+        assert_eq!(d.feed(b"data: 0123456789abcdef\n", &mut out), Err(SseError::TooLarge { limit: 16 }));
+        // The limit counts the whole event, not one line.
+        let mut d = Decoder::new(16);
+        assert!(d.feed(b"data: 012345\n", &mut out).is_ok());
+        assert!(d.feed(b"data: 012345\n", &mut out).is_err());
+        // ... and resets after each event.
+        let mut d = Decoder::new(16);
+        for _ in 0..10 {
+            d.feed(b"data: 0123\n\n", &mut out).unwrap();
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_is_refused() {
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        assert_eq!(d.feed(b"data: \xff\xfe\n\n", &mut out), Err(SseError::InvalidUtf8));
+    }
+
+    #[test]
+    fn encode_round_trips_and_replaces_id() {
+        let e = Event {
+            id: Some("upstream".into()),
+            event: Some("message".into()),
+            data: Some("line1\nline2\n".into()),
+            retry: Some(10),
+        };
+        let mut buf = BytesMut::new();
+        encode("gw.1", &e, &mut buf);
+        let back = decode_all(&buf);
+        assert_eq!(back, vec![Event { id: Some("gw.1".into()), ..e }]);
+    }
+
+    #[test]
+    fn control_events_decode() {
+        let b = control(Some("x.1"), Some("mcp-reattach/resumed"), Some(500), "{}");
+        assert_eq!(
+            decode_all(&b),
+            vec![Event {
+                id: Some("x.1".into()),
+                event: Some("mcp-reattach/resumed".into()),
+                data: Some("{}".into()),
+                retry: Some(500),
+            }]
+        );
+    }
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        let text = "[a-zA-Z0-9 {}\":,é]{0,12}";
+        (
+            proptest::option::of("[!-~]{1,10}"),
+            proptest::option::of("[a-z/]{1,8}"),
+            proptest::option::of(proptest::collection::vec(text, 1..4).prop_map(|v| v.join("\n"))),
+            proptest::option::of(0u64..100_000),
+        )
+            .prop_filter("a block needs a field", |(i, e, d, r)| {
+                i.is_some() || e.is_some() || d.is_some() || r.is_some()
+            })
+            .prop_map(|(id, event, data, retry)| Event { id, event, data, retry })
+    }
+
+    fn write_raw(events: &[Event], eol: &str, comments: bool) -> Vec<u8> {
+        let mut s = String::new();
+        for e in events {
+            if comments {
+                s.push_str(": ping");
+                s.push_str(eol);
+            }
+            if let Some(i) = &e.id {
+                s.push_str(&format!("id: {i}{eol}"));
+            }
+            if let Some(t) = &e.event {
+                s.push_str(&format!("event:{t}{eol}"));
+            }
+            if let Some(r) = e.retry {
+                s.push_str(&format!("retry: {r}{eol}"));
+            }
+            if let Some(d) = &e.data {
+                for l in d.split('\n') {
+                    s.push_str(&format!("data: {l}{eol}"));
+                }
+            }
+            s.push_str(eol);
+        }
+        s.into_bytes()
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_gives_the_same_events(
+            events in proptest::collection::vec(arb_event(), 0..8),
+            eol in prop_oneof![Just("\n"), Just("\r"), Just("\r\n")],
+            comments in any::<bool>(),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12),
+        ) {
+            let raw = write_raw(&events, eol, comments);
+            let whole = decode_all(&raw);
+            prop_assert_eq!(&whole, &events);
+            let mut points: Vec<usize> = cuts.iter().map(|c| c.index(raw.len() + 1)).collect();
+            points.sort_unstable();
+            let mut d = Decoder::new(1 << 20);
+            let mut out = Vec::new();
+            let mut prev = 0;
+            for p in points.into_iter().chain(std::iter::once(raw.len())) {
+                d.feed(&raw[prev..p], &mut out).unwrap();
+                prev = p;
+            }
+            prop_assert_eq!(out, whole);
+        }
+
+        #[test]
+        fn byte_at_a_time_equals_whole(events in proptest::collection::vec(arb_event(), 0..5)) {
+            let raw = write_raw(&events, "\r\n", true);
+            let mut d = Decoder::new(1 << 20);
+            let mut out = Vec::new();
+            for b in &raw {
+                d.feed(std::slice::from_ref(b), &mut out).unwrap();
+            }
+            prop_assert_eq!(out, events);
+        }
+
+        #[test]
+        fn encode_decode_round_trip(e in arb_event(), id in "[!-~]{1,20}") {
+            let mut buf = BytesMut::new();
+            encode(&id, &e, &mut buf);
+            let back = decode_all(&buf);
+            prop_assert_eq!(back, vec![Event { id: Some(id), ..e }]);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The per-session window: the most recent encoded events of a session, bounded by a count
+//! and a byte budget, in sequence order.
+//!
+//! Pure: no clocks, no locks, no I/O. The session layer decides what an eviction means for a
+//! stream (see `session`); TTL is the session's, not the window's.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+/// One retained event: its session-wide sequence number, its stream, and its encoded frame
+/// (the exact bytes sent to clients, gateway id included).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub stream: u32,
+    pub frame: Bytes,
+}
+
+/// Bounded ring of [`Entry`]s with strictly increasing `seq`.
+#[derive(Debug)]
+pub struct Window {
+    entries: VecDeque<Entry>,
+    bytes: usize,
+    max_events: usize,
+    max_bytes: usize,
+}
+
+impl Window {
+    pub fn new(max_events: usize, max_bytes: usize) -> Window {
+        Window { entries: VecDeque::new(), bytes: 0, max_events: max_events.max(1), max_bytes }
+    }
+
+    /// Appends `entry`, evicting the oldest entries (each passed to `evicted`) until both
+    /// bounds hold. An entry larger than the whole byte budget is not retained: it is handed
+    /// back as `Err` and nothing else is evicted for it.
+    pub fn push(&mut self, entry: Entry, mut evicted: impl FnMut(Entry)) -> Result<(), Entry> {
+        debug_assert!(self.entries.back().is_none_or(|e| e.seq < entry.seq));
+        if entry.frame.len() > self.max_bytes {
+            return Err(entry);
+        }
+        self.bytes += entry.frame.len();
+        self.entries.push_back(entry);
+        while self.entries.len() > self.max_events || self.bytes > self.max_bytes {
+            let Some(old) = self.entries.pop_front() else { break };
+            self.bytes -= old.frame.len();
+            evicted(old);
+        }
+        Ok(())
+    }
+
+    /// Retained entries of `stream` with `seq` strictly greater than `after`, oldest first.
+    pub fn after(&self, stream: u32, after: u64) -> impl Iterator<Item = &Entry> {
+        let start = self.entries.partition_point(|e| e.seq <= after);
+        self.entries.range(start..).filter(move |e| e.stream == stream)
+    }
+
+    /// Removes every entry of `stream` (its state is being forgotten).
+    pub fn remove_stream(&mut self, stream: u32) {
+        let mut bytes = self.bytes;
+        self.entries.retain(|e| {
+            let keep = e.stream != stream;
+            if !keep {
+                bytes -= e.frame.len();
+            }
+            keep
+        });
+        self.bytes = bytes;
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Payload bytes retained (the sum of frame lengths).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry(seq: u64, stream: u32, len: usize) -> Entry {
+        Entry { seq, stream, frame: Bytes::from(vec![b'x'; len]) }
+    }
+
+    #[test]
+    fn evicts_by_count_then_bytes() {
+        let mut w = Window::new(3, 100);
+        let mut gone = Vec::new();
+        for s in 1..=5 {
+            w.push(entry(s, 0, 10), |e| gone.push(e.seq)).unwrap();
+        }
+        assert_eq!(gone, vec![1, 2]);
+        assert_eq!(w.len(), 3);
+        w.push(entry(6, 0, 90), |e| gone.push(e.seq)).unwrap();
+        assert_eq!(gone, vec![1, 2, 3, 4]);
+        assert_eq!(w.bytes(), 100);
+    }
+
+    #[test]
+    fn oversized_entry_is_handed_back_and_evicts_nothing() {
+        let mut w = Window::new(10, 100);
+        w.push(entry(1, 0, 50), |_| panic!("no eviction")).unwrap();
+        let back = w.push(entry(2, 0, 101), |_| panic!("no eviction")).unwrap_err();
+        assert_eq!(back.seq, 2);
+        assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn after_is_strict_and_per_stream() {
+        let mut w = Window::new(10, 1000);
+        for (seq, stream) in [(1, 0), (2, 1), (3, 0), (4, 1), (5, 0)] {
+            w.push(entry(seq, stream, 1), |_| {}).unwrap();
+        }
+        let seqs = |s, a| w.after(s, a).map(|e| e.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(0, 1), vec![3, 5]);
+        assert_eq!(seqs(0, 0), vec![1, 3, 5]);
+        assert_eq!(seqs(1, 2), vec![4]);
+        assert_eq!(seqs(1, 4), Vec::<u64>::new());
+        w.remove_stream(0);
+        assert_eq!(w.len(), 2);
+        assert_eq!(w.bytes(), 2);
+    }
+
+    proptest! {
+        /// Against a model: the window always holds the longest suffix of the retainable
+        /// entries that fits both bounds, and every entry is either retained, evicted once,
+        /// or handed back.
+        #[test]
+        fn matches_model(
+            max_events in 1usize..8,
+            max_bytes in 1usize..64,
+            ops in proptest::collection::vec((0u32..3, 0usize..40), 0..60),
+        ) {
+            let mut w = Window::new(max_events, max_bytes);
+            let mut all = Vec::new();
+            let mut evicted = Vec::new();
+            let mut handed_back = Vec::new();
+            for (i, (stream, len)) in ops.into_iter().enumerate() {
+                let e = entry(i as u64 + 1, stream, len);
+                all.push(e.clone());
+                if let Err(e) = w.push(e, |old| evicted.push(old.seq)) {
+                    handed_back.push(e.seq);
+                }
+                // Model: longest suffix of retainable entries within bounds.
+                let retainable: Vec<&Entry> = all.iter().filter(|e| e.frame.len() <= max_bytes).collect();
+                let mut keep = Vec::new();
+                let mut bytes = 0;
+                for e in retainable.iter().rev() {
+                    if keep.len() + 1 > max_events || bytes + e.frame.len() > max_bytes { break; }
+                    bytes += e.frame.len();
+                    keep.push(e.seq);
+                }
+                keep.reverse();
+                let got: Vec<u64> = w.entries.iter().map(|e| e.seq).collect();
+                prop_assert_eq!(&got, &keep);
+                prop_assert_eq!(w.bytes(), bytes);
+                let mut accounted: Vec<u64> = got.iter().chain(&evicted).chain(&handed_back).copied().collect();
+                accounted.sort_unstable();
+                let expect: Vec<u64> = all.iter().map(|e| e.seq).collect();
+                prop_assert_eq!(accounted, expect);
+                for s in 0..3 {
+                    for a in 0..=all.len() as u64 {
+                        let want: Vec<u64> = keep.iter().copied().filter(|&q| q > a && all[q as usize - 1].stream == s).collect();
+                        let got: Vec<u64> = w.after(s, a).map(|e| e.seq).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
+    }
+}
