@@ -446,8 +446,13 @@ fn session_not_found() -> Response<DemoBody> {
 // ---------------------------------------------------------------------------------------------
 
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<DemoBody> {
-    match *req.method() {
-        Method::POST => handle_post(state, req).await,
+    let claimed_session = req
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut resp = match *req.method() {
+        Method::POST => handle_post(state.clone(), req).await,
         Method::GET => handle_get(&state, req.headers()),
         Method::DELETE => handle_delete(&state, req.headers()),
         _ => {
@@ -460,7 +465,14 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<DemoBody>
                 .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
             resp
         }
+    };
+    // Every response that belongs to a live session echoes its id, whichever check answered.
+    if let Some(session) = claimed_session {
+        if !resp.headers().contains_key(SESSION_HEADER) && state.lookup(&session).is_some() {
+            set_session_header(&mut resp, &session);
+        }
     }
+    resp
 }
 
 /// One classified JSON-RPC message from a POST body.

@@ -9,12 +9,17 @@
 //! | [`server`] | accept loops for the proxy and admin listeners, shutdown | protocol details |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 
+pub mod attach;
 pub mod config;
 pub mod cursor;
 pub mod demo;
+pub mod jsonrpc;
+pub mod proxy;
+pub mod session;
 pub mod server;
 pub mod sse;
 pub mod window;
 
 pub use config::{Config, Priming};
-pub use server::serve;
+pub use proxy::Gateway;
+pub use server::{serve, serve_admin, serve_gateway, Health};

@@ -1,1 +1,153 @@
-fn main(){}
+//! The `mcp-reattach` binary: parses flags, installs logging and signal handling, binds the
+//! listeners and runs the library. Exit code 64 for bad configuration.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use mcp_reattach::config::{Cli, Command, Config, GatewayArgs};
+use tokio::net::TcpListener;
+
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let filter = match tracing_subscriber::EnvFilter::try_new(&cli.gateway.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: invalid value '{}' for '--log-level <LOG_LEVEL>': {e}", cli.gateway.log_level);
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Some(Command::Demo) => runtime.block_on(demo(cli.gateway)),
+        None => {
+            let Some(upstream) = cli.gateway.upstream.clone() else {
+                eprintln!("error: the argument '--upstream <UPSTREAM>' is required (or MCP_REATTACH_UPSTREAM); try `mcp-reattach demo` to see the gateway in front of a demo server");
+                return ExitCode::from(EX_USAGE);
+            };
+            runtime.block_on(run(Config::from_args(&cli.gateway, upstream), &cli.gateway))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("cannot listen on {addr} ({flag}): {source}")]
+    Bind { flag: &'static str, addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl StartError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Bind { .. } => EX_USAGE,
+            StartError::Io(_) => 1,
+        }
+    }
+}
+
+async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { flag, addr, source })
+}
+
+async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
+    let listener = bind("--listen", args.listen).await?;
+    let admin = bind("--admin-listen", args.admin_listen).await?;
+    tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, "mcp-reattach started");
+    let health = mcp_reattach::Health::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut admin_stop = stop_rx.clone();
+    let admin_task = tokio::spawn(mcp_reattach::serve_admin(admin, health.clone(), async move {
+        let _ = admin_stop.wait_for(|s| *s).await;
+    }));
+    let signal = async move {
+        shutdown_signal().await;
+        health.set_ready(false);
+    };
+    mcp_reattach::serve(listener, config, signal).await?;
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `mcp-reattach demo`: the embedded legacy demo server on loopback, the gateway in front.
+async fn demo(args: GatewayArgs) -> Result<(), StartError> {
+    let upstream_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let upstream_addr = upstream_listener.local_addr()?;
+    tokio::spawn(mcp_reattach::demo::serve_upstream(upstream_listener, std::future::pending()));
+    let upstream: http::Uri = format!("http://{upstream_addr}").parse().map_err(|e| std::io::Error::other(format!("{e}")))?;
+    let mut args = args;
+    // The demo binds loopback unless told otherwise, so it never exposes anything.
+    if args.listen == "0.0.0.0:8080".parse::<std::net::SocketAddr>().map_err(std::io::Error::other)? {
+        args.listen = ([127, 0, 0, 1], 8080).into();
+    }
+    let config = Config::from_args(&args, upstream);
+    println!(
+        "mcp-reattach demo\n\
+         \n  demo MCP server (legacy, no SSE ids, no event store): http://{upstream_addr}/mcp\
+         \n  gateway in front of it:                              http://{listen}/mcp\
+         \n  admin:                                               http://{admin}/healthz\
+         \n\nTry it with any MCP client pointed at http://{listen}/mcp; the `countdown` tool\
+         \nstreams progress slowly (steps, interval_ms). Cut the connection mid-call: the\
+         \nclient resumes through the gateway and still gets every notification and the result.\
+         \n\nOr by hand with curl:\
+         \n  curl -si http://{listen}/mcp -H 'content-type: application/json' \\\
+         \n    -H 'accept: application/json, text/event-stream' \\\
+         \n    -d '{{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"curl\",\"version\":\"0\"}}}}}}'\
+         \n  # then, with the Mcp-Session-Id it returned, call the tool and interrupt curl mid-stream:\
+         \n  curl -sN http://{listen}/mcp -H 'content-type: application/json' \\\
+         \n    -H 'accept: application/json, text/event-stream' -H 'mcp-session-id: <ID>' \\\
+         \n    -d '{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{{\"name\":\"countdown\",\"arguments\":{{\"steps\":20,\"interval_ms\":500}},\"_meta\":{{\"progressToken\":1}}}}}}'\
+         \n  # and resume from the last `id:` you saw:\
+         \n  curl -sN http://{listen}/mcp -H 'mcp-session-id: <ID>' -H 'last-event-id: <LAST ID>'\
+         \n\nCtrl-C stops both.",
+        listen = args.listen,
+        admin = args.admin_listen,
+    );
+    run(config, &args).await
+}

@@ -1,0 +1,111 @@
+//! The response body of a client attached to a tagged stream: it pulls retained events from
+//! its session (several per frame when several are ready), sends keep-alive comments while
+//! idle, and tells the session when the client goes away (a detach, never a cancel).
+//!
+//! Knows the session API and hyper's `Body` trait; nothing of requests or the upstream.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use tokio::time::{Instant, Sleep};
+
+use crate::session::{Session, Step};
+use crate::sse::KEEPALIVE;
+
+/// Body of a gateway-served SSE response for one attached client.
+pub struct AttachBody {
+    session: Arc<Session>,
+    stream: u32,
+    generation: u64,
+    prelude: Option<Bytes>,
+    keepalive: Option<(Duration, Pin<Box<Sleep>>)>,
+    done: bool,
+    sent_bytes: u64,
+}
+
+impl AttachBody {
+    pub fn new(session: Arc<Session>, stream: u32, generation: u64, prelude: Option<Bytes>, keepalive: Option<Duration>) -> AttachBody {
+        AttachBody {
+            session,
+            stream,
+            generation,
+            prelude,
+            keepalive: keepalive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
+            done: false,
+            sent_bytes: 0,
+        }
+    }
+
+    fn reset_keepalive(&mut self) {
+        if let Some((d, sleep)) = &mut self.keepalive {
+            sleep.as_mut().reset(Instant::now() + *d);
+        }
+    }
+
+    fn data(&mut self, b: Bytes) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.sent_bytes += b.len() as u64;
+        Poll::Ready(Some(Ok(Frame::data(b))))
+    }
+}
+
+impl Body for AttachBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(p) = this.prelude.take() {
+            this.reset_keepalive();
+            return this.data(p);
+        }
+        match this.session.poll_step(this.stream, this.generation, cx.waker()) {
+            Step::Data(b) => {
+                this.reset_keepalive();
+                this.data(b)
+            }
+            Step::Finish(b) => {
+                this.done = true;
+                if b.is_empty() {
+                    Poll::Ready(None)
+                } else {
+                    this.data(b)
+                }
+            }
+            Step::Pending => {
+                if let Some((d, sleep)) = &mut this.keepalive {
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        sleep.as_mut().reset(Instant::now() + *d);
+                        return this.data(Bytes::from_static(KEEPALIVE));
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+impl Drop for AttachBody {
+    fn drop(&mut self) {
+        self.session.detach(self.stream, self.generation);
+        tracing::debug!(
+            mcp.session = %crate::session::hash_id(self.session.id()),
+            mcp.stream = self.stream,
+            bytes = self.sent_bytes,
+            outcome = if self.done { "ended" } else { "detached" },
+            "stream closed"
+        );
+    }
+}

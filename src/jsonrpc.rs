@@ -1,0 +1,225 @@
+//! The little JSON-RPC/MCP knowledge the gateway needs: which requests a POST carries, which
+//! responses an event carries, protocol-era detection, and the JSON-RPC error bodies the
+//! gateway writes itself.
+//!
+//! Pure: works on byte slices and strings; never rewrites a message it forwards.
+
+use bytes::Bytes;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// First protocol version of the modern (sessionless, cancel-on-disconnect) era.
+pub const FIRST_MODERN_VERSION: &str = "2026-07-28";
+/// First protocol version whose servers prime streams (SEP-1699).
+pub const FIRST_PRIMING_VERSION: &str = "2025-11-25";
+/// The `_meta` key carrying the protocol version in modern-era requests.
+pub const META_VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// What the gateway needs to know of a POST body.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PostInfo {
+    /// Ids (canonical JSON text) of the requests in the body.
+    pub request_ids: Vec<String>,
+    /// The body holds an `initialize` request.
+    pub initialize: bool,
+    /// The protocol version the body names (`_meta` version, or `initialize`'s requested one).
+    pub version: Option<String>,
+    /// A single request's id, for error bodies the gateway writes for this POST.
+    pub single_id: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Msg {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    params: Option<Params>,
+}
+
+#[derive(Deserialize)]
+struct Params {
+    #[serde(default, rename = "protocolVersion")]
+    protocol_version: Option<String>,
+    #[serde(default, rename = "_meta")]
+    meta: Option<Meta>,
+}
+
+#[derive(Deserialize)]
+struct Meta {
+    #[serde(default, rename = "io.modelcontextprotocol/protocolVersion")]
+    version: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> OneOrMany<T> {
+    fn into_vec(self) -> Vec<T> {
+        match self {
+            OneOrMany::One(m) => vec![m],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// Reads a POST body. Anything that is not JSON-RPC yields the default (the upstream judges it).
+pub fn inspect_post(body: &[u8]) -> PostInfo {
+    let Ok(msgs) = serde_json::from_slice::<OneOrMany<Msg>>(body) else {
+        return PostInfo::default();
+    };
+    let single = matches!(msgs, OneOrMany::One(_));
+    let mut info = PostInfo::default();
+    for m in msgs.into_vec() {
+        let Some(method) = &m.method else { continue };
+        if method == "initialize" {
+            info.initialize = true;
+            if let Some(v) = m.params.as_ref().and_then(|p| p.protocol_version.clone()) {
+                info.version.get_or_insert(v);
+            }
+        }
+        if let Some(v) = m.params.as_ref().and_then(|p| p.meta.as_ref()).and_then(|m| m.version.clone()) {
+            info.version = Some(v);
+        }
+        if let Some(id) = m.id {
+            if single {
+                info.single_id = Some(id.clone());
+            }
+            info.request_ids.push(id.to_string());
+        }
+    }
+    info
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    method: Option<IgnoredAny>,
+    #[serde(default)]
+    result: Option<IgnoredAny>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+/// Ids (canonical JSON text) of the JSON-RPC responses in an event's data.
+pub fn response_ids(data: &str) -> Vec<String> {
+    if !(data.contains("\"result\"") || data.contains("\"error\"")) {
+        return Vec::new();
+    }
+    let Ok(msgs) = serde_json::from_str::<OneOrMany<Reply>>(data) else { return Vec::new() };
+    msgs.into_vec()
+        .into_iter()
+        .filter(|r| r.method.is_none() && (r.result.is_some() || r.error.is_some()))
+        .filter_map(|r| r.id.map(|id| id.to_string()))
+        .collect()
+}
+
+#[derive(Deserialize)]
+struct InitReply {
+    result: InitResult,
+}
+
+#[derive(Deserialize)]
+struct InitResult {
+    #[serde(rename = "protocolVersion")]
+    protocol_version: String,
+}
+
+/// The negotiated protocol version, if `data` is an `InitializeResult` response.
+pub fn initialize_version(data: &str) -> Option<String> {
+    serde_json::from_str::<InitReply>(data).ok().map(|r| r.result.protocol_version)
+}
+
+/// Whether a protocol version string (`YYYY-MM-DD`) is of the modern era.
+pub fn is_modern(version: &str) -> bool {
+    is_date(version) && version >= FIRST_MODERN_VERSION
+}
+
+/// Whether sessions of this protocol version get priming events under `--priming auto`.
+pub fn primes(version: &str) -> bool {
+    is_date(version) && version >= FIRST_PRIMING_VERSION
+}
+
+fn is_date(v: &str) -> bool {
+    let b = v.as_bytes();
+    b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| if i == 4 || i == 7 { *c == b'-' } else { c.is_ascii_digit() })
+}
+
+/// A JSON-RPC error response body written by the gateway.
+pub fn error_body(id: Option<&Value>, code: i64, message: &str, reason: &str) -> Bytes {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id.cloned().unwrap_or(Value::Null),
+        "error": { "code": code, "message": message, "data": { "reason": reason } },
+    });
+    Bytes::from(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspects_requests_notifications_and_batches() {
+        let i = inspect_post(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":1}}}"#);
+        assert_eq!(i.request_ids, vec!["7"]);
+        assert_eq!(i.single_id, Some(Value::from(7)));
+        assert!(!i.initialize);
+        let i = inspect_post(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        assert!(i.request_ids.is_empty());
+        let i = inspect_post(br#"[{"jsonrpc":"2.0","id":"a","method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"},{"jsonrpc":"2.0","method":"n"}]"#);
+        assert_eq!(i.request_ids, vec!["\"a\"", "2"]);
+        assert_eq!(i.single_id, None);
+        let i = inspect_post(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#);
+        assert!(i.initialize);
+        assert_eq!(i.version.as_deref(), Some("2025-06-18"));
+        assert_eq!(inspect_post(b"not json"), PostInfo::default());
+    }
+
+    #[test]
+    fn meta_version_is_read() {
+        let i = inspect_post(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#);
+        assert_eq!(i.version.as_deref(), Some("2026-07-28"));
+        assert!(is_modern(i.version.as_deref().unwrap()));
+    }
+
+    #[test]
+    fn finds_response_ids_only() {
+        assert_eq!(response_ids(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#), vec!["7"]);
+        assert_eq!(response_ids(r#"{"jsonrpc":"2.0","id":"x","error":{"code":1,"message":"m"}}"#), vec!["\"x\""]);
+        // A server-to-client request with an id is not a response.
+        assert!(response_ids(r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{"result":1}}"#).is_empty());
+        assert!(response_ids(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#).is_empty());
+        assert_eq!(response_ids(r#"[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":2,"result":{}}]"#), vec!["1", "2"]);
+        assert!(response_ids("garbage \"result\"").is_empty());
+    }
+
+    #[test]
+    fn eras() {
+        assert!(!is_modern("2025-11-25"));
+        assert!(is_modern("2026-07-28"));
+        assert!(is_modern("2027-01-01"));
+        assert!(!is_modern("garbage"));
+        assert!(!is_modern("2026-07-2x"));
+        assert!(primes("2025-11-25"));
+        assert!(!primes("2025-06-18"));
+    }
+
+    #[test]
+    fn initialize_result_version() {
+        assert_eq!(
+            initialize_version(r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#).as_deref(),
+            Some("2025-11-25")
+        );
+        assert_eq!(initialize_version(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#), None);
+    }
+}

@@ -1,0 +1,454 @@
+//! The HTTP layer: classifies each client request (resume, live attach, legacy forward,
+//! modern pass-through), forwards to the upstream over pooled connections, turns upstream
+//! SSE responses into tagged streams, and maps every error to one response in one place.
+//!
+//! Knows HTTP and the session API; the rules of tagging, retention and re-attach live in
+//! `session`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::Notify;
+
+use crate::attach::AttachBody;
+use crate::config::{Config, Priming};
+use crate::cursor::{Cursor, CursorError};
+use crate::jsonrpc::{self, PostInfo};
+use crate::session::{AtCapacity, End, Eviction, Registry, Resume, ResumeError, Session, StreamKind};
+use crate::sse::Decoder;
+
+/// Boxed error of bodies flowing through the gateway.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Body of every response the gateway sends.
+pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
+type UpBody = UnsyncBoxBody<Bytes, BoxError>;
+
+pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+
+/// JSON-RPC error codes the gateway writes in its own error bodies.
+pub mod codes {
+    /// Generic gateway/transport error (as the SDKs use for transport problems).
+    pub const GATEWAY: i64 = -32000;
+    /// Session not found (the code the SDKs use for it).
+    pub const SESSION_NOT_FOUND: i64 = -32001;
+    /// Resumption failed (also used inside streams, see `session`).
+    pub const RESUMPTION_FAILED: i64 = crate::session::ERROR_CODE_RESUMPTION_FAILED;
+    /// Upstream unavailable or failed.
+    pub const UPSTREAM: i64 = crate::session::ERROR_CODE_UPSTREAM_FAILED;
+}
+
+/// Everything a request can fail with before a normal response exists. One exhaustive
+/// mapping to status and body: [`ProxyError::into_response`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("Mcp-Session-Id must be visible ASCII")]
+    BadSessionHeader,
+    #[error("malformed Last-Event-ID: {0}")]
+    MalformedCursor(CursorError),
+    #[error("session not found: it expired, was deleted, or was never seen by this gateway")]
+    UnknownSession,
+    #[error("resumption failed: {0}")]
+    Resume(ResumeError),
+    #[error("request body larger than {0} bytes")]
+    BodyTooLarge(usize),
+    #[error("could not read the request body: {0}")]
+    BodyRead(BoxError),
+    #[error("{0}")]
+    AtCapacity(AtCapacity),
+    #[error("upstream unavailable: {0}")]
+    Upstream(hyper_util::client::legacy::Error),
+}
+
+impl ProxyError {
+    fn reason(&self) -> &'static str {
+        match self {
+            ProxyError::BadSessionHeader => "bad-session-header",
+            ProxyError::MalformedCursor(_) => "malformed-cursor",
+            ProxyError::UnknownSession => "unknown-session",
+            ProxyError::Resume(ResumeError::ForeignCursor) => "foreign-cursor",
+            ProxyError::Resume(ResumeError::CursorAhead) => "cursor-ahead",
+            ProxyError::Resume(ResumeError::Gap) => "gap",
+            ProxyError::Resume(ResumeError::StreamExpired) => "stream-expired",
+            ProxyError::BodyTooLarge(_) => "body-too-large",
+            ProxyError::BodyRead(_) => "body-read",
+            ProxyError::AtCapacity(_) => "session-cap",
+            ProxyError::Upstream(_) => "upstream-unavailable",
+        }
+    }
+
+    /// The response for this error, with a JSON-RPC error body naming the cause.
+    pub fn into_response(self, id: Option<&serde_json::Value>) -> Response<ResBody> {
+        let (status, code) = match &self {
+            ProxyError::BadSessionHeader => (StatusCode::BAD_REQUEST, codes::GATEWAY),
+            ProxyError::MalformedCursor(_) => (StatusCode::BAD_REQUEST, codes::RESUMPTION_FAILED),
+            ProxyError::UnknownSession => (StatusCode::NOT_FOUND, codes::SESSION_NOT_FOUND),
+            ProxyError::Resume(_) => (StatusCode::CONFLICT, codes::RESUMPTION_FAILED),
+            ProxyError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, codes::GATEWAY),
+            ProxyError::BodyRead(_) => (StatusCode::BAD_REQUEST, codes::GATEWAY),
+            ProxyError::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::GATEWAY),
+            ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, codes::UPSTREAM),
+        };
+        let message = format!("mcp-reattach: {self}");
+        let body = jsonrpc::error_body(id, code, &message, self.reason());
+        let mut resp = Response::new(full(body));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+fn full(b: Bytes) -> ResBody {
+    Full::new(b).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// Per-connection facts the handler needs.
+#[derive(Clone, Debug)]
+pub struct Conn {
+    pub remote: SocketAddr,
+    /// Notified to close the client connection (a stalled client whose body cannot be polled).
+    pub kill: Arc<Notify>,
+}
+
+/// The gateway: configuration, the session registry and the upstream client.
+pub struct Gateway {
+    cfg: Arc<Config>,
+    registry: Arc<Registry>,
+    client: Client<HttpConnector, UpBody>,
+}
+
+impl Gateway {
+    pub fn new(cfg: Config) -> Arc<Gateway> {
+        let cfg = Arc::new(cfg);
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(std::time::Duration::from_secs(10)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .build(connector);
+        Arc::new(Gateway { registry: Arc::new(Registry::new(cfg.clone())), cfg, client })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Handles one client request. Never fails: errors become responses.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: Conn) -> Result<Response<ResBody>, Infallible> {
+        let method = req.method().clone();
+        let resp = match self.route(req, &conn).await {
+            Ok(r) => r,
+            Err((e, id)) => {
+                tracing::warn!(http.method = %method, error = %e, "request failed");
+                e.into_response(id.as_ref())
+            }
+        };
+        Ok(resp)
+    }
+
+    async fn route(&self, req: Request<Incoming>, conn: &Conn) -> Result<Response<ResBody>, (ProxyError, Option<serde_json::Value>)> {
+        let session_id = match req.headers().get(MCP_SESSION_ID) {
+            None => None,
+            Some(v) if is_visible_ascii(v.as_bytes()) => Some(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            Some(_) => return Err((ProxyError::BadSessionHeader, None)),
+        };
+        let header_version = req.headers().get(MCP_PROTOCOL_VERSION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let modern = header_version.as_deref().is_some_and(jsonrpc::is_modern);
+
+        if !modern && req.method() == Method::GET {
+            if let Some(sid) = &session_id {
+                if let Some(cursor) = req.headers().get(LAST_EVENT_ID) {
+                    return self.resume(sid, cursor.as_bytes(), conn).map_err(|e| (e, None));
+                }
+                if let Some(s) = self.registry.get(sid) {
+                    let prime = self.prime(header_version.as_deref().or(s.protocol_version().as_deref()));
+                    if let Some((stream, generation, priming)) = s.attach_standalone(prime, Some(conn.kill.clone())) {
+                        tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
+                        return Ok(self.sse_response(StatusCode::OK, None, sid, AttachBody::new(s, stream, generation, priming, self.cfg.keepalive)));
+                    }
+                }
+            }
+        }
+
+        let (parts, body) = req.into_parts();
+        let (body, info): (UpBody, PostInfo) = if parts.method == Method::POST {
+            let bytes = match Limited::new(body, self.cfg.max_request_bytes).collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                    return Err((ProxyError::BodyTooLarge(self.cfg.max_request_bytes), None))
+                }
+                Err(e) => return Err((ProxyError::BodyRead(e), None)),
+            };
+            let info = jsonrpc::inspect_post(&bytes);
+            (Full::new(bytes).map_err(|never| match never {}).boxed_unsync(), info)
+        } else {
+            (body.map_err(BoxError::from).boxed_unsync(), PostInfo::default())
+        };
+        let single_id = info.single_id.clone();
+        let modern = modern || info.version.as_deref().is_some_and(jsonrpc::is_modern);
+        if !modern && info.initialize && session_id.is_none() {
+            self.registry.reserve().map_err(|e| (ProxyError::AtCapacity(e), single_id.clone()))?;
+        }
+        if let Some(s) = session_id.as_deref().filter(|_| !modern).and_then(|sid| self.registry.get(sid)) {
+            s.touch();
+            if let Some(v) = &header_version {
+                s.set_protocol_version(v);
+            }
+        }
+
+        let upstream_req = self.upstream_request(parts.method.clone(), parts.uri, parts.headers, parts.version, body, conn.remote);
+        let resp = self
+            .client
+            .request(upstream_req)
+            .await
+            .map_err(|e| (ProxyError::Upstream(e), single_id.clone()))?;
+
+        if modern {
+            return Ok(pass_through(resp));
+        }
+        let status = resp.status();
+        if let Some(sid) = &session_id {
+            if status == StatusCode::NOT_FOUND {
+                self.registry.remove(sid, Eviction::Upstream404);
+            } else if parts.method == Method::DELETE && status.is_success() {
+                self.registry.remove(sid, Eviction::Delete);
+            }
+        }
+        let resp_sid = resp
+            .headers()
+            .get(MCP_SESSION_ID)
+            .filter(|v| is_visible_ascii(v.as_bytes()))
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .or(session_id);
+        let Some(sid) = resp_sid.filter(|_| status.is_success() && parts.method != Method::DELETE) else {
+            return Ok(pass_through(resp));
+        };
+        let session = match self.registry.get_or_create(&sid) {
+            Ok(s) => s,
+            Err(_) => {
+                tracing::warn!("session cap reached with every session in use; passing the response through untagged");
+                return Ok(pass_through(resp));
+            }
+        };
+        if let Some(v) = header_version.as_deref().or(info.version.as_deref()) {
+            session.set_protocol_version(v);
+        }
+        let tag = status == StatusCode::OK && is_sse(resp.headers()) && matches!(parts.method, Method::POST | Method::GET);
+        if !tag {
+            return Ok(pass_through(resp));
+        }
+        let kind = if parts.method == Method::POST { StreamKind::Post } else { StreamKind::Standalone };
+        let prime = self.prime(session.protocol_version().as_deref());
+        let (stream, generation, priming) =
+            session.open_stream(kind, info.request_ids, info.initialize, prime, Some(conn.kill.clone()));
+        let (resp_parts, upstream_body) = resp.into_parts();
+        let reader = tokio::spawn(read_upstream(session.clone(), stream, upstream_body, self.cfg.max_event_bytes));
+        session.set_reader(stream, reader.abort_handle());
+        let body = AttachBody::new(session, stream, generation, priming, self.cfg.keepalive);
+        Ok(self.sse_response(resp_parts.status, Some(resp_parts.headers), &sid, body))
+    }
+
+    fn resume(&self, sid: &str, cursor: &[u8], conn: &Conn) -> Result<Response<ResBody>, ProxyError> {
+        let session = self.registry.get(sid).ok_or(ProxyError::UnknownSession)?;
+        let cursor = Cursor::parse(cursor).map_err(ProxyError::MalformedCursor)?;
+        match session.resume(cursor, Some(conn.kill.clone())).map_err(ProxyError::Resume)? {
+            Resume::Attached { stream, generation, prelude, replay } => {
+                tracing::info!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, replay, outcome = "resumed", "resume");
+                let body = AttachBody::new(session, stream, generation, Some(prelude), self.cfg.keepalive);
+                Ok(self.sse_response(StatusCode::OK, None, sid, body))
+            }
+            Resume::GapWithErrors { frames } => {
+                tracing::info!(mcp.session = %crate::session::hash_id(sid), outcome = "gap", "resume");
+                let mut resp = Response::new(full(frames));
+                sse_headers(resp.headers_mut(), sid);
+                Ok(resp)
+            }
+        }
+    }
+
+    fn prime(&self, version: Option<&str>) -> bool {
+        match self.cfg.priming {
+            Priming::Always => true,
+            Priming::Never => false,
+            Priming::Auto => version.is_some_and(jsonrpc::primes),
+        }
+    }
+
+    fn sse_response(&self, status: StatusCode, upstream_headers: Option<HeaderMap>, sid: &str, body: AttachBody) -> Response<ResBody> {
+        let mut resp = Response::new(body.map_err(|never| match never {}).boxed_unsync());
+        *resp.status_mut() = status;
+        if let Some(mut h) = upstream_headers {
+            strip_hop_by_hop(&mut h);
+            h.remove(header::CONTENT_LENGTH);
+            *resp.headers_mut() = h;
+        }
+        sse_headers(resp.headers_mut(), sid);
+        resp
+    }
+
+    fn upstream_request(&self, method: Method, uri: Uri, mut headers: HeaderMap, version: Version, body: UpBody, remote: SocketAddr) -> Request<UpBody> {
+        let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let base = &self.cfg.upstream;
+        let target = format!(
+            "{}://{}{}",
+            base.scheme_str().unwrap_or("http"),
+            base.authority().map_or("", |a| a.as_str()),
+            pq
+        );
+        if !headers.contains_key(header::HOST) {
+            // HTTP/2 clients send :authority instead; forward it as Host, unchanged.
+            if let Some(a) = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+                headers.insert(header::HOST, a);
+            }
+        }
+        strip_hop_by_hop(&mut headers);
+        let ip = remote.ip().to_string();
+        let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) => format!("{prev}, {ip}"),
+            None => ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        let _ = version; // upstream connections are HTTP/1.1 whatever the client spoke
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = target.parse().unwrap_or_else(|_| base.clone());
+        *req.headers_mut() = headers;
+        req
+    }
+}
+
+/// Reads a tagged upstream stream to its end, whether or not a client is attached.
+async fn read_upstream(session: Arc<Session>, stream: u32, mut body: Incoming, max_event_bytes: usize) {
+    let mut decoder = Decoder::new(max_event_bytes);
+    let mut events = Vec::new();
+    let end = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else { continue };
+                let fed = decoder.feed(&data, &mut events);
+                session.push_events(stream, &mut events);
+                if let Err(e) = fed {
+                    break End::UpstreamFailed(e.to_string());
+                }
+            }
+            Some(Err(e)) => break End::UpstreamFailed(format!("upstream connection failed: {e}")),
+            None => break End::Complete,
+        }
+    };
+    if let End::UpstreamFailed(cause) = &end {
+        tracing::warn!(mcp.session = %crate::session::hash_id(session.id()), mcp.stream = stream, cause = %cause, "upstream stream failed");
+    }
+    session.end_stream(stream, end);
+}
+
+fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+}
+
+fn sse_headers(h: &mut HeaderMap, sid: &str) {
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(X_ACCEL_BUFFERING, HeaderValue::from_static("no"));
+    h.remove(header::CONTENT_ENCODING);
+    if let Ok(v) = HeaderValue::from_str(sid) {
+        h.insert(MCP_SESSION_ID, v);
+    }
+}
+
+fn is_sse(h: &HeaderMap) -> bool {
+    let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let identity = h
+        .get(header::CONTENT_ENCODING)
+        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    ct.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream")) && identity
+}
+
+fn is_visible_ascii(b: &[u8]) -> bool {
+    !b.is_empty() && b.iter().all(|c| (0x21..=0x7e).contains(c))
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        h.remove(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        h.insert(MCP_SESSION_ID, HeaderValue::from_static("abc"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(h.contains_key(header::AUTHORIZATION));
+        assert!(h.contains_key(MCP_SESSION_ID));
+    }
+
+    #[test]
+    fn sse_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+        assert!(is_sse(&h));
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(!is_sse(&h));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.remove(header::CONTENT_ENCODING);
+        assert!(!is_sse(&h));
+    }
+}

@@ -1,0 +1,804 @@
+//! Sessions: the registry of live sessions and, per session, its streams, its window and
+//! the clients attached to its streams.
+//!
+//! This is where the product's rules live: tagging (session-wide sequence numbers), bounded
+//! retention, detach without loss, re-attach strictly after a cursor, explicit gaps, stall
+//! detection and TTL expiry. It knows the SSE codec, the cursor format and the window; it
+//! knows nothing of HTTP requests or sockets (the proxy layer calls it, the attach body reads
+//! from it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::cursor::{new_epoch, Cursor};
+use crate::jsonrpc;
+use crate::sse::{self, Event};
+use crate::window::{Entry, Window};
+
+/// Ended streams whose metadata (pending request ids, loss marks) a session keeps so that a
+/// late resume of them still gets an exact answer. Older ended streams are forgotten.
+const MAX_ENDED_STREAMS: usize = 64;
+
+/// Most bytes of retained events one poll of an attached client copies into a single frame.
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// Event types of the gateway's own control events (never `message`, so clients that do
+/// not know them ignore their data).
+pub const EVENT_RESUMED: &str = "mcp-reattach/resumed";
+pub const EVENT_RESUMPTION_FAILED: &str = "mcp-reattach/resumption-failed";
+pub const EVENT_RESUMPTION_REQUIRED: &str = "mcp-reattach/resumption-required";
+pub const EVENT_UPSTREAM_FAILED: &str = "mcp-reattach/upstream-failed";
+
+/// What started a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The SSE response to a POST; it ends after the upstream's response.
+    Post,
+    /// The standalone GET stream, held open upstream while the session lives.
+    Standalone,
+}
+
+/// How an upstream stream ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The upstream ended the response normally.
+    Complete,
+    /// The upstream's stream failed (connection error, invalid or oversized event).
+    UpstreamFailed(String),
+}
+
+/// Why a session's state was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    Ttl,
+    Delete,
+    Upstream404,
+    SessionCap,
+}
+
+/// A JSON-RPC request carried by the POST that started a stream.
+#[derive(Debug)]
+struct PendingRequest {
+    /// The request id as canonical JSON text.
+    id: String,
+    /// Sequence number of the event that carried its response, once seen.
+    answered_at: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Subscriber {
+    generation: u64,
+    /// Sequence number of the last event handed to this client.
+    cursor: u64,
+    waker: Option<Waker>,
+    /// Since when this client has had unsent events without catching up.
+    backlog_since: Option<Instant>,
+    /// Set by the sweep when the client stalled; the body then ends the stream.
+    detach: Option<Instant>,
+    /// Closes the client's connection when the body cannot even be polled.
+    kill: Option<Arc<Notify>>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    kind: StreamKind,
+    /// The stream's opening position: a cursor here means "before any event of this stream".
+    first_seq: u64,
+    /// The highest position issued on this stream.
+    last_seq: u64,
+    /// Highest sequence number of this stream that can no longer be delivered.
+    lost_upto: u64,
+    /// An event too large for the window, kept for the attached client only.
+    overflow: Option<Entry>,
+    requests: Vec<PendingRequest>,
+    /// The POST that opened this stream was `initialize`.
+    initialize: bool,
+    /// The upstream's own id of the last event (the mapping to upstream positions).
+    upstream_last_id: Option<String>,
+    end: Option<End>,
+    sub: Option<Subscriber>,
+    reader: Option<AbortHandle>,
+}
+
+impl Stream {
+    fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &str> {
+        self.requests
+            .iter()
+            .filter(move |r| r.answered_at.is_none_or(|s| s > cursor))
+            .map(|r| r.id.as_str())
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    window: Window,
+    last_seq: u64,
+    next_stream: u32,
+    streams: BTreeMap<u32, Stream>,
+    ended: VecDeque<u32>,
+    last_activity: Instant,
+    protocol_version: Option<String>,
+    standalone: Option<u32>,
+    closed: bool,
+    next_generation: u64,
+}
+
+/// One MCP session as the gateway sees it.
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    epoch: u64,
+    cfg: Arc<Config>,
+    state: Mutex<State>,
+}
+
+/// The answer to a resume request that the gateway can serve.
+#[derive(Debug)]
+pub enum Resume {
+    /// Attached: the body starts with `prelude` (the resumed event) then replays.
+    Attached { stream: u32, generation: u64, prelude: Bytes, replay: usize },
+    /// The stream's successors of the cursor were evicted, and requests are still unanswered:
+    /// the body is `frames` (a failure event and a JSON-RPC error per request), then it ends.
+    GapWithErrors { frames: Bytes },
+}
+
+/// Why a resume cannot be served. Each maps to a documented response (see `docs/protocol.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    #[error("the cursor belongs to another session or to an earlier run of the gateway")]
+    ForeignCursor,
+    #[error("the cursor is ahead of what its stream has emitted")]
+    CursorAhead,
+    #[error("the events after the cursor were evicted from the gateway's window")]
+    Gap,
+    #[error("the cursor's stream is no longer retained")]
+    StreamExpired,
+}
+
+/// One step of an attached client's body.
+#[derive(Debug)]
+pub enum Step {
+    /// Bytes to send; more may follow.
+    Data(Bytes),
+    /// Final bytes (possibly empty); the stream ends after them.
+    Finish(Bytes),
+    /// Nothing to send yet; the waker is registered.
+    Pending,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data behind; keep serving.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Session {
+    fn new(id: String, cfg: Arc<Config>) -> Session {
+        Session {
+            id,
+            epoch: new_epoch(),
+            state: Mutex::new(State {
+                window: Window::new(cfg.window_events, cfg.window_bytes),
+                last_seq: 0,
+                next_stream: 0,
+                streams: BTreeMap::new(),
+                ended: VecDeque::new(),
+                last_activity: Instant::now(),
+                protocol_version: None,
+                standalone: None,
+                closed: false,
+                next_generation: 0,
+            }),
+            cfg,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn cursor(&self, stream: u32, seq: u64) -> String {
+        Cursor { epoch: self.epoch, stream, seq }.to_string()
+    }
+
+    /// Records client activity (a request): the TTL counts from the latest one.
+    pub fn touch(&self) {
+        lock(&self.state).last_activity = Instant::now();
+    }
+
+    pub fn protocol_version(&self) -> Option<String> {
+        lock(&self.state).protocol_version.clone()
+    }
+
+    pub fn set_protocol_version(&self, v: &str) {
+        let mut st = lock(&self.state);
+        if st.protocol_version.as_deref() != Some(v) {
+            st.protocol_version = Some(v.to_owned());
+        }
+    }
+
+    /// Whether the session still holds a live standalone upstream stream.
+    pub fn has_standalone(&self) -> bool {
+        let st = lock(&self.state);
+        st.standalone.is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
+    }
+
+    /// Opens a tagged stream and attaches its first client at the opening position.
+    /// Returns the stream number, the subscriber generation and the priming frame, if asked.
+    pub fn open_stream(
+        &self,
+        kind: StreamKind,
+        requests: Vec<String>,
+        initialize: bool,
+        prime: bool,
+        kill: Option<Arc<Notify>>,
+    ) -> (u32, u64, Option<Bytes>) {
+        let mut st = lock(&self.state);
+        st.last_seq += 1;
+        let seq = st.last_seq;
+        let stream = st.next_stream;
+        st.next_stream += 1;
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        st.streams.insert(
+            stream,
+            Stream {
+                kind,
+                first_seq: seq,
+                last_seq: seq,
+                lost_upto: 0,
+                overflow: None,
+                requests: requests
+                    .into_iter()
+                    .map(|id| PendingRequest { id, answered_at: None })
+                    .collect(),
+                initialize,
+                upstream_last_id: None,
+                end: None,
+                sub: Some(Subscriber::new(generation, seq, kill)),
+                reader: None,
+            },
+        );
+        if kind == StreamKind::Standalone {
+            st.standalone = Some(stream);
+        }
+        st.last_activity = Instant::now();
+        let priming = prime.then(|| {
+            let retry = self.cfg.retry_hint.map(|d| d.as_millis() as u64);
+            sse::control(Some(&self.cursor(stream, seq)), None, retry, "")
+        });
+        (stream, generation, priming)
+    }
+
+    /// Remembers the task reading the upstream for `stream`, so closing the session stops it.
+    pub fn set_reader(&self, stream: u32, handle: AbortHandle) {
+        let mut st = lock(&self.state);
+        let closed = st.closed;
+        match st.streams.get_mut(&stream) {
+            Some(s) if !closed => s.reader = Some(handle),
+            _ => handle.abort(),
+        }
+    }
+
+    /// Tags and retains decoded upstream events of `stream`, then wakes its client.
+    pub fn push_events(&self, stream: u32, events: &mut Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        if st.closed {
+            events.clear();
+            return;
+        }
+        let mut learned_version = None;
+        for ev in events.drain(..) {
+            st.last_seq += 1;
+            let seq = st.last_seq;
+            let Some(s) = st.streams.get_mut(&stream) else { return };
+            let id = Cursor { epoch: self.epoch, stream, seq }.to_string();
+            let mut frame = BytesMut::with_capacity(encoded_len(&id, &ev));
+            sse::encode(&id, &ev, &mut frame);
+            s.last_seq = seq;
+            if ev.id.is_some() {
+                s.upstream_last_id.clone_from(&ev.id);
+            }
+            if let Some(data) = ev.data.as_deref() {
+                if s.requests.iter().any(|r| r.answered_at.is_none()) {
+                    for rid in jsonrpc::response_ids(data) {
+                        if let Some(r) = s.requests.iter_mut().find(|r| r.id == rid && r.answered_at.is_none()) {
+                            r.answered_at = Some(seq);
+                        }
+                    }
+                    if s.initialize {
+                        learned_version = jsonrpc::initialize_version(data).or(learned_version);
+                    }
+                }
+            }
+            let entry = Entry { seq, stream, frame: frame.freeze() };
+            let streams = &mut st.streams;
+            if let Err(big) = st.window.push(entry, |old| {
+                if let Some(o) = streams.get_mut(&old.stream) {
+                    o.lost_upto = o.lost_upto.max(old.seq);
+                }
+            }) {
+                // Too large to retain: only the attached client can still get it.
+                if let Some(s) = streams.get_mut(&stream) {
+                    if let Some(prev) = s.overflow.replace(big) {
+                        s.lost_upto = s.lost_upto.max(prev.seq);
+                    }
+                    if s.sub.is_none() {
+                        if let Some(o) = s.overflow.take() {
+                            s.lost_upto = s.lost_upto.max(o.seq);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(v) = learned_version {
+            st.protocol_version = Some(v);
+        }
+        if let Some(sub) = st.streams.get_mut(&stream).and_then(|s| s.sub.as_mut()) {
+            sub.backlog_since.get_or_insert(now);
+            if let Some(w) = sub.waker.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Marks `stream` ended by its upstream and wakes its client.
+    pub fn end_stream(&self, stream: u32, end: End) {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let Some(s) = st.streams.get_mut(&stream) else { return };
+        s.end = Some(end);
+        s.reader = None;
+        if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
+            w.wake();
+        }
+        if st.standalone == Some(stream) {
+            st.standalone = None;
+        }
+        st.ended.push_back(stream);
+        while st.ended.len() > MAX_ENDED_STREAMS {
+            let Some(old) = st.ended.pop_front() else { break };
+            if st.streams.get(&old).is_some_and(|s| s.sub.is_some()) {
+                // Still being read by a client: keep it, forget it later.
+                st.ended.push_back(old);
+                break;
+            }
+            st.streams.remove(&old);
+            st.window.remove_stream(old);
+        }
+    }
+
+    /// Re-attaches a client to the stream of `cursor` (a `GET` with `Last-Event-ID`).
+    pub fn resume(&self, cursor: Cursor, kill: Option<Arc<Notify>>) -> Result<Resume, ResumeError> {
+        if cursor.epoch != self.epoch {
+            return Err(ResumeError::ForeignCursor);
+        }
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        st.last_activity = Instant::now();
+        let Some(s) = st.streams.get_mut(&cursor.stream) else {
+            return Err(if cursor.stream < st.next_stream {
+                ResumeError::StreamExpired
+            } else {
+                ResumeError::CursorAhead
+            });
+        };
+        if cursor.seq > s.last_seq {
+            return Err(ResumeError::CursorAhead);
+        }
+        if cursor.seq < s.first_seq {
+            // Not a position of this stream: it cannot have been issued with this stream number.
+            return Err(ResumeError::ForeignCursor);
+        }
+        let here = self.cursor(cursor.stream, cursor.seq);
+        if s.lost_upto > cursor.seq {
+            let ids: Vec<&str> = s.unanswered_after(cursor.seq).collect();
+            if ids.is_empty() {
+                return Err(ResumeError::Gap);
+            }
+            return Ok(Resume::GapWithErrors { frames: failure_frames(&here, "gap", &ids, GAP_MESSAGE) });
+        }
+        let replay = st.window.after(cursor.stream, cursor.seq).count()
+            + usize::from(s.overflow.as_ref().is_some_and(|o| o.seq > cursor.seq));
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        if let Some(old) = s.sub.replace(Subscriber::new(generation, cursor.seq, kill)) {
+            if let Some(w) = old.waker {
+                w.wake();
+            }
+        }
+        let data = serde_json::json!({
+            "stream": cursor.stream,
+            "kind": match s.kind { StreamKind::Post => "post", StreamKind::Standalone => "standalone" },
+            "after": here,
+            "replay": replay,
+            "ended": s.end.is_some(),
+        });
+        let prelude = sse::control(Some(&here), Some(EVENT_RESUMED), None, &data.to_string());
+        Ok(Resume::Attached { stream: cursor.stream, generation, prelude, replay })
+    }
+
+    /// Attaches a client live (no history) to the held standalone stream, replacing any
+    /// older client. Returns `None` when no standalone stream is held.
+    pub fn attach_standalone(&self, prime: bool, kill: Option<Arc<Notify>>) -> Option<(u32, u64, Option<Bytes>)> {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        st.last_activity = Instant::now();
+        let stream = st.standalone?;
+        let s = st.streams.get_mut(&stream)?;
+        if s.end.is_some() {
+            return None;
+        }
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        // Live: nothing already emitted is replayed; what is not yet delivered is not lost
+        // either, since it stays in the window for a resume of the older client.
+        let at = s.last_seq;
+        if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill)) {
+            if let Some(w) = old.waker {
+                w.wake();
+            }
+        }
+        let priming = prime.then(|| {
+            let retry = self.cfg.retry_hint.map(|d| d.as_millis() as u64);
+            sse::control(Some(&self.cursor(stream, at)), None, retry, "")
+        });
+        Some((stream, generation, priming))
+    }
+
+    /// The next step for the client `generation` attached to `stream`.
+    pub fn poll_step(&self, stream: u32, generation: u64, waker: &Waker) -> Step {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        if st.closed {
+            return Step::Finish(Bytes::new());
+        }
+        let Some(s) = st.streams.get_mut(&stream) else { return Step::Finish(Bytes::new()) };
+        let Some(sub) = s.sub.as_mut().filter(|sub| sub.generation == generation) else {
+            // A newer attachment replaced this one.
+            return Step::Finish(Bytes::new());
+        };
+        let cursor = sub.cursor;
+        let here = Cursor { epoch: self.epoch, stream, seq: cursor }.to_string();
+        if sub.detach.is_some() {
+            s.sub = None;
+            st.last_activity = Instant::now();
+            let retry = self.cfg.retry_hint.unwrap_or(Duration::from_secs(1)).as_millis() as u64;
+            let data = serde_json::json!({ "reason": "slow-consumer", "resume_from": here });
+            return Step::Finish(sse::control(Some(&here), Some(EVENT_RESUMPTION_REQUIRED), Some(retry), &data.to_string()));
+        }
+        if s.lost_upto > cursor {
+            // This client fell behind the window: the same explicit failure as a late resume.
+            let ids: Vec<&str> = s.unanswered_after(cursor).collect();
+            let frames = failure_frames(&here, "gap", &ids, GAP_MESSAGE);
+            s.sub = None;
+            return Step::Finish(frames);
+        }
+        let mut out = BytesMut::new();
+        let mut last = cursor;
+        let mut overflow = s.overflow.as_ref().filter(|o| o.seq > cursor);
+        for e in st.window.after(stream, cursor) {
+            if out.len() >= BATCH_BYTES {
+                break;
+            }
+            if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
+                out.put_slice(&o.frame);
+                last = o.seq;
+                overflow = None;
+                if out.len() >= BATCH_BYTES {
+                    break;
+                }
+            }
+            out.put_slice(&e.frame);
+            last = e.seq;
+        }
+        if let Some(o) = overflow.filter(|o| o.seq > last && out.len() < BATCH_BYTES) {
+            out.put_slice(&o.frame);
+            last = o.seq;
+        }
+        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
+            // Handed to the client: from now on a resume before it is a gap.
+            s.lost_upto = s.lost_upto.max(o.seq);
+            s.overflow = None;
+        }
+        let sub = s.sub.as_mut().expect("checked above");
+        if !out.is_empty() {
+            sub.cursor = last;
+            if last >= s.last_seq {
+                sub.backlog_since = None;
+            }
+            return Step::Data(out.freeze());
+        }
+        sub.backlog_since = None;
+        match &s.end {
+            None => {
+                sub.waker = Some(waker.clone());
+                Step::Pending
+            }
+            Some(end) => {
+                let frames = match end {
+                    End::Complete => {
+                        let ids: Vec<&str> = s.unanswered_after(cursor).collect();
+                        if ids.is_empty() {
+                            Bytes::new()
+                        } else {
+                            failure_frames(&here, "upstream-ended", &ids, UPSTREAM_ENDED_MESSAGE)
+                        }
+                    }
+                    End::UpstreamFailed(cause) => {
+                        let ids: Vec<&str> = s.unanswered_after(cursor).collect();
+                        upstream_failure_frames(&here, cause, &ids)
+                    }
+                };
+                s.sub = None;
+                Step::Finish(frames)
+            }
+        }
+    }
+
+    /// The client `generation` of `stream` went away (its body was dropped).
+    pub fn detach(&self, stream: u32, generation: u64) {
+        let mut st = lock(&self.state);
+        st.last_activity = Instant::now();
+        if let Some(s) = st.streams.get_mut(&stream) {
+            if s.sub.as_ref().is_some_and(|sub| sub.generation == generation) {
+                s.sub = None;
+                if let Some(o) = s.overflow.take() {
+                    s.lost_upto = s.lost_upto.max(o.seq);
+                }
+            }
+        }
+    }
+
+    /// Drops all state: stops upstream readers, ends attached clients, frees the window.
+    fn close(&self) {
+        let mut st = lock(&self.state);
+        st.closed = true;
+        st.window = Window::new(1, 0);
+        for s in st.streams.values_mut() {
+            if let Some(r) = s.reader.take() {
+                r.abort();
+            }
+            if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
+                w.wake();
+            }
+        }
+        st.streams.clear();
+    }
+
+    /// Sweep work for one session: flags stalled clients. Returns whether the session is
+    /// idle (no client attached) and since when.
+    fn sweep(&self, now: Instant) -> (bool, Instant) {
+        let stall = self.cfg.stall_timeout;
+        let mut st = lock(&self.state);
+        let mut attached = false;
+        for s in st.streams.values_mut() {
+            let Some(sub) = s.sub.as_mut() else { continue };
+            attached = true;
+            match sub.detach {
+                Some(at) if now.duration_since(at) >= Duration::from_secs(1) => {
+                    // The body was not polled since it was flagged: the connection is stuck
+                    // writing. Close it; the client resumes from its last complete event.
+                    if let Some(k) = sub.kill.take() {
+                        k.notify_one();
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    if sub.backlog_since.is_some_and(|t| now.duration_since(t) >= stall) {
+                        sub.detach = Some(now);
+                        if let Some(w) = sub.waker.take() {
+                            w.wake();
+                        }
+                    }
+                }
+            }
+        }
+        (!attached, st.last_activity)
+    }
+
+    /// Retained window bytes and events (for tests and metrics).
+    pub fn window_usage(&self) -> (usize, usize) {
+        let st = lock(&self.state);
+        (st.window.len(), st.window.bytes())
+    }
+}
+
+impl Subscriber {
+    fn new(generation: u64, cursor: u64, kill: Option<Arc<Notify>>) -> Subscriber {
+        Subscriber { generation, cursor, waker: None, backlog_since: None, detach: None, kill }
+    }
+}
+
+const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
+const UPSTREAM_ENDED_MESSAGE: &str = "mcp-reattach: the upstream server ended the stream without answering this request";
+
+/// JSON-RPC error code the gateway uses for requests whose result cannot be delivered.
+pub const ERROR_CODE_RESUMPTION_FAILED: i64 = -32010;
+/// JSON-RPC error code for requests whose upstream stream failed.
+pub const ERROR_CODE_UPSTREAM_FAILED: i64 = -32011;
+
+fn failure_frames(here: &str, reason: &str, ids: &[&str], message: &str) -> Bytes {
+    let info = serde_json::json!({ "reason": reason, "at": here, "requests": ids.len() });
+    let mut out = BytesMut::from(&sse::control(Some(here), Some(EVENT_RESUMPTION_FAILED), None, &info.to_string())[..]);
+    for id in ids {
+        out.put_slice(&error_event(id, ERROR_CODE_RESUMPTION_FAILED, message, reason));
+    }
+    out.freeze()
+}
+
+fn upstream_failure_frames(here: &str, cause: &str, ids: &[&str]) -> Bytes {
+    let info = serde_json::json!({ "reason": "upstream-failed", "cause": cause, "at": here });
+    let mut out = BytesMut::from(&sse::control(Some(here), Some(EVENT_UPSTREAM_FAILED), None, &info.to_string())[..]);
+    let message = format!("mcp-reattach: the upstream stream failed before this request was answered: {cause}");
+    for id in ids {
+        out.put_slice(&error_event(id, ERROR_CODE_UPSTREAM_FAILED, &message, "upstream-failed"));
+    }
+    out.freeze()
+}
+
+/// A `message` event carrying a JSON-RPC error response for request `id` (JSON text).
+fn error_event(id: &str, code: i64, message: &str, reason: &str) -> Bytes {
+    let id: serde_json::Value = serde_json::from_str(id).unwrap_or(serde_json::Value::Null);
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": code, "message": message, "data": { "reason": reason } },
+    });
+    sse::control(None, Some("message"), None, &body.to_string())
+}
+
+fn encoded_len(id: &str, ev: &Event) -> usize {
+    let mut n = 4 + id.len() + 1 + 1;
+    if let Some(t) = &ev.event {
+        n += 7 + t.len() + 1;
+    }
+    if let Some(r) = ev.retry {
+        n += 7 + r.to_string().len() + 1;
+    }
+    if let Some(d) = &ev.data {
+        n += d.len() + d.bytes().filter(|&b| b == b'\n').count() * 7 + 7;
+    }
+    n
+}
+
+/// All live sessions, keyed by the upstream's session id.
+#[derive(Debug)]
+pub struct Registry {
+    cfg: Arc<Config>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+/// The session cap is reached and every session has a client attached.
+#[derive(Debug, thiserror::Error)]
+#[error("the gateway holds its maximum number of sessions, all in use")]
+pub struct AtCapacity;
+
+impl Registry {
+    pub fn new(cfg: Arc<Config>) -> Registry {
+        Registry { cfg, sessions: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(id).cloned()
+    }
+
+    /// The session `id`, created if the gateway has not seen it (sheds an idle session at
+    /// the cap; errs when every session is in use).
+    pub fn get_or_create(&self, id: &str) -> Result<Arc<Session>, AtCapacity> {
+        let mut map = lock(&self.sessions);
+        if let Some(s) = map.get(id) {
+            return Ok(s.clone());
+        }
+        if map.len() >= self.cfg.max_sessions {
+            self.shed_one(&mut map)?;
+        }
+        let s = Arc::new(Session::new(id.to_owned(), self.cfg.clone()));
+        map.insert(id.to_owned(), s.clone());
+        tracing::debug!(mcp.session = %hash_id(id), "session created");
+        Ok(s)
+    }
+
+    /// Makes room for one new session if at the cap (called before forwarding an
+    /// `initialize`, so the upstream never creates a session the gateway cannot hold).
+    pub fn reserve(&self) -> Result<(), AtCapacity> {
+        let mut map = lock(&self.sessions);
+        if map.len() >= self.cfg.max_sessions {
+            self.shed_one(&mut map)?;
+        }
+        Ok(())
+    }
+
+    fn shed_one(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
+        let now = Instant::now();
+        let victim = map
+            .iter()
+            .filter_map(|(k, s)| {
+                let (idle, since) = s.sweep(now);
+                idle.then_some((since, k))
+            })
+            .min()
+            .map(|(_, k)| k.clone())
+            .ok_or(AtCapacity)?;
+        if let Some(s) = map.remove(&victim) {
+            s.close();
+            tracing::info!(mcp.session = %hash_id(&victim), reason = "session-cap", "session evicted");
+        }
+        Ok(())
+    }
+
+    /// Drops the session `id`'s state (DELETE, upstream 404).
+    pub fn remove(&self, id: &str, why: Eviction) {
+        let s = lock(&self.sessions).remove(id);
+        if let Some(s) = s {
+            s.close();
+            tracing::info!(mcp.session = %hash_id(id), reason = ?why, "session dropped");
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One sweep: flags stalled clients and drops sessions idle for longer than the TTL.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let all: Vec<(String, Arc<Session>)> = lock(&self.sessions).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (id, s) in all {
+            let (idle, since) = s.sweep(now);
+            if idle && now.duration_since(since) >= self.cfg.session_ttl {
+                let mut map = lock(&self.sessions);
+                if map.get(&id).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                    map.remove(&id);
+                    drop(map);
+                    s.close();
+                    tracing::info!(mcp.session = %hash_id(&id), reason = "ttl", "session expired");
+                }
+            }
+        }
+    }
+
+    /// Runs [`Registry::sweep`] every `sweep_interval` until the registry is dropped.
+    pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        let every = self.cfg.sweep_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(reg) = weak.upgrade() else { return };
+                reg.sweep();
+            }
+        })
+    }
+
+    /// Total retained window bytes over all sessions.
+    pub fn window_bytes(&self) -> usize {
+        lock(&self.sessions).values().map(|s| s.window_usage().1).sum()
+    }
+}
+
+/// A short, stable, non-reversible label for a session id in logs.
+pub fn hash_id(id: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
