@@ -30,7 +30,13 @@ pub struct AttachBody {
 }
 
 impl AttachBody {
-    pub fn new(session: Arc<Session>, stream: u32, generation: u64, prelude: Option<Bytes>, keepalive: Option<Duration>) -> AttachBody {
+    pub fn new(
+        session: Arc<Session>,
+        stream: u32,
+        generation: u64,
+        prelude: Option<Bytes>,
+        keepalive: Option<Duration>,
+    ) -> AttachBody {
         AttachBody {
             session,
             stream,
@@ -58,7 +64,10 @@ impl Body for AttachBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
@@ -67,7 +76,10 @@ impl Body for AttachBody {
             this.reset_keepalive();
             return this.data(p);
         }
-        match this.session.poll_step(this.stream, this.generation, cx.waker()) {
+        match this
+            .session
+            .poll_step(this.stream, this.generation, cx.waker())
+        {
             Step::Data(b) => {
                 this.reset_keepalive();
                 this.data(b)

@@ -44,67 +44,88 @@ pub enum Command {
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
     /// Address the proxy listens on.
-    #[arg(long, env = "MCP_REATTACH_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
     pub listen: SocketAddr,
 
     /// Base URL of the MCP server to proxy to (http only), e.g. http://127.0.0.1:3000.
     /// Request paths and queries are forwarded as received. Required unless running `demo`.
-    #[arg(long, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
+    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
     pub upstream: Option<http::Uri>,
 
     /// Address of the admin listener (/healthz, /readyz).
-    #[arg(long, env = "MCP_REATTACH_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
     pub admin_listen: SocketAddr,
 
     /// Per-session window: most recent events retained for resumption (count).
-    #[arg(long, env = "MCP_REATTACH_WINDOW_EVENTS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
     pub window_events: u32,
 
     /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
-    #[arg(long, env = "MCP_REATTACH_WINDOW_BYTES", default_value = "1MiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_BYTES", default_value = "1MiB", value_parser = parse_size)]
     pub window_bytes: u64,
 
     /// Drop a session's state after this long with no client attached and no client request
     /// (duration).
-    #[arg(long, env = "MCP_REATTACH_SESSION_TTL", default_value = "5m", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_SESSION_TTL", default_value = "5m", value_parser = parse_positive_duration)]
     pub session_ttl: Duration,
 
     /// Most sessions held at once. At the cap the least recently used session with no
     /// attached client is shed; if every session has a client attached, new sessions get 503
     /// with Retry-After.
-    #[arg(long, env = "MCP_REATTACH_MAX_SESSIONS", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_SESSIONS", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_sessions: u32,
 
     /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
     /// 0 disables).
-    #[arg(long, env = "MCP_REATTACH_KEEPALIVE", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_KEEPALIVE", default_value = "15s", value_parser = parse_duration)]
     pub keepalive: Duration,
 
     /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
     /// close the gateway initiates (duration; default unset).
-    #[arg(long, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
     pub retry_hint: Option<Duration>,
 
     /// A client whose unsent backlog keeps growing for this long is detached with a
     /// resumption-required signal (duration).
-    #[arg(long, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
     pub stall_timeout: Duration,
 
     /// Priming events: auto (protocol 2025-11-25 or later), always, never.
-    #[arg(long, env = "MCP_REATTACH_PRIMING", value_enum, default_value = "auto")]
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_PRIMING",
+        value_enum,
+        default_value = "auto"
+    )]
     pub priming: Priming,
 
     /// Largest single SSE event accepted from the upstream (size); a larger one ends that
     /// stream with an explicit error.
-    #[arg(long, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = "16MiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = "16MiB", value_parser = parse_size)]
     pub max_event_bytes: u64,
 
     /// Largest request body the gateway reads to classify a POST (size); larger gets 413.
-    #[arg(long, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = "4MiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = "4MiB", value_parser = parse_size)]
     pub max_request_bytes: u64,
 
     /// Log filter (tracing-subscriber EnvFilter syntax), e.g. `info` or `mcp_reattach=debug`.
-    #[arg(long, env = "MCP_REATTACH_LOG_LEVEL", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_LOG_LEVEL",
+        default_value = "info"
+    )]
     pub log_level: String,
 }
 
@@ -180,7 +201,9 @@ pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
         return Err("missing host".into());
     }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err("give only scheme, host and port; request paths are forwarded as received".into());
+        return Err(
+            "give only scheme, host and port; request paths are forwarded as received".into(),
+        );
     }
     Ok(uri)
 }
@@ -218,9 +241,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mib" | "m" => 1 << 20,
         "gb" => 1_000_000_000,
         "gib" | "g" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
     };
-    let v = n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))?;
     if v == 0 {
         return Err("must be greater than zero".into());
     }

@@ -53,7 +53,11 @@ impl Cursor {
             return Err(CursorError::Malformed);
         }
         let epoch = u64::from_str_radix(ascii(epoch)?, 16).map_err(|_| CursorError::Malformed)?;
-        Ok(Cursor { epoch, stream: decimal(stream)?, seq: decimal(seq)? })
+        Ok(Cursor {
+            epoch,
+            stream: decimal(stream)?,
+            seq: decimal(seq)?,
+        })
     }
 }
 
@@ -62,7 +66,8 @@ fn ascii(b: &[u8]) -> Result<&str, CursorError> {
 }
 
 fn decimal<T: std::str::FromStr>(b: &[u8]) -> Result<T, CursorError> {
-    let canonical = !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b == b"0" || b[0] != b'0');
+    let canonical =
+        !b.is_empty() && b.iter().all(u8::is_ascii_digit) && (b == b"0" || b[0] != b'0');
     if !canonical {
         return Err(CursorError::Malformed);
     }
@@ -76,7 +81,11 @@ pub fn new_epoch() -> u64 {
         // No OS randomness: fall back to std's randomly keyed SipHash over the time.
         use std::hash::{BuildHasher, Hasher};
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
         return h.finish();
     }
     u64::from_le_bytes(b)
@@ -89,7 +98,11 @@ mod tests {
 
     #[test]
     fn formats_as_visible_ascii() {
-        let c = Cursor { epoch: 0xab, stream: 3, seq: 42 };
+        let c = Cursor {
+            epoch: 0xab,
+            stream: 3,
+            seq: 42,
+        };
         assert_eq!(c.to_string(), "00000000000000ab.3.42");
         assert!(crate::sse::is_valid_id(&c.to_string()));
     }

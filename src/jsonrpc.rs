@@ -84,7 +84,12 @@ pub fn inspect_post(body: &[u8]) -> PostInfo {
                 info.version.get_or_insert(v);
             }
         }
-        if let Some(v) = m.params.as_ref().and_then(|p| p.meta.as_ref()).and_then(|m| m.version.clone()) {
+        if let Some(v) = m
+            .params
+            .as_ref()
+            .and_then(|p| p.meta.as_ref())
+            .and_then(|m| m.version.clone())
+        {
             info.version = Some(v);
         }
         if let Some(id) = m.id {
@@ -114,7 +119,9 @@ pub fn response_ids(data: &str) -> Vec<String> {
     if !(data.contains("\"result\"") || data.contains("\"error\"")) {
         return Vec::new();
     }
-    let Ok(msgs) = serde_json::from_str::<OneOrMany<Reply>>(data) else { return Vec::new() };
+    let Ok(msgs) = serde_json::from_str::<OneOrMany<Reply>>(data) else {
+        return Vec::new();
+    };
     msgs.into_vec()
         .into_iter()
         .filter(|r| r.method.is_none() && (r.result.is_some() || r.error.is_some()))
@@ -135,7 +142,9 @@ struct InitResult {
 
 /// The negotiated protocol version, if `data` is an `InitializeResult` response.
 pub fn initialize_version(data: &str) -> Option<String> {
-    serde_json::from_str::<InitReply>(data).ok().map(|r| r.result.protocol_version)
+    serde_json::from_str::<InitReply>(data)
+        .ok()
+        .map(|r| r.result.protocol_version)
 }
 
 /// Whether a protocol version string (`YYYY-MM-DD`) is of the modern era.
@@ -151,7 +160,13 @@ pub fn primes(version: &str) -> bool {
 fn is_date(v: &str) -> bool {
     let b = v.as_bytes();
     b.len() == 10
-        && b.iter().enumerate().all(|(i, c)| if i == 4 || i == 7 { *c == b'-' } else { c.is_ascii_digit() })
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
 }
 
 /// A JSON-RPC error response body written by the gateway.
@@ -194,12 +209,29 @@ mod tests {
 
     #[test]
     fn finds_response_ids_only() {
-        assert_eq!(response_ids(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#), vec!["7"]);
-        assert_eq!(response_ids(r#"{"jsonrpc":"2.0","id":"x","error":{"code":1,"message":"m"}}"#), vec!["\"x\""]);
+        assert_eq!(
+            response_ids(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            vec!["7"]
+        );
+        assert_eq!(
+            response_ids(r#"{"jsonrpc":"2.0","id":"x","error":{"code":1,"message":"m"}}"#),
+            vec!["\"x\""]
+        );
         // A server-to-client request with an id is not a response.
-        assert!(response_ids(r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{"result":1}}"#).is_empty());
-        assert!(response_ids(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#).is_empty());
-        assert_eq!(response_ids(r#"[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":2,"result":{}}]"#), vec!["1", "2"]);
+        assert!(response_ids(
+            r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{"result":1}}"#
+        )
+        .is_empty());
+        assert!(
+            response_ids(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#)
+                .is_empty()
+        );
+        assert_eq!(
+            response_ids(
+                r#"[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":2,"result":{}}]"#
+            ),
+            vec!["1", "2"]
+        );
         assert!(response_ids("garbage \"result\"").is_empty());
     }
 
@@ -220,6 +252,9 @@ mod tests {
             initialize_version(r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#).as_deref(),
             Some("2025-11-25")
         );
-        assert_eq!(initialize_version(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#), None);
+        assert_eq!(
+            initialize_version(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#),
+            None
+        );
     }
 }

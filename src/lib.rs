@@ -15,8 +15,8 @@ pub mod cursor;
 pub mod demo;
 pub mod jsonrpc;
 pub mod proxy;
-pub mod session;
 pub mod server;
+pub mod session;
 pub mod sse;
 pub mod window;
 

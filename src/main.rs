@@ -21,12 +21,21 @@ fn main() -> ExitCode {
     let filter = match tracing_subscriber::EnvFilter::try_new(&cli.gateway.log_level) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("error: invalid value '{}' for '--log-level <LOG_LEVEL>': {e}", cli.gateway.log_level);
+            eprintln!(
+                "error: invalid value '{}' for '--log-level <LOG_LEVEL>': {e}",
+                cli.gateway.log_level
+            );
             return ExitCode::from(EX_USAGE);
         }
     };
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -55,7 +64,11 @@ fn main() -> ExitCode {
 #[derive(Debug, thiserror::Error)]
 enum StartError {
     #[error("cannot listen on {addr} ({flag}): {source}")]
-    Bind { flag: &'static str, addr: std::net::SocketAddr, source: std::io::Error },
+    Bind {
+        flag: &'static str,
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -70,7 +83,9 @@ impl StartError {
 }
 
 async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { flag, addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { flag, addr, source })
 }
 
 async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
@@ -80,9 +95,13 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     let health = mcp_reattach::Health::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut admin_stop = stop_rx.clone();
-    let admin_task = tokio::spawn(mcp_reattach::serve_admin(admin, health.clone(), async move {
-        let _ = admin_stop.wait_for(|s| *s).await;
-    }));
+    let admin_task = tokio::spawn(mcp_reattach::serve_admin(
+        admin,
+        health.clone(),
+        async move {
+            let _ = admin_stop.wait_for(|s| *s).await;
+        },
+    ));
     let signal = async move {
         shutdown_signal().await;
         health.set_ready(false);
@@ -119,11 +138,20 @@ async fn shutdown_signal() {
 async fn demo(args: GatewayArgs) -> Result<(), StartError> {
     let upstream_listener = TcpListener::bind("127.0.0.1:0").await?;
     let upstream_addr = upstream_listener.local_addr()?;
-    tokio::spawn(mcp_reattach::demo::serve_upstream(upstream_listener, std::future::pending()));
-    let upstream: http::Uri = format!("http://{upstream_addr}").parse().map_err(|e| std::io::Error::other(format!("{e}")))?;
+    tokio::spawn(mcp_reattach::demo::serve_upstream(
+        upstream_listener,
+        std::future::pending(),
+    ));
+    let upstream: http::Uri = format!("http://{upstream_addr}")
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("{e}")))?;
     let mut args = args;
     // The demo binds loopback unless told otherwise, so it never exposes anything.
-    if args.listen == "0.0.0.0:8080".parse::<std::net::SocketAddr>().map_err(std::io::Error::other)? {
+    if args.listen
+        == "0.0.0.0:8080"
+            .parse::<std::net::SocketAddr>()
+            .map_err(std::io::Error::other)?
+    {
         args.listen = ([127, 0, 0, 1], 8080).into();
     }
     let config = Config::from_args(&args, upstream);

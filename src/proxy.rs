@@ -24,7 +24,9 @@ use crate::attach::AttachBody;
 use crate::config::{Config, Priming};
 use crate::cursor::{Cursor, CursorError};
 use crate::jsonrpc::{self, PostInfo};
-use crate::session::{AtCapacity, End, Eviction, Registry, Resume, ResumeError, Session, StreamKind};
+use crate::session::{
+    AtCapacity, End, Eviction, Registry, Resume, ResumeError, Session, StreamKind,
+};
 use crate::sse::Decoder;
 
 /// Boxed error of bodies flowing through the gateway.
@@ -107,9 +109,13 @@ impl ProxyError {
         let body = jsonrpc::error_body(id, code, &message, self.reason());
         let mut resp = Response::new(full(body));
         *resp.status_mut() = status;
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
     }
@@ -143,7 +149,11 @@ impl Gateway {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(60))
             .build(connector);
-        Arc::new(Gateway { registry: Arc::new(Registry::new(cfg.clone())), cfg, client })
+        Arc::new(Gateway {
+            registry: Arc::new(Registry::new(cfg.clone())),
+            cfg,
+            client,
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -155,7 +165,11 @@ impl Gateway {
     }
 
     /// Handles one client request. Never fails: errors become responses.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: Conn) -> Result<Response<ResBody>, Infallible> {
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        conn: Conn,
+    ) -> Result<Response<ResBody>, Infallible> {
         let method = req.method().clone();
         let resp = match self.route(req, &conn).await {
             Ok(r) => r,
@@ -167,25 +181,48 @@ impl Gateway {
         Ok(resp)
     }
 
-    async fn route(&self, req: Request<Incoming>, conn: &Conn) -> Result<Response<ResBody>, (ProxyError, Option<serde_json::Value>)> {
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+        conn: &Conn,
+    ) -> Result<Response<ResBody>, (ProxyError, Option<serde_json::Value>)> {
         let session_id = match req.headers().get(MCP_SESSION_ID) {
             None => None,
-            Some(v) if is_visible_ascii(v.as_bytes()) => Some(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            Some(v) if is_visible_ascii(v.as_bytes()) => {
+                Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
+            }
             Some(_) => return Err((ProxyError::BadSessionHeader, None)),
         };
-        let header_version = req.headers().get(MCP_PROTOCOL_VERSION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header_version = req
+            .headers()
+            .get(MCP_PROTOCOL_VERSION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let modern = header_version.as_deref().is_some_and(jsonrpc::is_modern);
 
         if !modern && req.method() == Method::GET {
             if let Some(sid) = &session_id {
                 if let Some(cursor) = req.headers().get(LAST_EVENT_ID) {
-                    return self.resume(sid, cursor.as_bytes(), conn).map_err(|e| (e, None));
+                    return self
+                        .resume(sid, cursor.as_bytes(), conn)
+                        .map_err(|e| (e, None));
                 }
                 if let Some(s) = self.registry.get(sid) {
-                    let prime = self.prime(header_version.as_deref().or(s.protocol_version().as_deref()));
-                    if let Some((stream, generation, priming)) = s.attach_standalone(prime, Some(conn.kill.clone())) {
+                    let prime = self.prime(
+                        header_version
+                            .as_deref()
+                            .or(s.protocol_version().as_deref()),
+                    );
+                    if let Some((stream, generation, priming)) =
+                        s.attach_standalone(prime, Some(conn.kill.clone()))
+                    {
                         tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
-                        return Ok(self.sse_response(StatusCode::OK, None, sid, AttachBody::new(s, stream, generation, priming, self.cfg.keepalive)));
+                        return Ok(self.sse_response(
+                            StatusCode::OK,
+                            None,
+                            sid,
+                            AttachBody::new(s, stream, generation, priming, self.cfg.keepalive),
+                        ));
                     }
                 }
             }
@@ -193,31 +230,58 @@ impl Gateway {
 
         let (parts, body) = req.into_parts();
         let (body, info): (UpBody, PostInfo) = if parts.method == Method::POST {
-            let bytes = match Limited::new(body, self.cfg.max_request_bytes).collect().await {
+            let bytes = match Limited::new(body, self.cfg.max_request_bytes)
+                .collect()
+                .await
+            {
                 Ok(c) => c.to_bytes(),
-                Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                Err(e)
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some() =>
+                {
                     return Err((ProxyError::BodyTooLarge(self.cfg.max_request_bytes), None))
                 }
                 Err(e) => return Err((ProxyError::BodyRead(e), None)),
             };
             let info = jsonrpc::inspect_post(&bytes);
-            (Full::new(bytes).map_err(|never| match never {}).boxed_unsync(), info)
+            (
+                Full::new(bytes)
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+                info,
+            )
         } else {
-            (body.map_err(BoxError::from).boxed_unsync(), PostInfo::default())
+            (
+                body.map_err(BoxError::from).boxed_unsync(),
+                PostInfo::default(),
+            )
         };
         let single_id = info.single_id.clone();
         let modern = modern || info.version.as_deref().is_some_and(jsonrpc::is_modern);
         if !modern && info.initialize && session_id.is_none() {
-            self.registry.reserve().map_err(|e| (ProxyError::AtCapacity(e), single_id.clone()))?;
+            self.registry
+                .reserve()
+                .map_err(|e| (ProxyError::AtCapacity(e), single_id.clone()))?;
         }
-        if let Some(s) = session_id.as_deref().filter(|_| !modern).and_then(|sid| self.registry.get(sid)) {
+        if let Some(s) = session_id
+            .as_deref()
+            .filter(|_| !modern)
+            .and_then(|sid| self.registry.get(sid))
+        {
             s.touch();
             if let Some(v) = &header_version {
                 s.set_protocol_version(v);
             }
         }
 
-        let upstream_req = self.upstream_request(parts.method.clone(), parts.uri, parts.headers, parts.version, body, conn.remote);
+        let upstream_req = self.upstream_request(
+            parts.method.clone(),
+            parts.uri,
+            parts.headers,
+            parts.version,
+            body,
+            conn.remote,
+        );
         let resp = self
             .client
             .request(upstream_req)
@@ -241,7 +305,8 @@ impl Gateway {
             .filter(|v| is_visible_ascii(v.as_bytes()))
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .or(session_id);
-        let Some(sid) = resp_sid.filter(|_| status.is_success() && parts.method != Method::DELETE) else {
+        let Some(sid) = resp_sid.filter(|_| status.is_success() && parts.method != Method::DELETE)
+        else {
             return Ok(pass_through(resp));
         };
         let session = match self.registry.get_or_create(&sid) {
@@ -254,28 +319,63 @@ impl Gateway {
         if let Some(v) = header_version.as_deref().or(info.version.as_deref()) {
             session.set_protocol_version(v);
         }
-        let tag = status == StatusCode::OK && is_sse(resp.headers()) && matches!(parts.method, Method::POST | Method::GET);
+        let tag = status == StatusCode::OK
+            && is_sse(resp.headers())
+            && matches!(parts.method, Method::POST | Method::GET);
         if !tag {
             return Ok(pass_through(resp));
         }
-        let kind = if parts.method == Method::POST { StreamKind::Post } else { StreamKind::Standalone };
+        let kind = if parts.method == Method::POST {
+            StreamKind::Post
+        } else {
+            StreamKind::Standalone
+        };
         let prime = self.prime(session.protocol_version().as_deref());
-        let (stream, generation, priming) =
-            session.open_stream(kind, info.request_ids, info.initialize, prime, Some(conn.kill.clone()));
+        let (stream, generation, priming) = session.open_stream(
+            kind,
+            info.request_ids,
+            info.initialize,
+            prime,
+            Some(conn.kill.clone()),
+        );
         let (resp_parts, upstream_body) = resp.into_parts();
-        let reader = tokio::spawn(read_upstream(session.clone(), stream, upstream_body, self.cfg.max_event_bytes));
+        let reader = tokio::spawn(read_upstream(
+            session.clone(),
+            stream,
+            upstream_body,
+            self.cfg.max_event_bytes,
+        ));
         session.set_reader(stream, reader.abort_handle());
         let body = AttachBody::new(session, stream, generation, priming, self.cfg.keepalive);
         Ok(self.sse_response(resp_parts.status, Some(resp_parts.headers), &sid, body))
     }
 
-    fn resume(&self, sid: &str, cursor: &[u8], conn: &Conn) -> Result<Response<ResBody>, ProxyError> {
+    fn resume(
+        &self,
+        sid: &str,
+        cursor: &[u8],
+        conn: &Conn,
+    ) -> Result<Response<ResBody>, ProxyError> {
         let session = self.registry.get(sid).ok_or(ProxyError::UnknownSession)?;
         let cursor = Cursor::parse(cursor).map_err(ProxyError::MalformedCursor)?;
-        match session.resume(cursor, Some(conn.kill.clone())).map_err(ProxyError::Resume)? {
-            Resume::Attached { stream, generation, prelude, replay } => {
+        match session
+            .resume(cursor, Some(conn.kill.clone()))
+            .map_err(ProxyError::Resume)?
+        {
+            Resume::Attached {
+                stream,
+                generation,
+                prelude,
+                replay,
+            } => {
                 tracing::info!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, replay, outcome = "resumed", "resume");
-                let body = AttachBody::new(session, stream, generation, Some(prelude), self.cfg.keepalive);
+                let body = AttachBody::new(
+                    session,
+                    stream,
+                    generation,
+                    Some(prelude),
+                    self.cfg.keepalive,
+                );
                 Ok(self.sse_response(StatusCode::OK, None, sid, body))
             }
             Resume::GapWithErrors { frames } => {
@@ -295,7 +395,13 @@ impl Gateway {
         }
     }
 
-    fn sse_response(&self, status: StatusCode, upstream_headers: Option<HeaderMap>, sid: &str, body: AttachBody) -> Response<ResBody> {
+    fn sse_response(
+        &self,
+        status: StatusCode,
+        upstream_headers: Option<HeaderMap>,
+        sid: &str,
+        body: AttachBody,
+    ) -> Response<ResBody> {
         let mut resp = Response::new(body.map_err(|never| match never {}).boxed_unsync());
         *resp.status_mut() = status;
         if let Some(mut h) = upstream_headers {
@@ -307,7 +413,15 @@ impl Gateway {
         resp
     }
 
-    fn upstream_request(&self, method: Method, uri: Uri, mut headers: HeaderMap, version: Version, body: UpBody, remote: SocketAddr) -> Request<UpBody> {
+    fn upstream_request(
+        &self,
+        method: Method,
+        uri: Uri,
+        mut headers: HeaderMap,
+        version: Version,
+        body: UpBody,
+        remote: SocketAddr,
+    ) -> Request<UpBody> {
         let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let base = &self.cfg.upstream;
         let target = format!(
@@ -318,7 +432,10 @@ impl Gateway {
         );
         if !headers.contains_key(header::HOST) {
             // HTTP/2 clients send :authority instead; forward it as Host, unchanged.
-            if let Some(a) = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+            if let Some(a) = uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            {
                 headers.insert(header::HOST, a);
             }
         }
@@ -342,13 +459,20 @@ impl Gateway {
 }
 
 /// Reads a tagged upstream stream to its end, whether or not a client is attached.
-async fn read_upstream(session: Arc<Session>, stream: u32, mut body: Incoming, max_event_bytes: usize) {
+async fn read_upstream(
+    session: Arc<Session>,
+    stream: u32,
+    mut body: Incoming,
+    max_event_bytes: usize,
+) {
     let mut decoder = Decoder::new(max_event_bytes);
     let mut events = Vec::new();
     let end = loop {
         match body.frame().await {
             Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else { continue };
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
                 let fed = decoder.feed(&data, &mut events);
                 session.push_events(stream, &mut events);
                 if let Err(e) = fed {
@@ -372,7 +496,10 @@ fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {
 }
 
 fn sse_headers(h: &mut HeaderMap, sid: &str) {
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert(X_ACCEL_BUFFERING, HeaderValue::from_static("no"));
     h.remove(header::CONTENT_ENCODING);
@@ -382,11 +509,17 @@ fn sse_headers(h: &mut HeaderMap, sid: &str) {
 }
 
 fn is_sse(h: &HeaderMap) -> bool {
-    let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ct = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     let identity = h
         .get(header::CONTENT_ENCODING)
         .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
-    ct.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream")) && identity
+    ct.split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        && identity
 }
 
 fn is_visible_ascii(b: &[u8]) -> bool {
@@ -427,10 +560,16 @@ mod tests {
     #[test]
     fn strips_hop_by_hop_and_connection_named_headers() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         h.insert(MCP_SESSION_ID, HeaderValue::from_static("abc"));
         strip_hop_by_hop(&mut h);
@@ -443,11 +582,17 @@ mod tests {
     #[test]
     fn sse_detection() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
         assert!(is_sse(&h));
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         assert!(!is_sse(&h));
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         h.remove(header::CONTENT_ENCODING);
         assert!(!is_sse(&h));
     }

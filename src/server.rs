@@ -26,15 +26,26 @@ use crate::proxy::{Conn, Gateway};
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves the gateway on `listener` until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     serve_gateway(listener, Gateway::new(config), shutdown).await
 }
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
-pub async fn serve_gateway(listener: TcpListener, gateway: Arc<Gateway>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve_gateway(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
@@ -56,8 +67,12 @@ pub async fn serve_gateway(listener: TcpListener, gateway: Arc<Gateway>, shutdow
         let builder = builder.clone();
         tokio::spawn(async move {
             let kill = Arc::new(Notify::new());
-            let conn = Conn { remote, kill: kill.clone() };
-            let svc = service_fn(move |req: Request<Incoming>| gateway.clone().handle(req, conn.clone()));
+            let conn = Conn {
+                remote,
+                kill: kill.clone(),
+            };
+            let svc =
+                service_fn(move |req: Request<Incoming>| gateway.clone().handle(req, conn.clone()));
             let serving = builder.serve_connection(TokioIo::new(tcp), svc);
             tokio::select! {
                 res = serving => {
@@ -80,7 +95,9 @@ pub struct Health {
 
 impl Health {
     pub fn new() -> Arc<Health> {
-        Arc::new(Health { ready: AtomicBool::new(true) })
+        Arc::new(Health {
+            ready: AtomicBool::new(true),
+        })
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -93,7 +110,11 @@ impl Health {
 }
 
 /// Serves `/healthz` and `/readyz` on `listener` until `shutdown` resolves.
-pub async fn serve_admin(listener: TcpListener, health: Arc<Health>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve_admin(
+    listener: TcpListener,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     tokio::pin!(shutdown);
     loop {
         let (tcp, _) = tokio::select! {
@@ -121,8 +142,12 @@ pub async fn serve_admin(listener: TcpListener, health: Arc<Health>, shutdown: i
 fn admin_response(req: &Request<Incoming>, health: &Health) -> Response<Full<Bytes>> {
     let (status, body) = match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/healthz") => (StatusCode::OK, "ok\n"),
-        (&Method::GET | &Method::HEAD, "/readyz") if health.is_ready() => (StatusCode::OK, "ready\n"),
-        (&Method::GET | &Method::HEAD, "/readyz") => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        (&Method::GET | &Method::HEAD, "/readyz") if health.is_ready() => {
+            (StatusCode::OK, "ready\n")
+        }
+        (&Method::GET | &Method::HEAD, "/readyz") => {
+            (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        }
         _ => (StatusCode::NOT_FOUND, "not found\n"),
     };
     let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));

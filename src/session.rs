@@ -144,7 +144,12 @@ pub struct Session {
 #[derive(Debug)]
 pub enum Resume {
     /// Attached: the body starts with `prelude` (the resumed event) then replays.
-    Attached { stream: u32, generation: u64, prelude: Bytes, replay: usize },
+    Attached {
+        stream: u32,
+        generation: u64,
+        prelude: Bytes,
+        replay: usize,
+    },
     /// The stream's successors of the cursor were evicted, and requests are still unanswered:
     /// the body is `frames` (a failure event and a JSON-RPC error per request), then it ends.
     GapWithErrors { frames: Bytes },
@@ -205,7 +210,12 @@ impl Session {
     }
 
     fn cursor(&self, stream: u32, seq: u64) -> String {
-        Cursor { epoch: self.epoch, stream, seq }.to_string()
+        Cursor {
+            epoch: self.epoch,
+            stream,
+            seq,
+        }
+        .to_string()
     }
 
     /// Records client activity (a request): the TTL counts from the latest one.
@@ -227,7 +237,8 @@ impl Session {
     /// Whether the session still holds a live standalone upstream stream.
     pub fn has_standalone(&self) -> bool {
         let st = lock(&self.state);
-        st.standalone.is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
+        st.standalone
+            .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
     }
 
     /// Opens a tagged stream and attaches its first client at the opening position.
@@ -257,7 +268,10 @@ impl Session {
                 overflow: None,
                 requests: requests
                     .into_iter()
-                    .map(|id| PendingRequest { id, answered_at: None })
+                    .map(|id| PendingRequest {
+                        id,
+                        answered_at: None,
+                    })
                     .collect(),
                 initialize,
                 upstream_last_id: None,
@@ -303,8 +317,15 @@ impl Session {
         for ev in events.drain(..) {
             st.last_seq += 1;
             let seq = st.last_seq;
-            let Some(s) = st.streams.get_mut(&stream) else { return };
-            let id = Cursor { epoch: self.epoch, stream, seq }.to_string();
+            let Some(s) = st.streams.get_mut(&stream) else {
+                return;
+            };
+            let id = Cursor {
+                epoch: self.epoch,
+                stream,
+                seq,
+            }
+            .to_string();
             let mut frame = BytesMut::with_capacity(encoded_len(&id, &ev));
             sse::encode(&id, &ev, &mut frame);
             s.last_seq = seq;
@@ -314,7 +335,11 @@ impl Session {
             if let Some(data) = ev.data.as_deref() {
                 if s.requests.iter().any(|r| r.answered_at.is_none()) {
                     for rid in jsonrpc::response_ids(data) {
-                        if let Some(r) = s.requests.iter_mut().find(|r| r.id == rid && r.answered_at.is_none()) {
+                        if let Some(r) = s
+                            .requests
+                            .iter_mut()
+                            .find(|r| r.id == rid && r.answered_at.is_none())
+                        {
                             r.answered_at = Some(seq);
                         }
                     }
@@ -323,7 +348,11 @@ impl Session {
                     }
                 }
             }
-            let entry = Entry { seq, stream, frame: frame.freeze() };
+            let entry = Entry {
+                seq,
+                stream,
+                frame: frame.freeze(),
+            };
             let streams = &mut st.streams;
             if let Err(big) = st.window.push(entry, |old| {
                 if let Some(o) = streams.get_mut(&old.stream) {
@@ -358,7 +387,9 @@ impl Session {
     pub fn end_stream(&self, stream: u32, end: End) {
         let mut st = lock(&self.state);
         let st = &mut *st;
-        let Some(s) = st.streams.get_mut(&stream) else { return };
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return;
+        };
         s.end = Some(end);
         s.reader = None;
         if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
@@ -369,7 +400,9 @@ impl Session {
         }
         st.ended.push_back(stream);
         while st.ended.len() > MAX_ENDED_STREAMS {
-            let Some(old) = st.ended.pop_front() else { break };
+            let Some(old) = st.ended.pop_front() else {
+                break;
+            };
             if st.streams.get(&old).is_some_and(|s| s.sub.is_some()) {
                 // Still being read by a client: keep it, forget it later.
                 st.ended.push_back(old);
@@ -408,7 +441,9 @@ impl Session {
             if ids.is_empty() {
                 return Err(ResumeError::Gap);
             }
-            return Ok(Resume::GapWithErrors { frames: failure_frames(&here, "gap", &ids, GAP_MESSAGE) });
+            return Ok(Resume::GapWithErrors {
+                frames: failure_frames(&here, "gap", &ids, GAP_MESSAGE),
+            });
         }
         let replay = st.window.after(cursor.stream, cursor.seq).count()
             + usize::from(s.overflow.as_ref().is_some_and(|o| o.seq > cursor.seq));
@@ -427,12 +462,21 @@ impl Session {
             "ended": s.end.is_some(),
         });
         let prelude = sse::control(Some(&here), Some(EVENT_RESUMED), None, &data.to_string());
-        Ok(Resume::Attached { stream: cursor.stream, generation, prelude, replay })
+        Ok(Resume::Attached {
+            stream: cursor.stream,
+            generation,
+            prelude,
+            replay,
+        })
     }
 
     /// Attaches a client live (no history) to the held standalone stream, replacing any
     /// older client. Returns `None` when no standalone stream is held.
-    pub fn attach_standalone(&self, prime: bool, kill: Option<Arc<Notify>>) -> Option<(u32, u64, Option<Bytes>)> {
+    pub fn attach_standalone(
+        &self,
+        prime: bool,
+        kill: Option<Arc<Notify>>,
+    ) -> Option<(u32, u64, Option<Bytes>)> {
         let mut st = lock(&self.state);
         let st = &mut *st;
         st.last_activity = Instant::now();
@@ -465,19 +509,35 @@ impl Session {
         if st.closed {
             return Step::Finish(Bytes::new());
         }
-        let Some(s) = st.streams.get_mut(&stream) else { return Step::Finish(Bytes::new()) };
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return Step::Finish(Bytes::new());
+        };
         let Some(sub) = s.sub.as_mut().filter(|sub| sub.generation == generation) else {
             // A newer attachment replaced this one.
             return Step::Finish(Bytes::new());
         };
         let cursor = sub.cursor;
-        let here = Cursor { epoch: self.epoch, stream, seq: cursor }.to_string();
+        let here = Cursor {
+            epoch: self.epoch,
+            stream,
+            seq: cursor,
+        }
+        .to_string();
         if sub.detach.is_some() {
             s.sub = None;
             st.last_activity = Instant::now();
-            let retry = self.cfg.retry_hint.unwrap_or(Duration::from_secs(1)).as_millis() as u64;
+            let retry = self
+                .cfg
+                .retry_hint
+                .unwrap_or(Duration::from_secs(1))
+                .as_millis() as u64;
             let data = serde_json::json!({ "reason": "slow-consumer", "resume_from": here });
-            return Step::Finish(sse::control(Some(&here), Some(EVENT_RESUMPTION_REQUIRED), Some(retry), &data.to_string()));
+            return Step::Finish(sse::control(
+                Some(&here),
+                Some(EVENT_RESUMPTION_REQUIRED),
+                Some(retry),
+                &data.to_string(),
+            ));
         }
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
@@ -553,7 +613,10 @@ impl Session {
         let mut st = lock(&self.state);
         st.last_activity = Instant::now();
         if let Some(s) = st.streams.get_mut(&stream) {
-            if s.sub.as_ref().is_some_and(|sub| sub.generation == generation) {
+            if s.sub
+                .as_ref()
+                .is_some_and(|sub| sub.generation == generation)
+            {
                 s.sub = None;
                 if let Some(o) = s.overflow.take() {
                     s.lost_upto = s.lost_upto.max(o.seq);
@@ -597,7 +660,10 @@ impl Session {
                 }
                 Some(_) => {}
                 None => {
-                    if sub.backlog_since.is_some_and(|t| now.duration_since(t) >= stall) {
+                    if sub
+                        .backlog_since
+                        .is_some_and(|t| now.duration_since(t) >= stall)
+                    {
                         sub.detach = Some(now);
                         if let Some(w) = sub.waker.take() {
                             w.wake();
@@ -618,12 +684,20 @@ impl Session {
 
 impl Subscriber {
     fn new(generation: u64, cursor: u64, kill: Option<Arc<Notify>>) -> Subscriber {
-        Subscriber { generation, cursor, waker: None, backlog_since: None, detach: None, kill }
+        Subscriber {
+            generation,
+            cursor,
+            waker: None,
+            backlog_since: None,
+            detach: None,
+            kill,
+        }
     }
 }
 
 const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
-const UPSTREAM_ENDED_MESSAGE: &str = "mcp-reattach: the upstream server ended the stream without answering this request";
+const UPSTREAM_ENDED_MESSAGE: &str =
+    "mcp-reattach: the upstream server ended the stream without answering this request";
 
 /// JSON-RPC error code the gateway uses for requests whose result cannot be delivered.
 pub const ERROR_CODE_RESUMPTION_FAILED: i64 = -32010;
@@ -632,19 +706,45 @@ pub const ERROR_CODE_UPSTREAM_FAILED: i64 = -32011;
 
 fn failure_frames(here: &str, reason: &str, ids: &[&str], message: &str) -> Bytes {
     let info = serde_json::json!({ "reason": reason, "at": here, "requests": ids.len() });
-    let mut out = BytesMut::from(&sse::control(Some(here), Some(EVENT_RESUMPTION_FAILED), None, &info.to_string())[..]);
+    let mut out = BytesMut::from(
+        &sse::control(
+            Some(here),
+            Some(EVENT_RESUMPTION_FAILED),
+            None,
+            &info.to_string(),
+        )[..],
+    );
     for id in ids {
-        out.put_slice(&error_event(id, ERROR_CODE_RESUMPTION_FAILED, message, reason));
+        out.put_slice(&error_event(
+            id,
+            ERROR_CODE_RESUMPTION_FAILED,
+            message,
+            reason,
+        ));
     }
     out.freeze()
 }
 
 fn upstream_failure_frames(here: &str, cause: &str, ids: &[&str]) -> Bytes {
     let info = serde_json::json!({ "reason": "upstream-failed", "cause": cause, "at": here });
-    let mut out = BytesMut::from(&sse::control(Some(here), Some(EVENT_UPSTREAM_FAILED), None, &info.to_string())[..]);
-    let message = format!("mcp-reattach: the upstream stream failed before this request was answered: {cause}");
+    let mut out = BytesMut::from(
+        &sse::control(
+            Some(here),
+            Some(EVENT_UPSTREAM_FAILED),
+            None,
+            &info.to_string(),
+        )[..],
+    );
+    let message = format!(
+        "mcp-reattach: the upstream stream failed before this request was answered: {cause}"
+    );
     for id in ids {
-        out.put_slice(&error_event(id, ERROR_CODE_UPSTREAM_FAILED, &message, "upstream-failed"));
+        out.put_slice(&error_event(
+            id,
+            ERROR_CODE_UPSTREAM_FAILED,
+            &message,
+            "upstream-failed",
+        ));
     }
     out.freeze()
 }
@@ -688,7 +788,10 @@ pub struct AtCapacity;
 
 impl Registry {
     pub fn new(cfg: Arc<Config>) -> Registry {
-        Registry { cfg, sessions: Mutex::new(HashMap::new()) }
+        Registry {
+            cfg,
+            sessions: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
@@ -759,7 +862,10 @@ impl Registry {
     /// One sweep: flags stalled clients and drops sessions idle for longer than the TTL.
     pub fn sweep(&self) {
         let now = Instant::now();
-        let all: Vec<(String, Arc<Session>)> = lock(&self.sessions).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let all: Vec<(String, Arc<Session>)> = lock(&self.sessions)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for (id, s) in all {
             let (idle, since) = s.sweep(now);
             if idle && now.duration_since(since) >= self.cfg.session_ttl {
@@ -791,7 +897,10 @@ impl Registry {
 
     /// Total retained window bytes over all sessions.
     pub fn window_bytes(&self) -> usize {
-        lock(&self.sessions).values().map(|s| s.window_usage().1).sum()
+        lock(&self.sessions)
+            .values()
+            .map(|s| s.window_usage().1)
+            .sum()
     }
 }
 

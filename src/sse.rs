@@ -132,7 +132,9 @@ impl Decoder {
     fn grow(&mut self, n: usize) -> Result<(), SseError> {
         self.cur_bytes += n;
         if self.cur_bytes > self.max_event_bytes {
-            return Err(SseError::TooLarge { limit: self.max_event_bytes });
+            return Err(SseError::TooLarge {
+                limit: self.max_event_bytes,
+            });
         }
         Ok(())
     }
@@ -272,7 +274,10 @@ mod tests {
     }
 
     fn ev(data: &str) -> Event {
-        Event { data: Some(data.into()), ..Event::default() }
+        Event {
+            data: Some(data.into()),
+            ..Event::default()
+        }
     }
 
     #[test]
@@ -317,8 +322,15 @@ mod tests {
         assert_eq!(
             out,
             vec![
-                Event { id: Some("1".into()), data: Some(String::new()), ..Event::default() },
-                Event { id: Some("2".into()), ..Event::default() },
+                Event {
+                    id: Some("1".into()),
+                    data: Some(String::new()),
+                    ..Event::default()
+                },
+                Event {
+                    id: Some("2".into()),
+                    ..Event::default()
+                },
             ]
         );
         // Two empty data lines make one LF.
@@ -336,7 +348,8 @@ mod tests {
         let mut d = Decoder::new(1024);
         let mut out = Vec::new();
         d.feed(b"\xEF", &mut out).unwrap();
-        d.feed(b"\xBB\xBFdata: a\n\n\xEF\xBB\xBFdata: b\n\n", &mut out).unwrap();
+        d.feed(b"\xBB\xBFdata: a\n\n\xEF\xBB\xBFdata: b\n\n", &mut out)
+            .unwrap();
         assert_eq!(out[0], ev("a"));
         // A BOM later in the stream is part of a field name, so that block has no data field.
         assert_eq!(out.len(), 1);
@@ -346,7 +359,10 @@ mod tests {
     fn oversized_event_is_refused() {
         let mut d = Decoder::new(16);
         let mut out = Vec::new();
-        assert_eq!(d.feed(b"data: 0123456789abcdef\n", &mut out), Err(SseError::TooLarge { limit: 16 }));
+        assert_eq!(
+            d.feed(b"data: 0123456789abcdef\n", &mut out),
+            Err(SseError::TooLarge { limit: 16 })
+        );
         // The limit counts the whole event, not one line.
         let mut d = Decoder::new(16);
         assert!(d.feed(b"data: 012345\n", &mut out).is_ok());
@@ -362,7 +378,10 @@ mod tests {
     fn invalid_utf8_is_refused() {
         let mut d = Decoder::new(1024);
         let mut out = Vec::new();
-        assert_eq!(d.feed(b"data: \xff\xfe\n\n", &mut out), Err(SseError::InvalidUtf8));
+        assert_eq!(
+            d.feed(b"data: \xff\xfe\n\n", &mut out),
+            Err(SseError::InvalidUtf8)
+        );
     }
 
     #[test]
@@ -376,7 +395,13 @@ mod tests {
         let mut buf = BytesMut::new();
         encode("gw.1", &e, &mut buf);
         let back = decode_all(&buf);
-        assert_eq!(back, vec![Event { id: Some("gw.1".into()), ..e }]);
+        assert_eq!(
+            back,
+            vec![Event {
+                id: Some("gw.1".into()),
+                ..e
+            }]
+        );
     }
 
     #[test]
@@ -404,7 +429,12 @@ mod tests {
             .prop_filter("a block needs a field", |(i, e, d, r)| {
                 i.is_some() || e.is_some() || d.is_some() || r.is_some()
             })
-            .prop_map(|(id, event, data, retry)| Event { id, event, data, retry })
+            .prop_map(|(id, event, data, retry)| Event {
+                id,
+                event,
+                data,
+                retry,
+            })
     }
 
     fn write_raw(events: &[Event], eol: &str, comments: bool) -> Vec<u8> {

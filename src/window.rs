@@ -28,7 +28,12 @@ pub struct Window {
 
 impl Window {
     pub fn new(max_events: usize, max_bytes: usize) -> Window {
-        Window { entries: VecDeque::new(), bytes: 0, max_events: max_events.max(1), max_bytes }
+        Window {
+            entries: VecDeque::new(),
+            bytes: 0,
+            max_events: max_events.max(1),
+            max_bytes,
+        }
     }
 
     /// Appends `entry`, evicting the oldest entries (each passed to `evicted`) until both
@@ -42,7 +47,9 @@ impl Window {
         self.bytes += entry.frame.len();
         self.entries.push_back(entry);
         while self.entries.len() > self.max_events || self.bytes > self.max_bytes {
-            let Some(old) = self.entries.pop_front() else { break };
+            let Some(old) = self.entries.pop_front() else {
+                break;
+            };
             self.bytes -= old.frame.len();
             evicted(old);
         }
@@ -52,7 +59,9 @@ impl Window {
     /// Retained entries of `stream` with `seq` strictly greater than `after`, oldest first.
     pub fn after(&self, stream: u32, after: u64) -> impl Iterator<Item = &Entry> {
         let start = self.entries.partition_point(|e| e.seq <= after);
-        self.entries.range(start..).filter(move |e| e.stream == stream)
+        self.entries
+            .range(start..)
+            .filter(move |e| e.stream == stream)
     }
 
     /// Removes every entry of `stream` (its state is being forgotten).
@@ -88,7 +97,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn entry(seq: u64, stream: u32, len: usize) -> Entry {
-        Entry { seq, stream, frame: Bytes::from(vec![b'x'; len]) }
+        Entry {
+            seq,
+            stream,
+            frame: Bytes::from(vec![b'x'; len]),
+        }
     }
 
     #[test]
@@ -109,7 +122,9 @@ mod tests {
     fn oversized_entry_is_handed_back_and_evicts_nothing() {
         let mut w = Window::new(10, 100);
         w.push(entry(1, 0, 50), |_| panic!("no eviction")).unwrap();
-        let back = w.push(entry(2, 0, 101), |_| panic!("no eviction")).unwrap_err();
+        let back = w
+            .push(entry(2, 0, 101), |_| panic!("no eviction"))
+            .unwrap_err();
         assert_eq!(back.seq, 2);
         assert_eq!(w.len(), 1);
     }
