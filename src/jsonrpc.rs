@@ -56,8 +56,10 @@ struct Meta {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum OneOrMany<T> {
-    One(T),
+    // `Many` first: serde lets a struct deserialize from a sequence, so `One` would also
+    // accept a batch array positionally.
     Many(Vec<T>),
+    One(T),
 }
 
 impl<T> OneOrMany<T> {

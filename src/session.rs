@@ -911,3 +911,235 @@ pub fn hash_id(id: &str) -> String {
     id.hash(&mut h);
     format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
+        let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
+        f(&mut c);
+        Arc::new(c)
+    }
+
+    fn msg(data: &str) -> Event {
+        Event {
+            event: Some("message".into()),
+            data: Some(data.into()),
+            ..Event::default()
+        }
+    }
+
+    fn step(s: &Session, stream: u32, generation: u64) -> Step {
+        s.poll_step(stream, generation, Waker::noop())
+    }
+
+    fn text(step: Step) -> String {
+        match step {
+            Step::Data(b) | Step::Finish(b) => String::from_utf8(b.to_vec()).unwrap(),
+            Step::Pending => String::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
+        let reg = Registry::new(cfg(|c| c.session_ttl = Duration::from_secs(60)));
+        let s = reg.get_or_create("a").unwrap();
+        let (stream, generation, _) = s.open_stream(StreamKind::Post, vec![], false, false, None);
+        tokio::time::advance(Duration::from_secs(120)).await;
+        reg.sweep();
+        assert_eq!(reg.len(), 1, "a client is attached");
+        s.detach(stream, generation);
+        tokio::time::advance(Duration::from_secs(59)).await;
+        reg.sweep();
+        assert_eq!(reg.len(), 1, "TTL counts from the detach");
+        s.touch();
+        tokio::time::advance(Duration::from_secs(59)).await;
+        reg.sweep();
+        assert_eq!(reg.len(), 1, "a request restarts the TTL");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        reg.sweep();
+        assert_eq!(reg.len(), 0);
+        assert!(matches!(step(&s, stream, generation), Step::Finish(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalled_client_gets_resumption_required_with_retry() {
+        let s = Session::new(
+            "a".into(),
+            cfg(|c| c.stall_timeout = Duration::from_secs(30)),
+        );
+        let (stream, generation, _) =
+            s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None);
+        s.push_events(stream, &mut vec![msg("{\"n\":1}")]);
+        assert!(text(step(&s, stream, generation)).contains("{\"n\":1}"));
+        // The client stops polling while events keep coming.
+        s.push_events(stream, &mut vec![msg("{\"n\":2}")]);
+        tokio::time::advance(Duration::from_secs(29)).await;
+        s.sweep(Instant::now());
+        s.push_events(stream, &mut vec![msg("{\"n\":3}")]);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        s.sweep(Instant::now());
+        let out = text(step(&s, stream, generation));
+        assert!(
+            out.contains("event: mcp-reattach/resumption-required"),
+            "{out}"
+        );
+        assert!(out.contains("retry: 1000"), "{out}");
+        assert!(
+            !out.contains("\"n\":2"),
+            "nothing more is pushed to a detached client"
+        );
+        // It resumes from its last event and gets the rest.
+        let here = Cursor {
+            epoch: s.epoch,
+            stream,
+            seq: 2,
+        };
+        let Ok(Resume::Attached {
+            generation: g2,
+            replay,
+            ..
+        }) = s.resume(here, None)
+        else {
+            panic!("resumable")
+        };
+        assert_eq!(replay, 2);
+        let out = text(step(&s, stream, g2));
+        assert!(out.contains("\"n\":2") && out.contains("\"n\":3"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_keeps_up_is_never_detached() {
+        let s = Session::new(
+            "a".into(),
+            cfg(|c| c.stall_timeout = Duration::from_secs(1)),
+        );
+        let (stream, generation, _) =
+            s.open_stream(StreamKind::Standalone, vec![], false, false, None);
+        for i in 0..100 {
+            s.push_events(stream, &mut vec![msg(&format!("{{\"n\":{i}}}"))]);
+            tokio::time::advance(Duration::from_millis(100)).await;
+            s.sweep(Instant::now());
+            assert!(matches!(step(&s, stream, generation), Step::Data(_)));
+            assert!(matches!(step(&s, stream, generation), Step::Pending));
+        }
+    }
+
+    #[test]
+    fn eviction_by_count_or_bytes_makes_a_resume_a_gap() {
+        for (events, bytes) in [(4, 1 << 20), (1000, 400)] {
+            let s = Session::new(
+                "a".into(),
+                cfg(|c| {
+                    c.window_events = events;
+                    c.window_bytes = bytes;
+                }),
+            );
+            let (stream, generation, _) =
+                s.open_stream(StreamKind::Standalone, vec![], false, false, None);
+            s.detach(stream, generation);
+            let start = Cursor {
+                epoch: s.epoch,
+                stream,
+                seq: 1,
+            };
+            for i in 0..3 {
+                s.push_events(
+                    stream,
+                    &mut vec![msg(&format!(
+                        "{{\"n\":{i},\"pad\":\"{}\"}}",
+                        "p".repeat(40)
+                    ))],
+                );
+            }
+            assert!(matches!(
+                s.resume(start, None),
+                Ok(Resume::Attached { replay: 3, .. })
+            ));
+            for i in 3..10 {
+                s.push_events(
+                    stream,
+                    &mut vec![msg(&format!(
+                        "{{\"n\":{i},\"pad\":\"{}\"}}",
+                        "p".repeat(40)
+                    ))],
+                );
+            }
+            assert_eq!(s.resume(start, None).unwrap_err(), ResumeError::Gap);
+            let (n, b) = s.window_usage();
+            assert!(n <= events && b <= bytes);
+            // A cursor at the newest retained event still resumes.
+            let last = Cursor {
+                epoch: s.epoch,
+                stream,
+                seq: 11,
+            };
+            assert!(matches!(
+                s.resume(last, None),
+                Ok(Resume::Attached { replay: 0, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn gap_answers_only_requests_not_answered_before_the_cursor() {
+        let s = Session::new("a".into(), cfg(|c| c.window_events = 2));
+        let (stream, generation, _) = s.open_stream(
+            StreamKind::Post,
+            vec!["1".into(), "\"b\"".into()],
+            false,
+            false,
+            None,
+        );
+        s.detach(stream, generation);
+        s.push_events(
+            stream,
+            &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
+        ); // seq 2
+        let after_first = Cursor {
+            epoch: s.epoch,
+            stream,
+            seq: 2,
+        };
+        for _ in 0..3 {
+            s.push_events(stream, &mut vec![msg(r#"{"jsonrpc":"2.0","method":"p"}"#)]);
+        }
+        let Ok(Resume::GapWithErrors { frames }) = s.resume(after_first, None) else {
+            panic!("gap")
+        };
+        let t = String::from_utf8(frames.to_vec()).unwrap();
+        assert!(t.contains("\"id\":\"b\""), "{t}");
+        assert!(
+            !t.contains("\"id\":1,"),
+            "request 1 was answered before the cursor: {t}"
+        );
+    }
+
+    #[test]
+    fn ended_stream_metadata_is_bounded() {
+        let s = Session::new("a".into(), cfg(|_| {}));
+        for _ in 0..(MAX_ENDED_STREAMS + 50) {
+            let (stream, generation, _) =
+                s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None);
+            s.push_events(
+                stream,
+                &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
+            );
+            s.detach(stream, generation);
+            s.end_stream(stream, End::Complete);
+        }
+        let st = lock(&s.state);
+        assert_eq!(st.streams.len(), MAX_ENDED_STREAMS);
+        drop(st);
+        let forgotten = Cursor {
+            epoch: s.epoch,
+            stream: 0,
+            seq: 1,
+        };
+        assert_eq!(
+            s.resume(forgotten, None).unwrap_err(),
+            ResumeError::StreamExpired
+        );
+    }
+}

@@ -30,11 +30,15 @@ async fn resume(gw: &Gw, cursor: &str) -> Response<hyper::body::Incoming> {
 
 async fn body_json(resp: Response<hyper::body::Incoming>) -> serde_json::Value {
     let b = resp.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&b).unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&b)))
+    serde_json::from_slice(&b)
+        .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&b)))
 }
 
 fn expected(n: u64, id: u64) -> Vec<String> {
-    (1..n).map(progress).chain(std::iter::once(result(id))).collect()
+    (1..n)
+        .map(progress)
+        .chain(std::iter::once(result(id)))
+        .collect()
 }
 
 /// Cut the client after every possible number of events (0 ..= all), with the rest of the
@@ -51,8 +55,15 @@ async fn resume_after_cut_at_every_point_delivers_exactly_the_rest() {
             let all = expected(N, id);
             let (mut reader, writer) = start_call(&gw, &mut mock, id).await;
             let priming = reader.next().await.unwrap();
-            assert!(priming.id.is_some() && priming.data.as_deref() == Some(""), "priming first: {priming:?}");
-            let first_part = if upstream_done_before_cut { all.len() } else { k };
+            assert!(
+                priming.id.is_some() && priming.data.as_deref() == Some(""),
+                "priming first: {priming:?}"
+            );
+            let first_part = if upstream_done_before_cut {
+                all.len()
+            } else {
+                k
+            };
             for m in &all[..first_part] {
                 writer.message(m).await;
             }
@@ -73,15 +84,30 @@ async fn resume_after_cut_at_every_point_delivers_exactly_the_rest() {
             let mut r = SseReader::new(resp);
             let resumed = r.next().await.unwrap();
             assert_eq!(resumed.event.as_deref(), Some("mcp-reattach/resumed"));
-            assert_eq!(resumed.id.as_deref(), Some(cursor.as_str()), "resumed event carries the cursor position");
-            let info: serde_json::Value = serde_json::from_str(resumed.data.as_deref().unwrap()).unwrap();
+            assert_eq!(
+                resumed.id.as_deref(),
+                Some(cursor.as_str()),
+                "resumed event carries the cursor position"
+            );
+            let info: serde_json::Value =
+                serde_json::from_str(resumed.data.as_deref().unwrap()).unwrap();
             let rest = r.rest().await;
             got.extend(messages(&rest));
-            assert_eq!(got, all, "k={k} upstream_done_before_cut={upstream_done_before_cut}");
+            assert_eq!(
+                got, all,
+                "k={k} upstream_done_before_cut={upstream_done_before_cut}"
+            );
             // Replay counts what the window held at the resume (the upstream may still be arriving).
-            assert!(info["replay"].as_u64().unwrap() <= (all.len() - k) as u64, "{info}");
+            assert!(
+                info["replay"].as_u64().unwrap() <= (all.len() - k) as u64,
+                "{info}"
+            );
             // Ids are strictly increasing and unique.
-            let seqs: Vec<u64> = rest.iter().filter_map(|e| e.id.as_ref()).map(|i| i.rsplit('.').next().unwrap().parse().unwrap()).collect();
+            let seqs: Vec<u64> = rest
+                .iter()
+                .filter_map(|e| e.id.as_ref())
+                .map(|i| i.rsplit('.').next().unwrap().parse().unwrap())
+                .collect();
             assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
         }
     }
@@ -102,8 +128,14 @@ async fn upstream_ids_are_replaced_comments_dropped_retry_kept() {
     assert_ne!(id0, "up-7");
     assert!(id0.bytes().all(|b| (0x21..=0x7e).contains(&b)));
     assert_eq!(events[0].retry, Some(2500));
-    assert_eq!(events[0].data.as_deref(), Some("{\"jsonrpc\":\"2.0\",\n\"method\":\"x\"}"));
-    assert!(!String::from_utf8_lossy(&reader.raw).contains("ping"), "upstream comments are dropped");
+    assert_eq!(
+        events[0].data.as_deref(),
+        Some("{\"jsonrpc\":\"2.0\",\n\"method\":\"x\"}")
+    );
+    assert!(
+        !String::from_utf8_lossy(&reader.raw).contains("ping"),
+        "upstream comments are dropped"
+    );
 }
 
 #[tokio::test]
@@ -122,7 +154,11 @@ async fn ids_increase_across_streams_of_a_session() {
     let eb = b.rest().await;
     let parse = |id: &str| -> (String, u32, u64) {
         let p: Vec<&str> = id.split('.').collect();
-        (p[0].to_owned(), p[1].parse().unwrap(), p[2].parse().unwrap())
+        (
+            p[0].to_owned(),
+            p[1].parse().unwrap(),
+            p[2].parse().unwrap(),
+        )
     };
     let ia: Vec<_> = ea.iter().map(|e| parse(e.id.as_deref().unwrap())).collect();
     let ib: Vec<_> = eb.iter().map(|e| parse(e.id.as_deref().unwrap())).collect();
@@ -162,14 +198,23 @@ async fn gap_on_a_post_stream_answers_the_pending_request_with_an_error() {
     assert_eq!(resp.status(), 200);
     let mut r = SseReader::new(resp);
     let events = r.rest().await;
-    assert_eq!(events[0].event.as_deref(), Some("mcp-reattach/resumption-failed"));
+    assert_eq!(
+        events[0].event.as_deref(),
+        Some("mcp-reattach/resumption-failed")
+    );
     let errs = messages(&events);
     assert_eq!(errs.len(), 1, "{events:?}");
     let err: serde_json::Value = serde_json::from_str(&errs[0]).unwrap();
     assert_eq!(err["id"], 9);
     assert_eq!(err["error"]["code"], -32010);
     assert_eq!(err["error"]["data"]["reason"], "gap");
-    assert!(!events.iter().any(|e| e.data.as_deref().is_some_and(|d| d.contains("notifications/progress"))), "no silent partial replay");
+    assert!(
+        !events.iter().any(|e| e
+            .data
+            .as_deref()
+            .is_some_and(|d| d.contains("notifications/progress"))),
+        "no silent partial replay"
+    );
     drop(writer);
 }
 
@@ -193,23 +238,41 @@ async fn resumption_failures_are_explicit() {
     }
     // Another session's id (and an earlier run's: same shape, other epoch).
     let (epoch, rest) = good.split_once('.').unwrap();
-    let other_epoch = format!("{:016x}.{rest}", u64::from_str_radix(epoch, 16).unwrap() ^ 1);
+    let other_epoch = format!(
+        "{:016x}.{rest}",
+        u64::from_str_radix(epoch, 16).unwrap() ^ 1
+    );
     let resp = resume(&gw, &other_epoch).await;
     assert_eq!(resp.status(), 409);
-    assert_eq!(body_json(resp).await["error"]["data"]["reason"], "foreign-cursor");
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "foreign-cursor"
+    );
     // Ahead of what the stream emitted.
     let (stream_part, seq) = rest.split_once('.').unwrap();
-    let ahead = format!("{epoch}.{stream_part}.{}", seq.parse::<u64>().unwrap() + 100);
+    let ahead = format!(
+        "{epoch}.{stream_part}.{}",
+        seq.parse::<u64>().unwrap() + 100
+    );
     let resp = resume(&gw, &ahead).await;
     assert_eq!(resp.status(), 409);
-    assert_eq!(body_json(resp).await["error"]["data"]["reason"], "cursor-ahead");
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "cursor-ahead"
+    );
     let unknown_stream = format!("{epoch}.999.{seq}");
     assert_eq!(resume(&gw, &unknown_stream).await.status(), 409);
     // Unknown session: 404, never forwarded.
     let resp = send(gw.addr, get("no-such-session", Some(&good))).await;
     assert_eq!(resp.status(), 404);
-    assert_eq!(body_json(resp).await["error"]["data"]["reason"], "unknown-session");
-    assert!(mock.nothing_within(Duration::from_millis(100)).await, "resumes are never forwarded");
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "unknown-session"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(100)).await,
+        "resumes are never forwarded"
+    );
 }
 
 #[tokio::test]
@@ -225,7 +288,10 @@ async fn cursor_from_an_earlier_gateway_run_is_foreign() {
     init_session(&gw2, &mut mock, SID).await;
     let resp = resume(&gw2, &old).await;
     assert_eq!(resp.status(), 409);
-    assert_eq!(body_json(resp).await["error"]["data"]["reason"], "foreign-cursor");
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "foreign-cursor"
+    );
 }
 
 #[tokio::test]
@@ -236,12 +302,21 @@ async fn delete_drops_the_session_and_closes_held_upstream_streams() {
     let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
     let cursor = reader.next().await.unwrap().id.unwrap();
     drop(reader);
-    let pending = tokio::spawn(send(gw.addr, Request::delete("/mcp").header("mcp-session-id", SID).body(Full::new(Bytes::new())).unwrap()));
+    let pending = tokio::spawn(send(
+        gw.addr,
+        Request::delete("/mcp")
+            .header("mcp-session-id", SID)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    ));
     let seen = mock.next().await;
     assert_eq!(seen.method, http::Method::DELETE);
     seen.respond(Response::new(Full::new(Bytes::new())));
     assert_eq!(pending.await.unwrap().status(), 200);
-    assert!(writer.closed_within(Duration::from_secs(2)).await, "held upstream stream closed");
+    assert!(
+        writer.closed_within(Duration::from_secs(2)).await,
+        "held upstream stream closed"
+    );
     assert_eq!(gw.gateway.registry().len(), 0);
     let resp = resume(&gw, &cursor).await;
     assert_eq!(resp.status(), 404);
@@ -264,7 +339,10 @@ async fn upstream_404_drops_the_session() {
     );
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 404);
-    assert_eq!(body_json(resp).await["error"]["message"], "Session not found");
+    assert_eq!(
+        body_json(resp).await["error"]["message"],
+        "Session not found"
+    );
     assert_eq!(gw.gateway.registry().len(), 0);
 }
 
@@ -275,37 +353,93 @@ async fn json_202_and_errors_pass_through_byte_identical() {
     init_session(&gw, &mut mock, SID).await;
     // JSON response, byte-identical, headers kept.
     let body = Bytes::from_static(b"{\"jsonrpc\":\"2.0\",  \"id\":1,\"result\":{\"tools\":[]}}\n");
-    let pending = tokio::spawn(send(gw.addr, post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#, Some(SID))));
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            Some(SID),
+        ),
+    ));
     let seen = mock.next().await;
-    assert_eq!(seen.headers["host"], "mcp.example", "Host forwarded unchanged");
+    assert_eq!(
+        seen.headers["host"], "mcp.example",
+        "Host forwarded unchanged"
+    );
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
     assert_eq!(seen.uri.path(), "/mcp");
-    seen.respond(Response::builder().header("content-type", "application/json").header("x-custom", "kept").body(Full::new(body.clone())).unwrap());
+    seen.respond(
+        Response::builder()
+            .header("content-type", "application/json")
+            .header("x-custom", "kept")
+            .body(Full::new(body.clone()))
+            .unwrap(),
+    );
     let resp = pending.await.unwrap();
     assert_eq!(resp.headers()["x-custom"], "kept");
     assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), body);
     // 202 with an empty body.
-    let pending = tokio::spawn(send(gw.addr, post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#, Some(SID))));
-    mock.next().await.respond(Response::builder().status(202).body(Full::new(Bytes::new())).unwrap());
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            Some(SID),
+        ),
+    ));
+    mock.next().await.respond(
+        Response::builder()
+            .status(202)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    );
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 202);
-    assert!(resp.into_body().collect().await.unwrap().to_bytes().is_empty());
+    assert!(resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .is_empty());
     // Errors with their bodies and headers.
-    let pending = tokio::spawn(send(gw.addr, post(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#, Some(SID))));
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+            Some(SID),
+        ),
+    ));
     mock.next().await.respond(
-        Response::builder().status(401).header("www-authenticate", "Bearer realm=\"x\"").body(Full::new(Bytes::from_static(b"nope"))).unwrap(),
+        Response::builder()
+            .status(401)
+            .header("www-authenticate", "Bearer realm=\"x\"")
+            .body(Full::new(Bytes::from_static(b"nope")))
+            .unwrap(),
     );
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 401);
     assert_eq!(resp.headers()["www-authenticate"], "Bearer realm=\"x\"");
     assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "nope");
     // Query strings are forwarded as received.
-    let pending = tokio::spawn(send(gw.addr, Request::options("/mcp?x=1&y=2").header("origin", "http://evil.example").body(Full::new(Bytes::new())).unwrap()));
+    let pending = tokio::spawn(send(
+        gw.addr,
+        Request::options("/mcp?x=1&y=2")
+            .header("origin", "http://evil.example")
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    ));
     let seen = mock.next().await;
     assert_eq!(seen.uri.path_and_query().unwrap().as_str(), "/mcp?x=1&y=2");
-    assert_eq!(seen.headers["origin"], "http://evil.example", "Origin forwarded unchanged");
-    seen.respond(Response::builder().status(403).body(Full::new(Bytes::from_static(b"bad origin"))).unwrap());
+    assert_eq!(
+        seen.headers["origin"], "http://evil.example",
+        "Origin forwarded unchanged"
+    );
+    seen.respond(
+        Response::builder()
+            .status(403)
+            .body(Full::new(Bytes::from_static(b"bad origin")))
+            .unwrap(),
+    );
     assert_eq!(pending.await.unwrap().status(), 403);
 }
 
@@ -313,23 +447,39 @@ async fn json_202_and_errors_pass_through_byte_identical() {
 async fn modern_era_is_pure_pass_through_and_a_disconnect_cancels() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.priming = Priming::Always).await;
-    let mut req = post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#, None);
-    req.headers_mut().insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+    let mut req = post(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#,
+        None,
+    );
+    req.headers_mut()
+        .insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
     let pending = tokio::spawn(send(gw.addr, req));
     let writer = mock.next().await.respond_sse(None);
     let resp = pending.await.unwrap();
     let mut reader = SseReader::new(resp);
-    writer.send("id: upstream-1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n").await;
+    writer
+        .send("id: upstream-1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n")
+        .await;
     let e = reader.next().await.unwrap();
-    assert_eq!(e.id.as_deref(), Some("upstream-1"), "modern events are not tagged");
+    assert_eq!(
+        e.id.as_deref(),
+        Some("upstream-1"),
+        "modern events are not tagged"
+    );
     drop(reader);
-    assert!(writer.closed_within(Duration::from_secs(3)).await, "a modern-era disconnect cancels the upstream request");
+    assert!(
+        writer.closed_within(Duration::from_secs(3)).await,
+        "a modern-era disconnect cancels the upstream request"
+    );
     assert_eq!(gw.gateway.registry().len(), 0);
 
     // The era is also read from the body's _meta.
     let pending = tokio::spawn(send(
         gw.addr,
-        post(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#, Some("s2")),
+        post(
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+            Some("s2"),
+        ),
     ));
     let writer = mock.next().await.respond_sse(Some("s2"));
     let mut reader = SseReader::new(pending.await.unwrap());
@@ -346,16 +496,26 @@ async fn legacy_disconnect_is_not_a_cancel() {
     init_session(&gw, &mut mock, SID).await;
     let (reader, writer) = start_call(&gw, &mut mock, 1).await;
     drop(reader);
-    assert!(!writer.closed_within(Duration::from_millis(300)).await, "the gateway keeps reading the upstream");
+    assert!(
+        !writer.closed_within(Duration::from_millis(300)).await,
+        "the gateway keeps reading the upstream"
+    );
     writer.message(&progress(1)).await;
     writer.message(&result(1)).await;
 }
 
 #[tokio::test]
 async fn upstream_down_gives_502_with_json_rpc_error() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let gw = gateway(dead, |_| {}).await;
-    let resp = send(gw.addr, post(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#, Some(SID))).await;
+    let resp = send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#, Some(SID)),
+    )
+    .await;
     assert_eq!(resp.status(), 502);
     let j = body_json(resp).await;
     assert_eq!(j["id"], 5);
@@ -366,7 +526,10 @@ async fn upstream_down_gives_502_with_json_rpc_error() {
 async fn upstream_stream_failures_end_pending_requests_explicitly_and_keep_serving() {
     for (bad, cause) in [
         (Bytes::from_static(b"data: \xff\xfe\n\n"), "UTF-8"),
-        (Bytes::from(format!("data: {}\n\n", "x".repeat(2048))), "larger than"),
+        (
+            Bytes::from(format!("data: {}\n\n", "x".repeat(2048))),
+            "larger than",
+        ),
     ] {
         let mut mock = Mock::start().await;
         let gw = gateway(mock.addr, |c| c.max_event_bytes = 1024).await;
@@ -380,8 +543,14 @@ async fn upstream_stream_failures_end_pending_requests_explicitly_and_keep_servi
         let err: serde_json::Value = serde_json::from_str(msgs.last().unwrap()).unwrap();
         assert_eq!(err["id"], 3);
         assert_eq!(err["error"]["code"], -32011);
-        assert!(err["error"]["message"].as_str().unwrap().contains(cause), "{err}");
-        assert!(writer.closed_within(Duration::from_secs(2)).await, "the broken upstream stream is closed");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(cause),
+            "{err}"
+        );
+        assert!(
+            writer.closed_within(Duration::from_secs(2)).await,
+            "the broken upstream stream is closed"
+        );
         // The session keeps working.
         let (mut reader, writer) = start_call(&gw, &mut mock, 4).await;
         writer.message(&result(4)).await;
@@ -401,17 +570,28 @@ async fn event_larger_than_the_window_is_forwarded_but_cannot_be_resumed() {
     init_session(&gw, &mut mock, SID).await;
     let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
     let cursor = reader.next().await.unwrap().id.unwrap();
-    let big = format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#, "y".repeat(4000));
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+        "y".repeat(4000)
+    );
     writer.message(&big).await;
     let e = reader.next().await.unwrap();
-    assert_eq!(e.data.as_deref(), Some(big.as_str()), "forwarded to the attached client");
+    assert_eq!(
+        e.data.as_deref(),
+        Some(big.as_str()),
+        "forwarded to the attached client"
+    );
     drop(reader);
     writer.message(&result(1)).await;
     drop(writer);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let resp = resume(&gw, &cursor).await;
     let events = SseReader::new(resp).rest().await;
-    assert_eq!(events[0].event.as_deref(), Some("mcp-reattach/resumption-failed"), "a resume needing it fails explicitly: {events:?}");
+    assert_eq!(
+        events[0].event.as_deref(),
+        Some("mcp-reattach/resumption-failed"),
+        "a resume needing it fails explicitly: {events:?}"
+    );
 }
 
 #[tokio::test]
@@ -425,23 +605,44 @@ async fn standalone_get_is_held_and_reattached_live_without_409() {
     let writer = seen.respond_sse(Some(SID));
     let mut reader = SseReader::new(pending.await.unwrap());
     let priming = reader.next().await.unwrap();
-    writer.message(r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#).await;
+    writer
+        .message(r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#)
+        .await;
     let n1 = reader.next().await.unwrap();
     drop(reader);
-    writer.message(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}"#).await;
+    writer
+        .message(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}"#)
+        .await;
     // Resume from the last id: gets exactly the notification sent while away.
     let mut r = SseReader::new(resume(&gw, n1.id.as_deref().unwrap()).await);
-    assert_eq!(r.next().await.unwrap().event.as_deref(), Some("mcp-reattach/resumed"));
+    assert_eq!(
+        r.next().await.unwrap().event.as_deref(),
+        Some("mcp-reattach/resumed")
+    );
     let e = r.next().await.unwrap();
     assert!(e.data.unwrap().contains("\"n\":2"));
     // A plain GET (no Last-Event-ID) attaches live, is not forwarded, replaces the older one.
     let mut live = SseReader::new(send(gw.addr, get(SID, None)).await);
-    assert!(mock.nothing_within(Duration::from_millis(100)).await, "held stream: no second upstream GET");
+    assert!(
+        mock.nothing_within(Duration::from_millis(100)).await,
+        "held stream: no second upstream GET"
+    );
     let p = live.next().await.unwrap();
-    assert!(p.id.is_some() && p.data.as_deref() == Some(""), "live attach opens with priming");
-    writer.message(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":3}}"#).await;
+    assert!(
+        p.id.is_some() && p.data.as_deref() == Some(""),
+        "live attach opens with priming"
+    );
+    writer
+        .message(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"n":3}}"#)
+        .await;
     assert!(live.next().await.unwrap().data.unwrap().contains("\"n\":3"));
-    assert!(r.rest().await.iter().all(|e| !e.data.as_deref().unwrap_or("").contains("\"n\":3")), "replaced attachment ends");
+    assert!(
+        r.rest()
+            .await
+            .iter()
+            .all(|e| !e.data.as_deref().unwrap_or("").contains("\"n\":3")),
+        "replaced attachment ends"
+    );
     let _ = priming;
 }
 
@@ -471,12 +672,17 @@ async fn priming_auto_follows_the_protocol_version() {
     assert_eq!(ev.len(), 1);
     assert_eq!(messages(&ev), vec![result(1)]);
     let mut req = post(&call(2), Some(SID));
-    req.headers_mut().insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
+    req.headers_mut()
+        .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
     let pending = tokio::spawn(send(gw.addr, req));
     let writer = mock.next().await.respond_sse(Some(SID));
     let mut reader = SseReader::new(pending.await.unwrap());
     let first = reader.next().await.unwrap();
-    assert_eq!(first.data.as_deref(), Some(""), "2025-11-25 sessions are primed");
+    assert_eq!(
+        first.data.as_deref(),
+        Some(""),
+        "2025-11-25 sessions are primed"
+    );
     drop(writer);
 }
 
@@ -497,10 +703,20 @@ async fn session_cap_sheds_the_least_recently_used_idle_session_else_503() {
         let w = mock.next().await.respond_sse(Some(s));
         held.push((pending.await.unwrap(), w));
     }
-    let resp = send(gw.addr, post(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#, None)).await;
+    let resp = send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#,
+            None,
+        ),
+    )
+    .await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
-    assert!(mock.nothing_within(Duration::from_millis(100)).await, "not forwarded: the upstream creates no session");
+    assert!(
+        mock.nothing_within(Duration::from_millis(100)).await,
+        "not forwarded: the upstream creates no session"
+    );
 }
 
 #[tokio::test]
@@ -510,9 +726,16 @@ async fn sessions_expire_after_ttl_without_clients_and_close_upstream_streams() 
     init_session(&gw, &mut mock, SID).await;
     let (reader, writer) = start_call(&gw, &mut mock, 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(gw.gateway.registry().len(), 1, "a client is attached: no expiry");
+    assert_eq!(
+        gw.gateway.registry().len(),
+        1,
+        "a client is attached: no expiry"
+    );
     drop(reader);
-    assert!(writer.closed_within(Duration::from_secs(3)).await, "expired: held upstream stream closed");
+    assert!(
+        writer.closed_within(Duration::from_secs(3)).await,
+        "expired: held upstream stream closed"
+    );
     assert_eq!(gw.gateway.registry().len(), 0);
 }
 
@@ -520,10 +743,87 @@ async fn sessions_expire_after_ttl_without_clients_and_close_upstream_streams() 
 async fn oversized_or_invalid_headers_are_rejected_clearly() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.max_request_bytes = 1024).await;
-    let resp = send(gw.addr, post(&format!(r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"p":"{}"}}}}"#, "z".repeat(2000)), None)).await;
+    let resp = send(
+        gw.addr,
+        post(
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"p":"{}"}}}}"#,
+                "z".repeat(2000)
+            ),
+            None,
+        ),
+    )
+    .await;
     assert_eq!(resp.status(), 413);
-    assert_eq!(body_json(resp).await["error"]["data"]["reason"], "body-too-large");
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "body-too-large"
+    );
     let resp = send(gw.addr, get("bad id", Some("x"))).await;
     assert_eq!(resp.status(), 400);
     assert!(mock.nothing_within(Duration::from_millis(100)).await);
+}
+
+/// A client that stops reading is detached within the stall timeout (its connection is
+/// closed if its body cannot even be polled), the upstream is never blocked, and the client
+/// re-attaches from its last complete event with nothing lost or doubled.
+#[tokio::test]
+async fn stalled_client_is_detached_and_resumes_without_loss() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.stall_timeout = Duration::from_millis(300);
+        c.window_events = 100_000;
+        c.window_bytes = 256 << 20;
+        c.priming = Priming::Always;
+    })
+    .await;
+    init_session(&gw, &mut mock, SID).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let filler = "f".repeat(16 * 1024);
+    const N: usize = 800; // ~13 MB: far more than loopback socket buffers hold
+    let all: Vec<String> = (0..N)
+        .map(|i| format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"i":{i},"pad":"{filler}"}}}}"#))
+        .chain(std::iter::once(result(1)))
+        .collect();
+    let started = std::time::Instant::now();
+    for m in &all {
+        writer.message(m).await;
+    }
+    drop(writer);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the upstream was never blocked by the stalled client"
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await; // the client reads nothing
+    let mut got = Vec::new();
+    let mut cursor = None;
+    let mut signalled = false;
+    while let Some(e) = reader.next().await {
+        if e.event.as_deref() == Some("mcp-reattach/resumption-required") {
+            signalled = true;
+            assert!(
+                e.retry.is_some(),
+                "resumption-required carries a retry hint"
+            );
+        }
+        if e.id.is_some() {
+            cursor = e.id.clone();
+        }
+        got.extend(messages(&[e]));
+    }
+    assert!(
+        got.len() < all.len(),
+        "the stalled client was detached before the end ({} events)",
+        got.len()
+    );
+    eprintln!(
+        "stalled client got {} of {} events before detach (signal event seen: {signalled})",
+        got.len(),
+        all.len()
+    );
+    let resp = resume(&gw, cursor.as_deref().unwrap()).await;
+    assert_eq!(resp.status(), 200);
+    got.extend(messages(&SseReader::new(resp).rest().await));
+    assert_eq!(got.len(), all.len());
+    assert!(got == all, "every event exactly once, in order");
 }
