@@ -167,15 +167,9 @@ impl Decoder {
                 None => self.cur.data = Some(value.to_vec()),
             },
             b"event" => self.cur.event = Some(value.to_vec()),
-            b"id" => {
-                if !value.contains(&0) {
-                    self.cur.id = Some(value.to_vec());
-                }
-            }
-            b"retry" => {
-                if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
-                    self.cur.retry = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok());
-                }
+            b"id" if !value.contains(&0) => self.cur.id = Some(value.to_vec()),
+            b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
+                self.cur.retry = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok());
             }
             _ => {} // unknown fields are ignored, as the SSE standard says
         }

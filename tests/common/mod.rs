@@ -40,7 +40,10 @@ pub struct SseWriter {
 
 impl SseWriter {
     pub async fn send(&self, raw: impl Into<Bytes>) {
-        self.tx.send(raw.into()).await.expect("gateway dropped the upstream stream");
+        self.tx
+            .send(raw.into())
+            .await
+            .expect("gateway dropped the upstream stream");
     }
 
     /// Sends one `event: message` with JSON `data` and no id.
@@ -70,10 +73,13 @@ impl Seen {
         let (tx, rx) = mpsc::channel(1024);
         let body = ChannelBody { rx };
         let mut resp = Response::new(body.boxed());
-        resp.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
-        resp.headers_mut().insert("cache-control", "no-cache".parse().unwrap());
+        resp.headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        resp.headers_mut()
+            .insert("cache-control", "no-cache".parse().unwrap());
         if let Some(s) = session {
-            resp.headers_mut().insert("mcp-session-id", s.parse().unwrap());
+            resp.headers_mut()
+                .insert("mcp-session-id", s.parse().unwrap());
         }
         let _ = self.respond.send(resp);
         SseWriter { tx }
@@ -110,27 +116,45 @@ impl Mock {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             loop {
-                let Ok((tcp, _)) = listener.accept().await else { return };
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let tx = tx.clone();
                         async move {
                             let (parts, body) = req.into_parts();
-                            let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
                             let (respond, answer) = oneshot::channel();
-                            let seen = Seen { method: parts.method, uri: parts.uri, headers: parts.headers, body, respond };
+                            let seen = Seen {
+                                method: parts.method,
+                                uri: parts.uri,
+                                headers: parts.headers,
+                                body,
+                                respond,
+                            };
                             if tx.send(seen).await.is_err() {
-                                return Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()).boxed()));
+                                return Ok::<_, Infallible>(Response::new(
+                                    Full::new(Bytes::new()).boxed(),
+                                ));
                             }
                             Ok(answer.await.unwrap_or_else(|_| {
-                                let mut r = Response::new(Full::new(Bytes::from_static(b"mock: no answer")).boxed());
+                                let mut r = Response::new(
+                                    Full::new(Bytes::from_static(b"mock: no answer")).boxed(),
+                                );
                                 *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
                                 r
                             }))
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
                 });
             }
         });
@@ -138,7 +162,10 @@ impl Mock {
     }
 
     pub async fn next(&mut self) -> Seen {
-        tokio::time::timeout(WAIT, self.requests.recv()).await.expect("upstream request in time").expect("mock alive")
+        tokio::time::timeout(WAIT, self.requests.recv())
+            .await
+            .expect("upstream request in time")
+            .expect("mock alive")
     }
 
     /// No request reaches the upstream within `d`.
@@ -160,7 +187,11 @@ pub async fn gateway(upstream: SocketAddr, tweak: impl FnOnce(&mut Config)) -> G
     let gateway = Gateway::new(cfg);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(mcp_reattach::serve_gateway(listener, gateway.clone(), std::future::pending()));
+    tokio::spawn(mcp_reattach::serve_gateway(
+        listener,
+        gateway.clone(),
+        std::future::pending(),
+    ));
     Gw { addr, gateway }
 }
 
@@ -168,9 +199,14 @@ pub async fn gateway(upstream: SocketAddr, tweak: impl FnOnce(&mut Config)) -> G
 /// and dropping it closes the connection.
 pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incoming> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
     tokio::spawn(conn);
-    tokio::time::timeout(WAIT, sender.send_request(req)).await.expect("response in time").expect("response")
+    tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("response in time")
+        .expect("response")
 }
 
 pub fn post(body: &str, session: Option<&str>) -> Request<Full<Bytes>> {
@@ -185,7 +221,10 @@ pub fn post(body: &str, session: Option<&str>) -> Request<Full<Bytes>> {
 }
 
 pub fn get(session: &str, last_event_id: Option<&str>) -> Request<Full<Bytes>> {
-    let mut b = Request::get("/mcp").header("host", "mcp.example").header("accept", "text/event-stream").header("mcp-session-id", session);
+    let mut b = Request::get("/mcp")
+        .header("host", "mcp.example")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session);
     if let Some(c) = last_event_id {
         b = b.header("last-event-id", c);
     }
@@ -193,11 +232,15 @@ pub fn get(session: &str, last_event_id: Option<&str>) -> Request<Full<Bytes>> {
 }
 
 pub fn call(id: u64) -> String {
-    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"t","_meta":{{"progressToken":{id}}}}}}}"#)
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"t","_meta":{{"progressToken":{id}}}}}}}"#
+    )
 }
 
 pub fn progress(i: u64) -> String {
-    format!(r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":1,"progress":{i}}}}}"#)
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":1,"progress":{i}}}}}"#
+    )
 }
 
 pub fn result(id: u64) -> String {
@@ -215,7 +258,13 @@ pub struct SseReader {
 
 impl SseReader {
     pub fn new(resp: Response<Incoming>) -> SseReader {
-        SseReader { body: resp.into_body(), decoder: Decoder::new(64 << 20), pending: Default::default(), raw: Vec::new(), ended: false }
+        SseReader {
+            body: resp.into_body(),
+            decoder: Decoder::new(64 << 20),
+            pending: Default::default(),
+            raw: Vec::new(),
+            ended: false,
+        }
     }
 
     /// The next event, or `None` when the body ends.
@@ -227,12 +276,17 @@ impl SseReader {
             if self.ended {
                 return None;
             }
-            match tokio::time::timeout(WAIT, self.body.frame()).await.expect("SSE event in time") {
+            match tokio::time::timeout(WAIT, self.body.frame())
+                .await
+                .expect("SSE event in time")
+            {
                 Some(Ok(f)) => {
                     if let Ok(d) = f.into_data() {
                         self.raw.extend_from_slice(&d);
                         let mut out = Vec::new();
-                        self.decoder.feed(&d, &mut out).expect("valid SSE from the gateway");
+                        self.decoder
+                            .feed(&d, &mut out)
+                            .expect("valid SSE from the gateway");
                         self.pending.extend(out);
                     }
                 }
@@ -263,7 +317,13 @@ pub fn messages(events: &[Event]) -> Vec<String> {
 
 /// Initializes a session through the gateway with a JSON answer; returns the session id.
 pub async fn init_session(gw: &Gw, mock: &mut Mock, sid: &str) -> String {
-    let pending = tokio::spawn(send(gw.addr, post(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#, None)));
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+            None,
+        ),
+    ));
     let seen = mock.next().await;
     seen.respond(
         Response::builder()
