@@ -86,6 +86,7 @@ impl ProxyError {
             ProxyError::Resume(ResumeError::CursorAhead) => "cursor-ahead",
             ProxyError::Resume(ResumeError::Gap) => "gap",
             ProxyError::Resume(ResumeError::StreamExpired) => "stream-expired",
+            ProxyError::Resume(ResumeError::StreamEnded) => "stream-ended",
             ProxyError::BodyTooLarge(_) => "body-too-large",
             ProxyError::BodyRead(_) => "body-read",
             ProxyError::AtCapacity(_) => "session-cap",

@@ -71,6 +71,9 @@ struct PendingRequest {
     id: String,
     /// Sequence number of the event that carried its response, once seen.
     answered_at: Option<u64>,
+    /// The gateway already answered it with an error (gap, upstream failure); a client that
+    /// reconnects after that error is not told again.
+    reported: bool,
 }
 
 #[derive(Debug)]
@@ -109,11 +112,23 @@ struct Stream {
 }
 
 impl Stream {
-    fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &str> {
+    fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &PendingRequest> {
         self.requests
             .iter()
-            .filter(move |r| r.answered_at.is_none_or(|s| s > cursor))
-            .map(|r| r.id.as_str())
+            .filter(move |r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))
+    }
+
+    /// Ids of the requests whose response the client at `cursor` has not seen, marked as
+    /// reported: the caller answers each with a JSON-RPC error.
+    fn fail_unanswered(&mut self, cursor: u64) -> Vec<String> {
+        self.requests
+            .iter_mut()
+            .filter(|r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))
+            .map(|r| {
+                r.reported = true;
+                r.id.clone()
+            })
+            .collect()
     }
 }
 
@@ -166,6 +181,8 @@ pub enum ResumeError {
     Gap,
     #[error("the cursor's stream is no longer retained")]
     StreamExpired,
+    #[error("the cursor's stream has ended and everything after the cursor was delivered")]
+    StreamEnded,
 }
 
 /// One step of an attached client's body.
@@ -271,6 +288,7 @@ impl Session {
                     .map(|id| PendingRequest {
                         id,
                         answered_at: None,
+                        reported: false,
                     })
                     .collect(),
                 initialize,
@@ -437,7 +455,7 @@ impl Session {
         }
         let here = self.cursor(cursor.stream, cursor.seq);
         if s.lost_upto > cursor.seq {
-            let ids: Vec<&str> = s.unanswered_after(cursor.seq).collect();
+            let ids = s.fail_unanswered(cursor.seq);
             if ids.is_empty() {
                 return Err(ResumeError::Gap);
             }
@@ -447,6 +465,12 @@ impl Session {
         }
         let replay = st.window.after(cursor.stream, cursor.seq).count()
             + usize::from(s.overflow.as_ref().is_some_and(|o| o.seq > cursor.seq));
+        if s.end.is_some() && replay == 0 && s.unanswered_after(cursor.seq).next().is_none() {
+            // Nothing more will ever come on this stream. A 200 that ends at once would make
+            // clients that reconnect streams ending without a result (the TypeScript SDK)
+            // loop; a 409 ends their retries.
+            return Err(ResumeError::StreamEnded);
+        }
         let generation = st.next_generation;
         st.next_generation += 1;
         if let Some(old) = s.sub.replace(Subscriber::new(generation, cursor.seq, kill)) {
@@ -541,7 +565,7 @@ impl Session {
         }
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
-            let ids: Vec<&str> = s.unanswered_after(cursor).collect();
+            let ids = s.fail_unanswered(cursor);
             let frames = failure_frames(&here, "gap", &ids, GAP_MESSAGE);
             s.sub = None;
             return Step::Finish(frames);
@@ -573,7 +597,9 @@ impl Session {
             s.lost_upto = s.lost_upto.max(o.seq);
             s.overflow = None;
         }
-        let sub = s.sub.as_mut().expect("checked above");
+        let Some(sub) = s.sub.as_mut() else {
+            return Step::Finish(Bytes::new());
+        };
         if !out.is_empty() {
             sub.cursor = last;
             if last >= s.last_seq {
@@ -582,7 +608,7 @@ impl Session {
             return Step::Data(out.freeze());
         }
         sub.backlog_since = None;
-        match &s.end {
+        match s.end.clone() {
             None => {
                 sub.waker = Some(waker.clone());
                 Step::Pending
@@ -590,7 +616,7 @@ impl Session {
             Some(end) => {
                 let frames = match end {
                     End::Complete => {
-                        let ids: Vec<&str> = s.unanswered_after(cursor).collect();
+                        let ids = s.fail_unanswered(cursor);
                         if ids.is_empty() {
                             Bytes::new()
                         } else {
@@ -598,8 +624,8 @@ impl Session {
                         }
                     }
                     End::UpstreamFailed(cause) => {
-                        let ids: Vec<&str> = s.unanswered_after(cursor).collect();
-                        upstream_failure_frames(&here, cause, &ids)
+                        let ids = s.fail_unanswered(cursor);
+                        upstream_failure_frames(&here, &cause, &ids)
                     }
                 };
                 s.sub = None;
@@ -704,7 +730,7 @@ pub const ERROR_CODE_RESUMPTION_FAILED: i64 = -32010;
 /// JSON-RPC error code for requests whose upstream stream failed.
 pub const ERROR_CODE_UPSTREAM_FAILED: i64 = -32011;
 
-fn failure_frames(here: &str, reason: &str, ids: &[&str], message: &str) -> Bytes {
+fn failure_frames(here: &str, reason: &str, ids: &[String], message: &str) -> Bytes {
     let info = serde_json::json!({ "reason": reason, "at": here, "requests": ids.len() });
     let mut out = BytesMut::from(
         &sse::control(
@@ -725,7 +751,7 @@ fn failure_frames(here: &str, reason: &str, ids: &[&str], message: &str) -> Byte
     out.freeze()
 }
 
-fn upstream_failure_frames(here: &str, cause: &str, ids: &[&str]) -> Bytes {
+fn upstream_failure_frames(here: &str, cause: &str, ids: &[String]) -> Bytes {
     let info = serde_json::json!({ "reason": "upstream-failed", "cause": cause, "at": here });
     let mut out = BytesMut::from(
         &sse::control(

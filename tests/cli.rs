@@ -35,15 +35,34 @@ fn help_states_units_and_defaults() {
 #[test]
 fn invalid_values_exit_64_naming_the_flag() {
     for (args, flag) in [
-        (vec!["--upstream", "http://127.0.0.1:1", "--window-bytes", "lots"], "--window-bytes"),
-        (vec!["--upstream", "http://127.0.0.1:1", "--session-ttl", "5"], "--session-ttl"),
+        (
+            vec!["--upstream", "http://127.0.0.1:1", "--window-bytes", "lots"],
+            "--window-bytes",
+        ),
+        (
+            vec!["--upstream", "http://127.0.0.1:1", "--session-ttl", "5"],
+            "--session-ttl",
+        ),
         (vec!["--upstream", "ftp://x"], "--upstream"),
-        (vec!["--upstream", "http://127.0.0.1:1", "--priming", "sometimes"], "--priming"),
-        (vec!["--upstream", "http://127.0.0.1:1", "--window-events", "0"], "--window-events"),
-        (vec!["--upstream", "http://127.0.0.1:1", "--log-level", "[[["], "--log-level"),
+        (
+            vec!["--upstream", "http://127.0.0.1:1", "--priming", "sometimes"],
+            "--priming",
+        ),
+        (
+            vec!["--upstream", "http://127.0.0.1:1", "--window-events", "0"],
+            "--window-events",
+        ),
+        (
+            vec!["--upstream", "http://127.0.0.1:1", "--log-level", "[[["],
+            "--log-level",
+        ),
         (vec![], "--upstream"),
     ] {
-        let out = bin().args(&args).env_remove("MCP_REATTACH_UPSTREAM").output().unwrap();
+        let out = bin()
+            .args(&args)
+            .env_remove("MCP_REATTACH_UPSTREAM")
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(64), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag), "{args:?}: {err}");
@@ -65,7 +84,17 @@ fn flags_are_read_from_the_environment() {
 fn listen_address_in_use_exits_64() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = bin().args(["--upstream", "http://127.0.0.1:1", "--listen", &addr, "--admin-listen", "127.0.0.1:0"]).output().unwrap();
+    let out = bin()
+        .args([
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--listen",
+            &addr,
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
 }

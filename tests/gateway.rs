@@ -227,7 +227,14 @@ async fn resumption_failures_are_explicit() {
     let good = reader.next().await.unwrap().id.unwrap();
     writer.message(&result(1)).await;
     drop(writer);
-    reader.rest().await;
+    let last = reader.rest().await.last().unwrap().id.clone().unwrap();
+    // Everything delivered and the stream ended: nothing to re-attach to.
+    let resp = resume(&gw, &last).await;
+    assert_eq!(resp.status(), 409);
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "stream-ended"
+    );
 
     // Malformed.
     for bad in ["garbage", "1", "", &"9".repeat(200)] {

@@ -30,7 +30,7 @@ if (![steps, intervalMs, timeoutMs].every(Number.isFinite)) {
 }
 
 const started = Date.now();
-const log = (...args) => console.error(`[ts-client +${String(Date.now() - started).padStart(5)}ms]`, ...args);
+const log = (...args) => console.error(`+${String(Date.now() - started).padStart(5)}ms`, ...args);
 // Writes to a pipe are synchronous on Linux, so each line leaves the process at once.
 const emit = obj => process.stdout.write(JSON.stringify(obj) + '\n');
 

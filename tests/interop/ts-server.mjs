@@ -1,9 +1,12 @@
 // A stateful TypeScript-SDK MCP server (Streamable HTTP, legacy protocol) used as the
 // upstream in the mcp-reattach end-to-end tests.
 //
-// Usage: node ts-server.mjs [sse|json] [port]
+// Usage: node ts-server.mjs [sse|json|sse-resumable] [port]
 //   sse  (default) answers requests with SSE streams (no event ids: there is no eventStore)
 //   json           answers requests with one JSON object (enableJsonResponse: true)
+//   sse-resumable  SSE with a small in-memory event store, so the SDK server itself sets ids
+//                  and answers `Last-Event-ID`; a positive control for the test harness only
+//                  (the gateway exists for servers that do NOT do this)
 //   port           defaults to 0 (an ephemeral port); always binds 127.0.0.1
 //
 // Prints `LISTENING <port>` on stdout once it accepts connections. Logs go to stderr.
@@ -17,13 +20,13 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 
 const mode = process.argv[2] ?? 'sse';
-if (mode !== 'sse' && mode !== 'json') {
-    console.error(`unknown mode ${JSON.stringify(mode)} (expected sse or json)`);
+if (!['sse', 'json', 'sse-resumable'].includes(mode)) {
+    console.error(`unknown mode ${JSON.stringify(mode)} (expected sse, json or sse-resumable)`);
     process.exit(2);
 }
 const port = Number(process.argv[3] ?? 0);
 
-const log = (...args) => console.error('[ts-server]', ...args);
+const log = (...args) => console.error(...args);
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 
 function buildServer() {
@@ -40,6 +43,7 @@ function buildServer() {
         async ({ steps, interval_ms }, extra) => {
             const progressToken = extra._meta?.progressToken;
             for (let i = 1; i <= steps; i++) {
+                log(`slow_progress ${i}/${steps}`);
                 if (progressToken !== undefined) {
                     try {
                         await extra.sendNotification({
@@ -47,8 +51,8 @@ function buildServer() {
                             params: { progressToken, progress: i, total: steps, message: `step ${i}` }
                         });
                     } catch (err) {
-                        // The SDK throws when the request's stream is gone; keep going so the
-                        // tool still finishes (a legacy disconnect is not a cancel).
+                        // Keep going if a notification cannot be sent, so the tool still
+                        // finishes (in the legacy protocol a disconnect is not a cancel).
                         log(`progress ${i} not sent: ${err?.message ?? err}`);
                     }
                 }
@@ -60,6 +64,42 @@ function buildServer() {
         }
     );
     return server;
+}
+
+/**
+ * A minimal EventStore for `sse-resumable` (one per session). Ids are `<streamId>.<seq>` with a
+ * per-store counter, and replay follows insertion order. (The SDK's example
+ * InMemoryEventStore sorts ids made of `Date.now()` and a random suffix, so two events stored
+ * in the same millisecond, e.g. the last progress and the result, can replay swapped.)
+ */
+class OrderedEventStore {
+    constructor() {
+        this.seq = 0;
+        /** @type {{ id: string, streamId: string, message: object }[]} */
+        this.events = [];
+    }
+    async storeEvent(streamId, message) {
+        const id = `${streamId}.${++this.seq}`;
+        this.events.push({ id, streamId, message });
+        return id;
+    }
+    async getStreamIdForEventId(eventId) {
+        return this.events.find(e => e.id === eventId)?.streamId;
+    }
+    async replayEventsAfter(lastEventId, { send }) {
+        const at = this.events.findIndex(e => e.id === lastEventId);
+        if (at < 0) {
+            throw new Error(`unknown event id ${lastEventId}`);
+        }
+        const { streamId } = this.events[at];
+        for (const e of this.events.slice(at + 1)) {
+            // Priming events are stored with an empty message; only replay real messages.
+            if (e.streamId === streamId && e.message && Object.keys(e.message).length > 0) {
+                await send(e.id, e.message);
+            }
+        }
+        return streamId;
+    }
 }
 
 /** @type {Map<string, StreamableHTTPServerTransport>} */
@@ -110,6 +150,7 @@ async function handlePost(req, res) {
     transport = new StreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),
         enableJsonResponse: mode === 'json',
+        eventStore: mode === 'sse-resumable' ? new OrderedEventStore() : undefined,
         onsessioninitialized: sid => {
             log(`session initialized ${sid}`);
             transports.set(sid, transport);
@@ -137,20 +178,22 @@ async function handleGetOrDelete(req, res) {
         sendJson(res, 404, jsonRpcError(-32001, 'Session not found'));
         return;
     }
-    if (req.method === 'GET') {
+    if (req.method === 'DELETE') {
+        log(`DELETE ${sessionId}`);
+    } else {
         const lastEventId = req.headers['last-event-id'];
-        log(lastEventId ? `GET with Last-Event-ID ${lastEventId} (no event store: ignored)` : 'GET standalone stream');
+        log(lastEventId ? `GET with Last-Event-ID ${lastEventId}${mode === 'sse-resumable' ? '' : ' (no event store: treated as a new standalone stream)'}` : 'GET without Last-Event-ID (standalone stream)');
     }
     await transport.handleRequest(req, res);
 }
 
 const httpServer = http.createServer(async (req, res) => {
     const path = new URL(req.url ?? '/', 'http://localhost').pathname;
-    log(`${req.method} ${req.url}`);
     try {
         if (path !== '/mcp') {
             sendJson(res, 404, jsonRpcError(-32000, 'Not found'));
         } else if (req.method === 'POST') {
+            log(`POST ${req.headers['mcp-session-id'] ?? '(no session)'}`);
             await handlePost(req, res);
         } else if (req.method === 'GET' || req.method === 'DELETE') {
             await handleGetOrDelete(req, res);

@@ -1,0 +1,654 @@
+//! Shared support for the integration tests (`mod support;` in a test file).
+//!
+//! - [`Relay`]: a loopback TCP relay with fault injection (cut every live connection, refuse
+//!   new connections for a while), running on its own small runtime so it keeps working
+//!   whatever the test's runtime is doing.
+//! - [`ensure_npm_deps`]: installs `tests/interop/node_modules` with `npm ci` once (per
+//!   process, and guarded across processes by a lock directory), because CI starts from a
+//!   clean clone.
+//! - [`ChildProc`]: a spawned process (usually `node tests/interop/<script>.mjs`) whose stdout
+//!   is read line by line with timeouts; stderr is forwarded to the test's stderr and kept;
+//!   the process is killed on drop.
+//! - [`TsServer`]: the TypeScript-SDK MCP server from `tests/interop/ts-server.mjs`.
+//!
+//! Every wait here is bounded.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+// ---------------------------------------------------------------------------------------------
+// Relay
+// ---------------------------------------------------------------------------------------------
+
+/// A TCP relay on `127.0.0.1:0` that forwards bytes both ways to `target` and injects faults.
+///
+/// It runs on its own one-worker runtime, so its methods are synchronous and usable from any
+/// test (sync or async, any runtime flavour). Dropping it stops it and closes every
+/// connection.
+pub struct Relay {
+    addr: SocketAddr,
+    target: SocketAddr,
+    shared: Arc<RelayShared>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+struct RelayShared {
+    accepted: AtomicUsize,
+    refused: AtomicUsize,
+    cuts: AtomicUsize,
+    next_id: AtomicU64,
+    refuse_until: Mutex<Option<Instant>>,
+    conns: Mutex<HashMap<u64, ConnHandle>>,
+}
+
+struct ConnHandle {
+    /// Tells the connection's task to close both sockets abruptly.
+    cut: oneshot::Sender<()>,
+    /// Disconnects (the task drops its sender) once both sockets are closed.
+    done: std_mpsc::Receiver<()>,
+}
+
+impl Relay {
+    /// Starts a relay listening on `127.0.0.1:0` that forwards to `target`.
+    pub fn start(target: SocketAddr) -> Relay {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("test-relay")
+            .enable_all()
+            .build()
+            .expect("build relay runtime");
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+        std_listener
+            .set_nonblocking(true)
+            .expect("relay nonblocking");
+        let addr = std_listener.local_addr().expect("relay addr");
+        let listener = {
+            let _guard = runtime.enter();
+            TcpListener::from_std(std_listener).expect("relay listener")
+        };
+        let shared = Arc::new(RelayShared {
+            accepted: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
+            cuts: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            refuse_until: Mutex::new(None),
+            conns: Mutex::new(HashMap::new()),
+        });
+        runtime.spawn(accept_loop(listener, target, shared.clone()));
+        Relay {
+            addr,
+            target,
+            shared,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// The address clients should connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address the relay forwards to.
+    pub fn target(&self) -> SocketAddr {
+        self.target
+    }
+
+    /// `http://<relay addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Closes every live connection abruptly (RST) on both sides: the client's and the
+    /// target's. Returns once they are closed (at most ~2 s) with how many were cut.
+    pub fn cut_all(&self) -> usize {
+        let handles: Vec<ConnHandle> = {
+            let mut conns = self.shared.conns.lock().unwrap();
+            conns.drain().map(|(_, h)| h).collect()
+        };
+        let n = handles.len();
+        self.shared.cuts.fetch_add(n, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let waits: Vec<_> = handles
+            .into_iter()
+            .map(|h| {
+                let _ = h.cut.send(());
+                h.done
+            })
+            .collect();
+        for done in waits {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Err(Disconnected) = closed; Err(Timeout) = give up waiting (still bounded).
+            let _ = done.recv_timeout(left);
+        }
+        eprintln!("[relay {}] cut {} connection(s)", self.addr, n);
+        n
+    }
+
+    /// For `duration` from now, accepts new connections and closes them at once (RST)
+    /// without contacting the target. Existing connections are untouched.
+    pub fn refuse_for(&self, duration: Duration) {
+        *self.shared.refuse_until.lock().unwrap() = Some(Instant::now() + duration);
+        eprintln!(
+            "[relay {}] refusing new connections for {:?}",
+            self.addr, duration
+        );
+    }
+
+    /// Connections seen so far (accepted, including refused ones).
+    pub fn connections(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed at once because of [`Relay::refuse_for`].
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed by [`Relay::cut_all`].
+    pub fn cut_count(&self) -> usize {
+        self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// Connections currently being relayed.
+    pub fn live(&self) -> usize {
+        self.shared.conns.lock().unwrap().len()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Drops every task (and so every socket); allowed inside an async context.
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<RelayShared>) {
+    loop {
+        let (client, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("[relay] accept error: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        let refusing = {
+            let mut until = shared.refuse_until.lock().unwrap();
+            match *until {
+                Some(t) if Instant::now() < t => true,
+                Some(_) => {
+                    *until = None;
+                    false
+                }
+                None => false,
+            }
+        };
+        if refusing {
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            let _ = client.set_zero_linger();
+            drop(client);
+            continue;
+        }
+        let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        let (cut_tx, cut_rx) = oneshot::channel();
+        let (done_tx, done_rx) = std_mpsc::channel::<()>();
+        shared.conns.lock().unwrap().insert(
+            id,
+            ConnHandle {
+                cut: cut_tx,
+                done: done_rx,
+            },
+        );
+        tokio::spawn(relay_conn(
+            id,
+            client,
+            target,
+            shared.clone(),
+            cut_rx,
+            done_tx,
+        ));
+    }
+}
+
+async fn relay_conn(
+    id: u64,
+    mut client: TcpStream,
+    target: SocketAddr,
+    shared: Arc<RelayShared>,
+    mut cut_rx: oneshot::Receiver<()>,
+    done_tx: std_mpsc::Sender<()>,
+) {
+    let _ = client.set_nodelay(true);
+    let upstream = tokio::select! {
+        r = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)) => r,
+        _ = &mut cut_rx => {
+            let _ = client.set_zero_linger();
+            drop(client);
+            drop(done_tx);
+            return;
+        }
+    };
+    let mut upstream = match upstream {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            eprintln!("[relay] connect to {target} failed: {e}");
+            let _ = client.set_zero_linger();
+            shared.conns.lock().unwrap().remove(&id);
+            return;
+        }
+        Err(_) => {
+            eprintln!("[relay] connect to {target} timed out");
+            let _ = client.set_zero_linger();
+            shared.conns.lock().unwrap().remove(&id);
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let cut = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => false,
+        _ = &mut cut_rx => true,
+    };
+    if cut {
+        let _ = client.set_zero_linger();
+        let _ = upstream.set_zero_linger();
+    } else {
+        shared.conns.lock().unwrap().remove(&id);
+    }
+    drop(client);
+    drop(upstream);
+    drop(done_tx);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Node.js and npm
+// ---------------------------------------------------------------------------------------------
+
+/// `tests/interop` in this crate.
+pub fn interop_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("interop")
+}
+
+/// The Node.js executable: `$NODE` or `node` on `PATH`.
+pub fn node_bin() -> String {
+    std::env::var("NODE").unwrap_or_else(|_| "node".to_string())
+}
+
+/// Panics with a clear message unless Node.js >= 18 runs. These tests never skip silently.
+pub fn require_node() {
+    static CHECK: OnceLock<Result<String, String>> = OnceLock::new();
+    let res = CHECK.get_or_init(|| {
+        let node = node_bin();
+        let out = Command::new(&node)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| {
+                format!(
+                    "Node.js is required by this test but `{node} --version` could not run: {e}. \
+                     Install Node.js >= 18 (https://nodejs.org) or set NODE=/path/to/node."
+                )
+            })?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let major: u32 = version
+            .trim_start_matches('v')
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if !out.status.success() || major < 18 {
+            return Err(format!(
+                "Node.js >= 18 is required by this test; `{node} --version` gave {version:?} \
+                 (status {}). Install Node.js >= 18 or set NODE=/path/to/node.",
+                out.status
+            ));
+        }
+        Ok(version)
+    });
+    if let Err(msg) = res {
+        panic!("{msg}");
+    }
+}
+
+/// Makes sure `tests/interop/node_modules` holds exactly the versions pinned in
+/// `tests/interop/package.json`, running `npm ci --no-audit --no-fund` if not. Runs once per
+/// process; concurrent test processes serialise on a lock directory in the target dir.
+/// Panics (with npm's output) if the install fails.
+pub fn ensure_npm_deps() {
+    static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
+    require_node();
+    if let Err(msg) = INSTALL.get_or_init(install_npm_deps) {
+        panic!("{msg}");
+    }
+}
+
+fn install_npm_deps() -> Result<(), String> {
+    let dir = interop_dir();
+    let _lock = DirLock::acquire(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-npm-install.lock"),
+        Duration::from_secs(360),
+    )?;
+    if let Ok(()) = npm_deps_match(&dir) {
+        return Ok(());
+    }
+    let npm = std::env::var("NPM").unwrap_or_else(|_| "npm".to_string());
+    eprintln!(
+        "[support] running `{npm} ci --no-audit --no-fund` in {}",
+        dir.display()
+    );
+    let child = Command::new(&npm)
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "could not run `{npm} ci` in {} (npm comes with Node.js; set NPM=/path/to/npm): {e}",
+                dir.display()
+            )
+        })?;
+    let out = wait_output_bounded(child, Duration::from_secs(300))
+        .map_err(|e| format!("`{npm} ci` in {}: {e}", dir.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{npm} ci --no-audit --no-fund` in {} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    npm_deps_match(&dir).map_err(|e| format!("after `npm ci`: {e}"))
+}
+
+/// Ok if every dependency pinned in package.json is installed at exactly that version.
+fn npm_deps_match(dir: &Path) -> Result<(), String> {
+    let read_json = |p: &Path| -> Result<serde_json::Value, String> {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let manifest = read_json(&dir.join("package.json"))?;
+    let deps = manifest["dependencies"]
+        .as_object()
+        .ok_or("package.json has no dependencies object")?;
+    for (name, want) in deps {
+        let installed = read_json(&dir.join("node_modules").join(name).join("package.json"))?;
+        let have = installed["version"].as_str().unwrap_or("");
+        if Some(have) != want.as_str() {
+            return Err(format!(
+                "{name}: installed {have:?}, package.json pins {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A cross-process lock: an exclusively created directory, removed on drop. A lock older
+/// than 10 minutes is treated as left behind by a killed process and taken over.
+struct DirLock(PathBuf);
+
+impl DirLock {
+    fn acquire(path: &Path, wait: Duration) -> Result<DirLock, String> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match std::fs::create_dir(path) {
+                Ok(()) => return Ok(DirLock(path.to_path_buf())),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let stale = std::fs::metadata(path)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| SystemTime::now().duration_since(t).ok())
+                        .is_some_and(|age| age > Duration::from_secs(600));
+                    if stale {
+                        let _ = std::fs::remove_dir(path);
+                        continue;
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(format!(
+                            "timed out after {wait:?} waiting for lock {} (remove it if no test is running)",
+                            path.display()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(format!("creating lock {}: {e}", path.display())),
+            }
+        }
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Waits for `child` (stdout/stderr piped) for at most `limit`, killing it on timeout.
+fn wait_output_bounded(mut child: Child, limit: Duration) -> Result<std::process::Output, String> {
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out_t = drain(child.stdout.take().map(|s| Box::new(s) as _));
+    let err_t = drain(child.stderr.take().map(|s| Box::new(s) as _));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("did not finish within {limit:?}; killed"));
+            }
+            Err(e) => return Err(format!("waiting: {e}")),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out_t.join().unwrap_or_default(),
+        stderr: err_t.join().unwrap_or_default(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------------------------
+
+/// What [`ChildProc::next_line`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextLine {
+    Line(String),
+    /// stdout closed (the process exited or closed it).
+    Eof,
+    Timeout,
+}
+
+/// A child process with piped stdout read line by line (on a thread, so lines are available
+/// the moment the child writes them). Its stderr is forwarded to the test's stderr with a
+/// `[name]` prefix and also kept ([`ChildProc::stderr_lines`]). Killed on drop.
+pub struct ChildProc {
+    name: String,
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl ChildProc {
+    /// Spawns `program args…` in `cwd`.
+    pub fn spawn(name: &str, program: &str, args: &[&str], cwd: &Path) -> ChildProc {
+        let mut child = Command::new(program)
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {name} ({program} {args:?}): {e}"));
+        let (tx, lines) = mpsc::unbounded_channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let kept = stderr.clone();
+        let child_stderr = child.stderr.take().expect("piped stderr");
+        let prefix = name.to_string();
+        // Threads spawned by a test inherit its output capture, so this shows with the test.
+        std::thread::spawn(move || {
+            for line in BufReader::new(child_stderr).lines() {
+                let Ok(l) = line else { break };
+                eprintln!("[{prefix}] {l}");
+                kept.lock().unwrap().push(l);
+            }
+        });
+        ChildProc {
+            name: name.to_string(),
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    /// Spawns `node tests/interop/<script> args…` after making sure npm deps are installed.
+    pub fn spawn_node(name: &str, script: &str, args: &[&str]) -> ChildProc {
+        ensure_npm_deps();
+        let dir = interop_dir();
+        let mut full = vec![script];
+        full.extend_from_slice(args);
+        ChildProc::spawn(name, &node_bin(), &full, &dir)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next stdout line, waiting at most `timeout`.
+    pub async fn next_line(&mut self, timeout: Duration) -> NextLine {
+        match tokio::time::timeout(timeout, self.lines.recv()).await {
+            Ok(Some(l)) => NextLine::Line(l),
+            Ok(None) => NextLine::Eof,
+            Err(_) => NextLine::Timeout,
+        }
+    }
+
+    /// Blocking variant of [`ChildProc::next_line`] for non-async tests.
+    pub fn next_line_blocking(&mut self, timeout: Duration) -> NextLine {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.lines.try_recv() {
+                Ok(l) => return NextLine::Line(l),
+                Err(mpsc::error::TryRecvError::Disconnected) => return NextLine::Eof,
+                Err(mpsc::error::TryRecvError::Empty) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return NextLine::Timeout,
+            }
+        }
+    }
+
+    /// stderr lines so far.
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits at most `timeout` for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Kills the process (if still running) and reaps it.
+    pub fn kill(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The TypeScript-SDK MCP server
+// ---------------------------------------------------------------------------------------------
+
+/// `tests/interop/ts-server.mjs` (stateful, no event store), killed on drop.
+pub struct TsServer {
+    pub proc: ChildProc,
+    pub addr: SocketAddr,
+}
+
+impl TsServer {
+    /// Starts the server in `mode` (`"sse"` or `"json"`) on an ephemeral loopback port and
+    /// waits (at most 20 s) for its `LISTENING <port>` line.
+    pub async fn start(mode: &str) -> TsServer {
+        let mut proc = ChildProc::spawn_node("ts-server", "ts-server.mjs", &[mode]);
+        let port = match proc.next_line(Duration::from_secs(20)).await {
+            NextLine::Line(l) => l
+                .strip_prefix("LISTENING ")
+                .and_then(|p| p.trim().parse::<u16>().ok())
+                .unwrap_or_else(|| panic!("ts-server printed {l:?}, expected `LISTENING <port>`")),
+            other => panic!(
+                "ts-server did not report its port ({other:?}); stderr:\n{}",
+                proc.stderr_lines().join("\n")
+            ),
+        };
+        TsServer {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// `http://127.0.0.1:<port>` (no path), the form the gateway's upstream takes.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
