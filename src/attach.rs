@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 use tokio::time::{Instant, Sleep};
 
+use crate::access::StreamStats;
 use crate::session::{Session, Step};
 use crate::sse::KEEPALIVE;
 
@@ -26,7 +27,7 @@ pub struct AttachBody {
     prelude: Option<Bytes>,
     keepalive: Option<(Duration, Pin<Box<Sleep>>)>,
     done: bool,
-    sent_bytes: u64,
+    stats: Arc<StreamStats>,
 }
 
 impl AttachBody {
@@ -44,7 +45,7 @@ impl AttachBody {
             prelude,
             keepalive: keepalive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
             done: false,
-            sent_bytes: 0,
+            stats: StreamStats::new(0),
         }
     }
 
@@ -54,8 +55,18 @@ impl AttachBody {
         }
     }
 
+    /// Counts this body reports to the access log.
+    pub fn stats(&self) -> Arc<StreamStats> {
+        self.stats.clone()
+    }
+
+    /// Records that `n` retained events were replayed to this client.
+    pub fn with_replayed(mut self, n: usize) -> AttachBody {
+        self.stats = StreamStats::new(n as u64);
+        self
+    }
+
     fn data(&mut self, b: Bytes) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.sent_bytes += b.len() as u64;
         Poll::Ready(Some(Ok(Frame::data(b))))
     }
 }
@@ -80,12 +91,14 @@ impl Body for AttachBody {
             .session
             .poll_step(this.stream, this.generation, cx.waker())
         {
-            Step::Data(b) => {
+            Step::Data(b, events) => {
+                this.stats.add_events(events);
                 this.reset_keepalive();
                 this.data(b)
             }
-            Step::Finish(b) => {
+            Step::Finish(b, outcome) => {
                 this.done = true;
+                this.stats.set_outcome(outcome);
                 if b.is_empty() {
                     Poll::Ready(None)
                 } else {
@@ -112,12 +125,5 @@ impl Body for AttachBody {
 impl Drop for AttachBody {
     fn drop(&mut self) {
         self.session.detach(self.stream, self.generation);
-        tracing::debug!(
-            mcp.session = %crate::session::hash_id(self.session.id()),
-            mcp.stream = self.stream,
-            bytes = self.sent_bytes,
-            outcome = if self.done { "ended" } else { "detached" },
-            "stream closed"
-        );
     }
 }

@@ -19,6 +19,15 @@ pub enum Priming {
     Never,
 }
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
 ///
 /// Durations take a unit (`500ms`, `15s`, `5m`, `1h`); sizes take an optional unit
@@ -119,6 +128,26 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = "4MiB", value_parser = parse_size)]
     pub max_request_bytes: u64,
 
+    /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
+    /// balancers deregister it (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
+
+    /// Then it stops accepting; in-flight POST streams may finish until this deadline, after
+    /// which remaining SSE streams end with a `retry:` hint (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Log format: text or json.
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
     /// Log filter (tracing-subscriber EnvFilter syntax), e.g. `info` or `mcp_reattach=debug`.
     #[arg(
         long,
@@ -147,6 +176,8 @@ pub struct Config {
     pub max_request_bytes: usize,
     /// How often the background sweep looks for expired sessions and stalled clients.
     pub sweep_interval: Duration,
+    /// How long POST-started streams may run after the gateway stops accepting.
+    pub drain_timeout: Duration,
 }
 
 impl Config {
@@ -165,6 +196,7 @@ impl Config {
             max_event_bytes: 16 << 20,
             max_request_bytes: 4 << 20,
             sweep_interval: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(25),
         }
     }
 
@@ -185,6 +217,7 @@ impl Config {
             max_event_bytes: usize::try_from(args.max_event_bytes).unwrap_or(usize::MAX),
             max_request_bytes: usize::try_from(args.max_request_bytes).unwrap_or(usize::MAX),
             sweep_interval: sweep,
+            drain_timeout: args.drain_timeout,
         }
     }
 }

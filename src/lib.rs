@@ -9,11 +9,13 @@
 //! | [`server`] | accept loops for the proxy and admin listeners, shutdown | protocol details |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 
+pub mod access;
 pub mod attach;
 pub mod config;
 pub mod cursor;
 pub mod demo;
 pub mod jsonrpc;
+pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod session;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mcp_reattach::config::{Cli, Command, Config, GatewayArgs};
+use mcp_reattach::config::{Cli, Command, Config, GatewayArgs, LogFormat};
 use tokio::net::TcpListener;
 
 const EX_USAGE: u8 = 64;
@@ -28,10 +28,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match cli.gateway.log_format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().flatten_event(true).init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -92,46 +95,67 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     let listener = bind("--listen", args.listen).await?;
     let admin = bind("--admin-listen", args.admin_listen).await?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, "mcp-reattach started");
+    let gateway = mcp_reattach::Gateway::new(config);
     let health = mcp_reattach::Health::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(mcp_reattach::serve_admin(
         admin,
         health.clone(),
+        gateway.clone(),
         async move {
             let _ = admin_stop.wait_for(|s| *s).await;
         },
     ));
+    let drain_delay = args.drain_delay;
+    let gw = gateway.clone();
     let signal = async move {
-        shutdown_signal().await;
+        let graceful = shutdown_signal().await;
         health.set_ready(false);
+        if graceful {
+            // Keep accepting while load balancers notice /readyz failing; SIGINT cuts it short.
+            tracing::info!(
+                ?drain_delay,
+                "SIGTERM: not ready; still accepting during the drain delay"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(drain_delay) => {}
+                _ = tokio::signal::ctrl_c() => gw.hurry(),
+            }
+        } else {
+            gw.hurry();
+        }
+        // A SIGINT during the rest of the drain ends it at once.
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                gw.hurry();
+            }
+        });
     };
-    mcp_reattach::serve(listener, config, signal).await?;
+    mcp_reattach::serve_gateway(listener, gateway, signal).await?;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
+    tracing::info!("stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Waits for SIGTERM (returns true: drain gracefully) or SIGINT (false: shut down quickly).
+async fn shutdown_signal() -> bool {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            return tokio::select! {
+                _ = term.recv() => true,
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::info!("SIGINT: shutting down quickly");
+                    false
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+            };
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+    let _ = tokio::signal::ctrl_c().await;
+    false
 }
 
 /// `mcp-reattach demo`: the embedded legacy demo server on loopback, the gateway in front.

@@ -20,10 +20,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 
+use crate::access::{AccessLog, Observed, StreamStats};
 use crate::attach::AttachBody;
 use crate::config::{Config, Priming};
 use crate::cursor::{Cursor, CursorError};
 use crate::jsonrpc::{self, PostInfo};
+use crate::metrics::Metrics;
 use crate::session::{
     AtCapacity, End, Eviction, Registry, Resume, ResumeError, Session, StreamKind,
 };
@@ -139,11 +141,13 @@ pub struct Gateway {
     cfg: Arc<Config>,
     registry: Arc<Registry>,
     client: Client<HttpConnector, UpBody>,
+    hurry: Notify,
 }
 
 impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
         let cfg = Arc::new(cfg);
+        let metrics = Arc::new(Metrics::new());
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(std::time::Duration::from_secs(10)));
@@ -151,9 +155,10 @@ impl Gateway {
             .pool_idle_timeout(std::time::Duration::from_secs(60))
             .build(connector);
         Arc::new(Gateway {
-            registry: Arc::new(Registry::new(cfg.clone())),
+            registry: Arc::new(Registry::new(cfg.clone(), metrics)),
             cfg,
             client,
+            hurry: Notify::new(),
         })
     }
 
@@ -165,21 +170,76 @@ impl Gateway {
         &self.registry
     }
 
+    /// Cuts a drain short (SIGINT): remaining streams are ended at once.
+    pub fn hurry(&self) {
+        self.hurry.notify_one();
+    }
+
+    pub(crate) async fn hurried(&self) {
+        self.hurry.notified().await;
+    }
+
+    /// The Prometheus text exposition of the gateway's metrics, gauges refreshed.
+    pub fn render_metrics(&self) -> String {
+        self.registry.refresh_gauges();
+        self.registry.metrics().encode()
+    }
+
     /// Handles one client request. Never fails: errors become responses.
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
         conn: Conn,
-    ) -> Result<Response<ResBody>, Infallible> {
+    ) -> Result<Response<Observed<ResBody>>, Infallible> {
+        let start = tokio::time::Instant::now();
         let method = req.method().clone();
-        let resp = match self.route(req, &conn).await {
+        let session = req
+            .headers()
+            .get(MCP_SESSION_ID)
+            .map(|v| crate::session::hash_id(&String::from_utf8_lossy(v.as_bytes())));
+        let mut resp = match self.route(req, &conn).await {
             Ok(r) => r,
             Err((e, id)) => {
+                self.count_failure(&e);
                 tracing::warn!(http.method = %method, error = %e, "request failed");
                 e.into_response(id.as_ref())
             }
         };
-        Ok(resp)
+        let stream = resp.extensions_mut().remove::<Arc<StreamStats>>();
+        let session = session.or_else(|| {
+            resp.headers()
+                .get(MCP_SESSION_ID)
+                .map(|v| crate::session::hash_id(&String::from_utf8_lossy(v.as_bytes())))
+        });
+        let log = AccessLog::new(
+            method,
+            resp.status(),
+            start,
+            session,
+            stream,
+            self.registry.metrics().clone(),
+        );
+        Ok(resp.map(|b| Observed::new(b, log)))
+    }
+
+    fn count_failure(&self, e: &ProxyError) {
+        let m = self.registry.metrics();
+        match e {
+            ProxyError::MalformedCursor(_) => m.resume("malformed_cursor"),
+            ProxyError::UnknownSession => m.resume("unknown_session"),
+            ProxyError::Resume(r) => m.resume(match r {
+                ResumeError::ForeignCursor => "foreign_cursor",
+                ResumeError::CursorAhead => "cursor_ahead",
+                ResumeError::Gap => "gap",
+                ResumeError::StreamExpired => "stream_expired",
+                ResumeError::StreamEnded => "stream_ended",
+            }),
+            ProxyError::Upstream(_) => m.upstream_error("connect"),
+            ProxyError::BadSessionHeader
+            | ProxyError::BodyTooLarge(_)
+            | ProxyError::BodyRead(_)
+            | ProxyError::AtCapacity(_) => {}
+        }
     }
 
     async fn route(
@@ -345,6 +405,7 @@ impl Gateway {
             stream,
             upstream_body,
             self.cfg.max_event_bytes,
+            self.registry.metrics().clone(),
         ));
         session.set_reader(stream, reader.abort_handle());
         let body = AttachBody::new(session, stream, generation, priming, self.cfg.keepalive);
@@ -369,18 +430,20 @@ impl Gateway {
                 prelude,
                 replay,
             } => {
-                tracing::info!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, replay, outcome = "resumed", "resume");
+                self.registry.metrics().resume("resumed");
+                tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, replay, "resumed");
                 let body = AttachBody::new(
                     session,
                     stream,
                     generation,
                     Some(prelude),
                     self.cfg.keepalive,
-                );
+                )
+                .with_replayed(replay);
                 Ok(self.sse_response(StatusCode::OK, None, sid, body))
             }
             Resume::GapWithErrors { frames } => {
-                tracing::info!(mcp.session = %crate::session::hash_id(sid), outcome = "gap", "resume");
+                self.registry.metrics().resume("gap");
                 let mut resp = Response::new(full(frames));
                 sse_headers(resp.headers_mut(), sid);
                 Ok(resp)
@@ -403,7 +466,9 @@ impl Gateway {
         sid: &str,
         body: AttachBody,
     ) -> Response<ResBody> {
+        let stats = body.stats();
         let mut resp = Response::new(body.map_err(|never| match never {}).boxed_unsync());
+        resp.extensions_mut().insert(stats);
         *resp.status_mut() = status;
         if let Some(mut h) = upstream_headers {
             strip_hop_by_hop(&mut h);
@@ -465,6 +530,7 @@ async fn read_upstream(
     stream: u32,
     mut body: Incoming,
     max_event_bytes: usize,
+    metrics: Arc<Metrics>,
 ) {
     let mut decoder = Decoder::new(max_event_bytes);
     let mut events = Vec::new();
@@ -477,10 +543,14 @@ async fn read_upstream(
                 let fed = decoder.feed(&data, &mut events);
                 session.push_events(stream, &mut events);
                 if let Err(e) = fed {
+                    metrics.upstream_error("invalid_event");
                     break End::UpstreamFailed(e.to_string());
                 }
             }
-            Some(Err(e)) => break End::UpstreamFailed(format!("upstream connection failed: {e}")),
+            Some(Err(e)) => {
+                metrics.upstream_error("stream");
+                break End::UpstreamFailed(format!("upstream connection failed: {e}"));
+            }
             None => break End::Complete,
         }
     };

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::config::Config;
 use crate::proxy::{Conn, Gateway};
@@ -35,6 +35,11 @@ pub async fn serve(
 }
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
+///
+/// When `shutdown` resolves the gateway drains: it stops accepting, lets every connection
+/// finish its in-flight response (keep-alive off), tells clients of standalone GET streams to
+/// resume elsewhere at once, lets POST-started streams run until `drain_timeout` (or until
+/// [`Gateway::hurry`]), then ends the remaining streams with a `retry:` hint and returns.
 pub async fn serve_gateway(
     listener: TcpListener,
     gateway: Arc<Gateway>,
@@ -48,6 +53,8 @@ pub async fn serve_gateway(
         .header_read_timeout(HEADER_READ_TIMEOUT);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let live = Arc::new(Live::default());
     tokio::pin!(shutdown);
     loop {
         let (tcp, remote) = tokio::select! {
@@ -65,7 +72,10 @@ pub async fn serve_gateway(
         let _ = tcp.set_nodelay(true);
         let gateway = gateway.clone();
         let builder = builder.clone();
+        let mut drain = drain_rx.clone();
+        let guard = live.enter();
         tokio::spawn(async move {
+            let _guard = guard;
             let kill = Arc::new(Notify::new());
             let conn = Conn {
                 remote,
@@ -74,17 +84,92 @@ pub async fn serve_gateway(
             let svc =
                 service_fn(move |req: Request<Incoming>| gateway.clone().handle(req, conn.clone()));
             let serving = builder.serve_connection(TokioIo::new(tcp), svc);
-            tokio::select! {
-                res = serving => {
-                    if let Err(e) = res {
-                        tracing::debug!(error = %e, "client connection ended with an error");
+            tokio::pin!(serving);
+            let mut draining = false;
+            loop {
+                tokio::select! {
+                    res = serving.as_mut() => {
+                        if let Err(e) = res {
+                            tracing::debug!(error = %e, "client connection ended with an error");
+                        }
+                        break;
+                    }
+                    () = kill.notified() => {
+                        tracing::info!(%remote, "closed a stalled client connection");
+                        break;
+                    }
+                    changed = drain.changed(), if !draining => {
+                        draining = true;
+                        if changed.is_ok() {
+                            serving.as_mut().graceful_shutdown();
+                        }
                     }
                 }
-                () = kill.notified() => tracing::info!(%remote, "closed a stalled client connection"),
             }
         });
     }
+    drop(listener);
+    let cfg = gateway.config();
+    tracing::info!(connections = live.count(), drain_timeout = ?cfg.drain_timeout, "draining");
+    let _ = drain_tx.send(true);
+    // Standalone GET streams never end on their own: send those clients elsewhere now.
+    gateway.registry().end_clients(true);
+    tokio::select! {
+        () = live.idle() => {}
+        () = tokio::time::sleep(cfg.drain_timeout) => {}
+        () = gateway.hurried() => {}
+    }
+    if live.count() > 0 {
+        tracing::info!(
+            connections = live.count(),
+            "drain deadline: ending remaining streams"
+        );
+        gateway.registry().end_clients(false);
+        let _ = tokio::time::timeout(FINAL_FLUSH, live.idle()).await;
+    }
+    tracing::info!(connections = live.count(), "drained");
     Ok(())
+}
+
+/// How long the last `retry:` hints get to reach clients after the drain deadline.
+const FINAL_FLUSH: Duration = Duration::from_secs(2);
+
+/// Counts live client connections, so draining can wait for the last one.
+#[derive(Debug, Default)]
+struct Live {
+    count: AtomicUsize,
+    zero: Notify,
+}
+
+struct LiveGuard(Arc<Live>);
+
+impl Live {
+    fn enter(self: &Arc<Self>) -> LiveGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        LiveGuard(self.clone())
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    async fn idle(&self) {
+        loop {
+            let notified = self.zero.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.zero.notify_waiters();
+        }
+    }
 }
 
 /// Liveness and readiness state shared with the admin listener.
@@ -109,10 +194,11 @@ impl Health {
     }
 }
 
-/// Serves `/healthz` and `/readyz` on `listener` until `shutdown` resolves.
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `shutdown` resolves.
 pub async fn serve_admin(
     listener: TcpListener,
     health: Arc<Health>,
+    gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
@@ -125,10 +211,12 @@ pub async fn serve_admin(
             () = &mut shutdown => return Ok(()),
         };
         let health = health.clone();
+        let gateway = gateway.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<Incoming>| {
                 let health = health.clone();
-                async move { Ok::<_, Infallible>(admin_response(&req, &health)) }
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(admin_response(&req, &health, &gateway)) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -139,19 +227,55 @@ pub async fn serve_admin(
     }
 }
 
-fn admin_response(req: &Request<Incoming>, health: &Health) -> Response<Full<Bytes>> {
-    let (status, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/healthz") => (StatusCode::OK, "ok\n"),
-        (&Method::GET | &Method::HEAD, "/readyz") if health.is_ready() => {
-            (StatusCode::OK, "ready\n")
+fn admin_response(
+    req: &Request<Incoming>,
+    health: &Health,
+    gateway: &Gateway,
+) -> Response<Full<Bytes>> {
+    let get = matches!(*req.method(), Method::GET | Method::HEAD);
+    let (status, content_type, body) = match req.uri().path() {
+        "/healthz" if get => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
+        "/readyz" if get && health.is_ready() => {
+            (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
         }
-        (&Method::GET | &Method::HEAD, "/readyz") => {
-            (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        "/readyz" if get => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            Bytes::from_static(b"draining\n"),
+        ),
+        "/metrics" if get => {
+            let open_metrics = req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.contains("application/openmetrics-text"))
+            });
+            let text = gateway.render_metrics();
+            if open_metrics {
+                (
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    Bytes::from(text),
+                )
+            } else {
+                let classic = crate::metrics::to_prometheus_text(&text);
+                (
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    Bytes::from(classic),
+                )
+            }
         }
-        _ => (StatusCode::NOT_FOUND, "not found\n"),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            Bytes::from_static(b"not found\n"),
+        ),
     };
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    let mut r = Response::new(Full::new(body));
     *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
     r
 }
 

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::cursor::{new_epoch, Cursor};
 use crate::jsonrpc;
+use crate::metrics::Metrics;
 use crate::sse::{self, Event};
 use crate::window::{Entry, Window};
 
@@ -84,8 +85,9 @@ struct Subscriber {
     waker: Option<Waker>,
     /// Since when this client has had unsent events without catching up.
     backlog_since: Option<Instant>,
-    /// Set by the sweep when the client stalled; the body then ends the stream.
-    detach: Option<Instant>,
+    /// Set when the client must resume (it stalled, or the gateway is shutting down); the
+    /// body then ends the stream.
+    detach: Option<(Instant, Outcome)>,
     /// Closes the client's connection when the body cannot even be polled.
     kill: Option<Arc<Notify>>,
 }
@@ -152,6 +154,7 @@ pub struct Session {
     id: String,
     epoch: u64,
     cfg: Arc<Config>,
+    metrics: Arc<Metrics>,
     state: Mutex<State>,
 }
 
@@ -185,13 +188,46 @@ pub enum ResumeError {
     StreamEnded,
 }
 
+/// Why an attached client's stream ended (for logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream's stream ended and the client got all of it.
+    Completed,
+    /// A newer attachment took over the stream.
+    Replaced,
+    /// The session was dropped (TTL, DELETE, upstream 404, cap).
+    SessionClosed,
+    /// The client stalled and was told to resume.
+    SlowConsumer,
+    /// The gateway is shutting down and told the client to resume.
+    Shutdown,
+    /// Events the client needed were evicted.
+    Gap,
+    /// The upstream's stream failed.
+    UpstreamFailed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Replaced => "replaced",
+            Outcome::SessionClosed => "session-closed",
+            Outcome::SlowConsumer => "slow-consumer",
+            Outcome::Shutdown => "shutdown",
+            Outcome::Gap => "gap",
+            Outcome::UpstreamFailed => "upstream-failed",
+        }
+    }
+}
+
 /// One step of an attached client's body.
 #[derive(Debug)]
 pub enum Step {
-    /// Bytes to send; more may follow.
-    Data(Bytes),
-    /// Final bytes (possibly empty); the stream ends after them.
-    Finish(Bytes),
+    /// Bytes to send (holding this many events); more may follow.
+    Data(Bytes, u64),
+    /// Final bytes (possibly empty); the stream ends after them, for this reason.
+    Finish(Bytes, Outcome),
     /// Nothing to send yet; the waker is registered.
     Pending,
 }
@@ -202,7 +238,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Session {
-    fn new(id: String, cfg: Arc<Config>) -> Session {
+    fn new(id: String, cfg: Arc<Config>, metrics: Arc<Metrics>) -> Session {
         Session {
             id,
             epoch: new_epoch(),
@@ -219,6 +255,7 @@ impl Session {
                 next_generation: 0,
             }),
             cfg,
+            metrics,
         }
     }
 
@@ -301,6 +338,7 @@ impl Session {
         if kind == StreamKind::Standalone {
             st.standalone = Some(stream);
         }
+        self.metrics.streams_attached.inc();
         st.last_activity = Instant::now();
         let priming = prime.then(|| {
             let retry = self.cfg.retry_hint.map(|d| d.as_millis() as u64);
@@ -332,6 +370,7 @@ impl Session {
             return;
         }
         let mut learned_version = None;
+        self.metrics.events_tagged.inc_by(events.len() as u64);
         for ev in events.drain(..) {
             st.last_seq += 1;
             let seq = st.last_seq;
@@ -372,7 +411,9 @@ impl Session {
                 frame: frame.freeze(),
             };
             let streams = &mut st.streams;
+            let metrics = &self.metrics;
             if let Err(big) = st.window.push(entry, |old| {
+                metrics.window_evictions.inc();
                 if let Some(o) = streams.get_mut(&old.stream) {
                     o.lost_upto = o.lost_upto.max(old.seq);
                 }
@@ -473,6 +514,8 @@ impl Session {
         }
         let generation = st.next_generation;
         st.next_generation += 1;
+        self.metrics.streams_attached.inc();
+        self.metrics.events_replayed.inc_by(replay as u64);
         if let Some(old) = s.sub.replace(Subscriber::new(generation, cursor.seq, kill)) {
             if let Some(w) = old.waker {
                 w.wake();
@@ -514,6 +557,7 @@ impl Session {
         // Live: nothing already emitted is replayed; what is not yet delivered is not lost
         // either, since it stays in the window for a resume of the older client.
         let at = s.last_seq;
+        self.metrics.streams_attached.inc();
         if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill)) {
             if let Some(w) = old.waker {
                 w.wake();
@@ -531,14 +575,13 @@ impl Session {
         let mut st = lock(&self.state);
         let st = &mut *st;
         if st.closed {
-            return Step::Finish(Bytes::new());
+            return Step::Finish(Bytes::new(), Outcome::SessionClosed);
         }
         let Some(s) = st.streams.get_mut(&stream) else {
-            return Step::Finish(Bytes::new());
+            return Step::Finish(Bytes::new(), Outcome::SessionClosed);
         };
         let Some(sub) = s.sub.as_mut().filter(|sub| sub.generation == generation) else {
-            // A newer attachment replaced this one.
-            return Step::Finish(Bytes::new());
+            return Step::Finish(Bytes::new(), Outcome::Replaced);
         };
         let cursor = sub.cursor;
         let here = Cursor {
@@ -547,7 +590,7 @@ impl Session {
             seq: cursor,
         }
         .to_string();
-        if sub.detach.is_some() {
+        if let Some((_, why)) = sub.detach {
             s.sub = None;
             st.last_activity = Instant::now();
             let retry = self
@@ -555,22 +598,28 @@ impl Session {
                 .retry_hint
                 .unwrap_or(Duration::from_secs(1))
                 .as_millis() as u64;
-            let data = serde_json::json!({ "reason": "slow-consumer", "resume_from": here });
-            return Step::Finish(sse::control(
+            let reason = match why {
+                Outcome::Shutdown => "shutdown",
+                _ => "slow-consumer",
+            };
+            let data = serde_json::json!({ "reason": reason, "resume_from": here });
+            let frame = sse::control(
                 Some(&here),
                 Some(EVENT_RESUMPTION_REQUIRED),
                 Some(retry),
                 &data.to_string(),
-            ));
+            );
+            return Step::Finish(frame, why);
         }
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
             let ids = s.fail_unanswered(cursor);
             let frames = failure_frames(&here, "gap", &ids, GAP_MESSAGE);
             s.sub = None;
-            return Step::Finish(frames);
+            return Step::Finish(frames, Outcome::Gap);
         }
         let mut out = BytesMut::new();
+        let mut events = 0;
         let mut last = cursor;
         let mut overflow = s.overflow.as_ref().filter(|o| o.seq > cursor);
         for e in st.window.after(stream, cursor) {
@@ -579,6 +628,7 @@ impl Session {
             }
             if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
                 out.put_slice(&o.frame);
+                events += 1;
                 last = o.seq;
                 overflow = None;
                 if out.len() >= BATCH_BYTES {
@@ -586,10 +636,12 @@ impl Session {
                 }
             }
             out.put_slice(&e.frame);
+            events += 1;
             last = e.seq;
         }
         if let Some(o) = overflow.filter(|o| o.seq > last && out.len() < BATCH_BYTES) {
             out.put_slice(&o.frame);
+            events += 1;
             last = o.seq;
         }
         if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
@@ -598,44 +650,56 @@ impl Session {
             s.overflow = None;
         }
         let Some(sub) = s.sub.as_mut() else {
-            return Step::Finish(Bytes::new());
+            return Step::Finish(Bytes::new(), Outcome::Replaced);
         };
         if !out.is_empty() {
             sub.cursor = last;
             if last >= s.last_seq {
                 sub.backlog_since = None;
             }
-            return Step::Data(out.freeze());
+            return Step::Data(out.freeze(), events);
         }
         sub.backlog_since = None;
-        match s.end.clone() {
-            None => {
-                sub.waker = Some(waker.clone());
-                Step::Pending
-            }
-            Some(end) => {
-                let frames = match end {
-                    End::Complete => {
-                        let ids = s.fail_unanswered(cursor);
-                        if ids.is_empty() {
-                            Bytes::new()
-                        } else {
-                            failure_frames(&here, "upstream-ended", &ids, UPSTREAM_ENDED_MESSAGE)
-                        }
-                    }
-                    End::UpstreamFailed(cause) => {
-                        let ids = s.fail_unanswered(cursor);
-                        upstream_failure_frames(&here, &cause, &ids)
-                    }
-                };
-                s.sub = None;
-                Step::Finish(frames)
+        let Some(end) = s.end.clone() else {
+            sub.waker = Some(waker.clone());
+            return Step::Pending;
+        };
+        s.sub = None;
+        let ids = s.fail_unanswered(cursor);
+        match end {
+            End::Complete if ids.is_empty() => Step::Finish(Bytes::new(), Outcome::Completed),
+            End::Complete => Step::Finish(
+                failure_frames(&here, "upstream-ended", &ids, UPSTREAM_ENDED_MESSAGE),
+                Outcome::UpstreamFailed,
+            ),
+            End::UpstreamFailed(cause) => Step::Finish(
+                upstream_failure_frames(&here, &cause, &ids),
+                Outcome::UpstreamFailed,
+            ),
+        }
+    }
+
+    /// Tells every attached client of streams of `kind` (all, if `None`) to resume elsewhere.
+    fn end_clients(&self, kind: Option<StreamKind>) {
+        let now = Instant::now();
+        let mut st = lock(&self.state);
+        for s in st
+            .streams
+            .values_mut()
+            .filter(|s| kind.is_none_or(|k| k == s.kind))
+        {
+            if let Some(sub) = s.sub.as_mut().filter(|sub| sub.detach.is_none()) {
+                sub.detach = Some((now, Outcome::Shutdown));
+                if let Some(w) = sub.waker.take() {
+                    w.wake();
+                }
             }
         }
     }
 
     /// The client `generation` of `stream` went away (its body was dropped).
     pub fn detach(&self, stream: u32, generation: u64) {
+        self.metrics.streams_detached.inc();
         let mut st = lock(&self.state);
         st.last_activity = Instant::now();
         if let Some(s) = st.streams.get_mut(&stream) {
@@ -677,7 +741,7 @@ impl Session {
             let Some(sub) = s.sub.as_mut() else { continue };
             attached = true;
             match sub.detach {
-                Some(at) if now.duration_since(at) >= Duration::from_secs(1) => {
+                Some((at, _)) if now.duration_since(at) >= Duration::from_secs(1) => {
                     // The body was not polled since it was flagged: the connection is stuck
                     // writing. Close it; the client resumes from its last complete event.
                     if let Some(k) = sub.kill.take() {
@@ -690,7 +754,8 @@ impl Session {
                         .backlog_since
                         .is_some_and(|t| now.duration_since(t) >= stall)
                     {
-                        sub.detach = Some(now);
+                        sub.detach = Some((now, Outcome::SlowConsumer));
+                        self.metrics.slow_consumer_detaches.inc();
                         if let Some(w) = sub.waker.take() {
                             w.wake();
                         }
@@ -701,10 +766,27 @@ impl Session {
         (!attached, st.last_activity)
     }
 
-    /// Retained window bytes and events (for tests and metrics).
+    /// Retained window events and bytes (for tests and metrics).
     pub fn window_usage(&self) -> (usize, usize) {
         let st = lock(&self.state);
         (st.window.len(), st.window.bytes())
+    }
+
+    /// Since when no client has been attached, or `None` while one is.
+    fn idle_since(&self) -> Option<Instant> {
+        let st = lock(&self.state);
+        st.streams
+            .values()
+            .all(|s| s.sub.is_none())
+            .then_some(st.last_activity)
+    }
+
+    fn attached_clients(&self) -> usize {
+        lock(&self.state)
+            .streams
+            .values()
+            .filter(|s| s.sub.is_some())
+            .count()
     }
 }
 
@@ -804,6 +886,7 @@ fn encoded_len(id: &str, ev: &Event) -> usize {
 #[derive(Debug)]
 pub struct Registry {
     cfg: Arc<Config>,
+    metrics: Arc<Metrics>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
 }
 
@@ -812,12 +895,28 @@ pub struct Registry {
 #[error("the gateway holds its maximum number of sessions, all in use")]
 pub struct AtCapacity;
 
+impl Eviction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Eviction::Ttl => "ttl",
+            Eviction::Delete => "delete",
+            Eviction::Upstream404 => "upstream_404",
+            Eviction::SessionCap => "session_cap",
+        }
+    }
+}
+
 impl Registry {
-    pub fn new(cfg: Arc<Config>) -> Registry {
+    pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>) -> Registry {
         Registry {
             cfg,
+            metrics,
             sessions: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
@@ -834,7 +933,11 @@ impl Registry {
         if map.len() >= self.cfg.max_sessions {
             self.shed_one(&mut map)?;
         }
-        let s = Arc::new(Session::new(id.to_owned(), self.cfg.clone()));
+        let s = Arc::new(Session::new(
+            id.to_owned(),
+            self.cfg.clone(),
+            self.metrics.clone(),
+        ));
         map.insert(id.to_owned(), s.clone());
         tracing::debug!(mcp.session = %hash_id(id), "session created");
         Ok(s)
@@ -851,29 +954,29 @@ impl Registry {
     }
 
     fn shed_one(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
-        let now = Instant::now();
         let victim = map
             .iter()
-            .filter_map(|(k, s)| {
-                let (idle, since) = s.sweep(now);
-                idle.then_some((since, k))
-            })
+            .filter_map(|(k, s)| s.idle_since().map(|since| (since, k)))
             .min()
             .map(|(_, k)| k.clone())
             .ok_or(AtCapacity)?;
         if let Some(s) = map.remove(&victim) {
-            s.close();
-            tracing::info!(mcp.session = %hash_id(&victim), reason = "session-cap", "session evicted");
+            self.closed(&victim, &s, Eviction::SessionCap);
         }
         Ok(())
+    }
+
+    fn closed(&self, id: &str, s: &Session, why: Eviction) {
+        s.close();
+        self.metrics.session_evicted(why.as_str());
+        tracing::info!(mcp.session = %hash_id(id), reason = why.as_str(), "session dropped");
     }
 
     /// Drops the session `id`'s state (DELETE, upstream 404).
     pub fn remove(&self, id: &str, why: Eviction) {
         let s = lock(&self.sessions).remove(id);
         if let Some(s) = s {
-            s.close();
-            tracing::info!(mcp.session = %hash_id(id), reason = ?why, "session dropped");
+            self.closed(id, &s, why);
         }
     }
 
@@ -885,22 +988,24 @@ impl Registry {
         self.len() == 0
     }
 
+    fn all(&self) -> Vec<(String, Arc<Session>)> {
+        lock(&self.sessions)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     /// One sweep: flags stalled clients and drops sessions idle for longer than the TTL.
     pub fn sweep(&self) {
         let now = Instant::now();
-        let all: Vec<(String, Arc<Session>)> = lock(&self.sessions)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (id, s) in all {
+        for (id, s) in self.all() {
             let (idle, since) = s.sweep(now);
             if idle && now.duration_since(since) >= self.cfg.session_ttl {
                 let mut map = lock(&self.sessions);
                 if map.get(&id).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
                     map.remove(&id);
                     drop(map);
-                    s.close();
-                    tracing::info!(mcp.session = %hash_id(&id), reason = "ttl", "session expired");
+                    self.closed(&id, &s, Eviction::Ttl);
                 }
             }
         }
@@ -921,12 +1026,35 @@ impl Registry {
         })
     }
 
+    /// Tells attached clients to resume elsewhere (graceful shutdown): those of standalone
+    /// streams only, or all of them.
+    pub fn end_clients(&self, standalone_only: bool) {
+        let kind = standalone_only.then_some(StreamKind::Standalone);
+        for (_, s) in self.all() {
+            s.end_clients(kind);
+        }
+    }
+
+    /// Sets the gauges of current state (called at scrape time).
+    pub fn refresh_gauges(&self) {
+        let (mut events, mut bytes, mut clients) = (0, 0, 0);
+        let all = self.all();
+        for (_, s) in &all {
+            let (e, b) = s.window_usage();
+            events += e;
+            bytes += b;
+            clients += s.attached_clients();
+        }
+        let m = &self.metrics;
+        m.sessions.set(all.len() as i64);
+        m.window_events.set(events as i64);
+        m.window_bytes.set(bytes as i64);
+        m.attached_clients.set(clients as i64);
+    }
+
     /// Total retained window bytes over all sessions.
     pub fn window_bytes(&self) -> usize {
-        lock(&self.sessions)
-            .values()
-            .map(|s| s.window_usage().1)
-            .sum()
+        self.all().iter().map(|(_, s)| s.window_usage().1).sum()
     }
 }
 
@@ -956,20 +1084,27 @@ mod tests {
         }
     }
 
+    fn session(c: Arc<Config>) -> Session {
+        Session::new("a".into(), c, Arc::default())
+    }
+
     fn step(s: &Session, stream: u32, generation: u64) -> Step {
         s.poll_step(stream, generation, Waker::noop())
     }
 
     fn text(step: Step) -> String {
         match step {
-            Step::Data(b) | Step::Finish(b) => String::from_utf8(b.to_vec()).unwrap(),
+            Step::Data(b, _) | Step::Finish(b, _) => String::from_utf8(b.to_vec()).unwrap(),
             Step::Pending => String::new(),
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
-        let reg = Registry::new(cfg(|c| c.session_ttl = Duration::from_secs(60)));
+        let reg = Registry::new(
+            cfg(|c| c.session_ttl = Duration::from_secs(60)),
+            Arc::default(),
+        );
         let s = reg.get_or_create("a").unwrap();
         let (stream, generation, _) = s.open_stream(StreamKind::Post, vec![], false, false, None);
         tokio::time::advance(Duration::from_secs(120)).await;
@@ -986,15 +1121,12 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         reg.sweep();
         assert_eq!(reg.len(), 0);
-        assert!(matches!(step(&s, stream, generation), Step::Finish(_)));
+        assert!(matches!(step(&s, stream, generation), Step::Finish(..)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn stalled_client_gets_resumption_required_with_retry() {
-        let s = Session::new(
-            "a".into(),
-            cfg(|c| c.stall_timeout = Duration::from_secs(30)),
-        );
+        let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(30)));
         let (stream, generation, _) =
             s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None);
         s.push_events(stream, &mut vec![msg("{\"n\":1}")]);
@@ -1037,17 +1169,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_keeps_up_is_never_detached() {
-        let s = Session::new(
-            "a".into(),
-            cfg(|c| c.stall_timeout = Duration::from_secs(1)),
-        );
+        let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(1)));
         let (stream, generation, _) =
             s.open_stream(StreamKind::Standalone, vec![], false, false, None);
         for i in 0..100 {
             s.push_events(stream, &mut vec![msg(&format!("{{\"n\":{i}}}"))]);
             tokio::time::advance(Duration::from_millis(100)).await;
             s.sweep(Instant::now());
-            assert!(matches!(step(&s, stream, generation), Step::Data(_)));
+            assert!(matches!(step(&s, stream, generation), Step::Data(..)));
             assert!(matches!(step(&s, stream, generation), Step::Pending));
         }
     }
@@ -1055,13 +1184,10 @@ mod tests {
     #[test]
     fn eviction_by_count_or_bytes_makes_a_resume_a_gap() {
         for (events, bytes) in [(4, 1 << 20), (1000, 400)] {
-            let s = Session::new(
-                "a".into(),
-                cfg(|c| {
-                    c.window_events = events;
-                    c.window_bytes = bytes;
-                }),
-            );
+            let s = session(cfg(|c| {
+                c.window_events = events;
+                c.window_bytes = bytes;
+            }));
             let (stream, generation, _) =
                 s.open_stream(StreamKind::Standalone, vec![], false, false, None);
             s.detach(stream, generation);
@@ -1110,7 +1236,7 @@ mod tests {
 
     #[test]
     fn gap_answers_only_requests_not_answered_before_the_cursor() {
-        let s = Session::new("a".into(), cfg(|c| c.window_events = 2));
+        let s = session(cfg(|c| c.window_events = 2));
         let (stream, generation, _) = s.open_stream(
             StreamKind::Post,
             vec!["1".into(), "\"b\"".into()],
@@ -1144,7 +1270,7 @@ mod tests {
 
     #[test]
     fn ended_stream_metadata_is_bounded() {
-        let s = Session::new("a".into(), cfg(|_| {}));
+        let s = session(cfg(|_| {}));
         for _ in 0..(MAX_ENDED_STREAMS + 50) {
             let (stream, generation, _) =
                 s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None);

@@ -1,0 +1,170 @@
+//! One access-log line and one duration sample per finished request or stream, emitted when
+//! the response body ends or is dropped (completed, or cut by the client), never earlier.
+//!
+//! Knows hyper's `Body` trait and the metrics; never sees payloads, raw session ids or
+//! credentials.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Method, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::session::Outcome;
+
+/// Counters an SSE body updates while it runs, read by its [`AccessLog`] at the end.
+#[derive(Debug, Default)]
+pub struct StreamStats {
+    events: AtomicU64,
+    replayed: AtomicU64,
+    outcome: AtomicU8,
+}
+
+const OUTCOMES: [Outcome; 7] = [
+    Outcome::Completed,
+    Outcome::Replaced,
+    Outcome::SessionClosed,
+    Outcome::SlowConsumer,
+    Outcome::Shutdown,
+    Outcome::Gap,
+    Outcome::UpstreamFailed,
+];
+
+impl StreamStats {
+    pub fn new(replayed: u64) -> Arc<StreamStats> {
+        Arc::new(StreamStats {
+            replayed: AtomicU64::new(replayed),
+            ..StreamStats::default()
+        })
+    }
+
+    pub fn add_events(&self, n: u64) {
+        self.events.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn set_outcome(&self, o: Outcome) {
+        let i = OUTCOMES.iter().position(|x| *x == o).unwrap_or(0) as u8 + 1;
+        self.outcome.store(i, Ordering::Relaxed);
+    }
+
+    fn outcome(&self) -> Option<Outcome> {
+        let i = self.outcome.load(Ordering::Relaxed) as usize;
+        i.checked_sub(1).and_then(|i| OUTCOMES.get(i).copied())
+    }
+}
+
+/// What is known of a request when its response starts.
+#[derive(Debug)]
+pub struct AccessLog {
+    pub method: Method,
+    pub status: StatusCode,
+    pub start: Instant,
+    /// Hashed session id, if any.
+    pub session: Option<String>,
+    pub stream: Option<Arc<StreamStats>>,
+    pub metrics: Arc<Metrics>,
+    bytes: u64,
+    ended: bool,
+}
+
+impl AccessLog {
+    pub fn new(
+        method: Method,
+        status: StatusCode,
+        start: Instant,
+        session: Option<String>,
+        stream: Option<Arc<StreamStats>>,
+        metrics: Arc<Metrics>,
+    ) -> AccessLog {
+        AccessLog {
+            method,
+            status,
+            start,
+            session,
+            stream,
+            metrics,
+            bytes: 0,
+            ended: false,
+        }
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        let elapsed = self.start.elapsed();
+        self.metrics
+            .request_done(&self.method, self.status, elapsed.as_secs_f64());
+        let outcome = match (&self.stream, self.ended) {
+            (Some(s), _) => s.outcome().map_or("detached", Outcome::as_str),
+            (None, true) => "completed",
+            (None, false) => "cancelled",
+        };
+        let (events, replayed) = self.stream.as_ref().map_or((0, 0), |s| {
+            (
+                s.events.load(Ordering::Relaxed),
+                s.replayed.load(Ordering::Relaxed),
+            )
+        });
+        tracing::info!(
+            http.method = %self.method,
+            http.status = self.status.as_u16(),
+            duration_ms = elapsed.as_millis() as u64,
+            bytes = self.bytes,
+            events,
+            replayed,
+            outcome,
+            mcp.session = self.session.as_deref().unwrap_or("-"),
+            "request finished"
+        );
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that logs and measures its request when it ends or is dropped.
+    pub struct Observed<B> {
+        #[pin]
+        inner: B,
+        log: AccessLog,
+    }
+}
+
+impl<B> Observed<B> {
+    pub fn new(inner: B, log: AccessLog) -> Observed<B> {
+        Observed { inner, log }
+    }
+}
+
+impl<B: Body> Body for Observed<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    this.log.bytes += bytes::Buf::remaining(d) as u64;
+                }
+            }
+            Poll::Ready(None) => this.log.ended = true,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,347 @@
+//! Operating the real binary: admin endpoints, metrics (checked with `promtool` when it is
+//! installed, as CI does), and the graceful drain on SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http::Response;
+use http_body_util::Full;
+
+struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn start_gateway(upstream: SocketAddr, extra: &[&str]) -> Gateway {
+    let (addr, admin) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-reattach"))
+        .args([
+            "--upstream",
+            &format!("http://{upstream}"),
+            "--listen",
+            &addr.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Forward the gateway's log to the test output, so a failure shows it.
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[gateway] {line}");
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(admin, "/healthz").is_err() {
+        assert!(Instant::now() < deadline, "gateway did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Gateway { child, addr, admin }
+}
+
+/// A blocking one-shot HTTP/1.0 GET; returns (status, body).
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing in\n{text}"))
+}
+
+fn sigterm(child: &Child) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_during_a_resume_pass_promtool() {
+    let mut mock = Mock::start().await;
+    let gw = start_gateway(mock.addr, &["--priming", "always"]);
+    let g = Gw {
+        addr: gw.addr,
+        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
+            "http://127.0.0.1:1".parse().unwrap(),
+        )),
+    };
+    init_session(&g, &mut mock, "s1").await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("s1"))));
+    let writer = mock.next().await.respond_sse(Some("s1"));
+    let mut reader = SseReader::new(pending.await.unwrap());
+    let cursor = reader.next().await.unwrap().id.unwrap();
+    drop(reader);
+    writer.message(&progress(1)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut resumed = SseReader::new(send(gw.addr, get("s1", Some(&cursor))).await);
+    assert_eq!(
+        resumed.next().await.unwrap().event.as_deref(),
+        Some("mcp-reattach/resumed")
+    );
+    assert!(resumed
+        .next()
+        .await
+        .unwrap()
+        .data
+        .unwrap()
+        .contains("progress"));
+    // A failing resume too, so the outcome label shows up.
+    let _ = send(gw.addr, get("s1", Some("garbage"))).await;
+
+    // Scrape while the resumed stream is attached.
+    let admin = gw.admin;
+    let (status, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    eprintln!("{text}");
+    assert_eq!(metric(&text, "mcp_reattach_sessions"), 1.0);
+    assert_eq!(metric(&text, "mcp_reattach_attached_clients"), 1.0);
+    assert_eq!(metric(&text, "mcp_reattach_events_tagged_total"), 1.0);
+    assert_eq!(metric(&text, "mcp_reattach_events_replayed_total"), 1.0);
+    assert_eq!(
+        metric(&text, "mcp_reattach_resumes_total{outcome=\"resumed\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "mcp_reattach_resumes_total{outcome=\"malformed_cursor\"}"
+        ),
+        1.0
+    );
+    assert!(metric(&text, "mcp_reattach_window_bytes") > 0.0);
+    assert!(text.contains("mcp_reattach_request_duration_seconds_bucket"));
+    assert!(text.contains("mcp_reattach_build_info{version="));
+    if let Some(out) = promtool_check(&text) {
+        assert!(out.0, "promtool check metrics failed:\n{}", out.1);
+        eprintln!("promtool check metrics: OK {}", out.1);
+    } else {
+        assert!(
+            std::env::var_os("CI_REQUIRE_PROMTOOL").is_none(),
+            "promtool is required in CI"
+        );
+        eprintln!("promtool not installed; skipped the promtool check (CI installs it)");
+    }
+    drop(writer);
+}
+
+fn promtool_check(text: &str) -> Option<(bool, String)> {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    child.stdin.take()?.write_all(text.as_bytes()).ok()?;
+    let out = child.wait_with_output().ok()?;
+    let msg = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success(), msg))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
+    let mut mock = Mock::start().await;
+    let mut gw = start_gateway(
+        mock.addr,
+        &[
+            "--drain-delay",
+            "300ms",
+            "--drain-timeout",
+            "3s",
+            "--retry-hint",
+            "750ms",
+        ],
+    );
+    let g = Gw {
+        addr: gw.addr,
+        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
+            "http://127.0.0.1:1".parse().unwrap(),
+        )),
+    };
+    init_session(&g, &mut mock, "s1").await;
+    // A standalone GET stream and a tool call, both in flight.
+    let pending = tokio::spawn(send(gw.addr, get("s1", None)));
+    let get_writer = mock.next().await.respond_sse(Some("s1"));
+    let mut get_stream = SseReader::new(pending.await.unwrap());
+    let pending = tokio::spawn(send(gw.addr, post(&call(7), Some("s1"))));
+    let call_writer = mock.next().await.respond_sse(Some("s1"));
+    let mut call_stream = SseReader::new(pending.await.unwrap());
+    call_writer.message(&progress(1)).await;
+    assert!(call_stream
+        .next()
+        .await
+        .unwrap()
+        .data
+        .unwrap()
+        .contains("progress"));
+
+    let t0 = Instant::now();
+    sigterm(&gw.child);
+    let admin = gw.admin;
+    let (status, _) = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        http_get(admin, "/readyz").unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 503, "/readyz fails at once");
+    // Still accepting during the drain delay.
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#, Some("s1")),
+    ));
+    mock.next().await.respond(
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":2,"result":{}}"#,
+            )))
+            .unwrap(),
+    );
+    assert_eq!(
+        pending.await.unwrap().status(),
+        200,
+        "accepting during --drain-delay"
+    );
+
+    // The GET stream is told to resume elsewhere, with the retry hint.
+    let events = get_stream.rest().await;
+    let last = events.last().unwrap();
+    assert_eq!(
+        last.event.as_deref(),
+        Some("mcp-reattach/resumption-required"),
+        "{events:?}"
+    );
+    assert_eq!(last.retry, Some(750));
+    assert!(last.data.as_deref().unwrap().contains("shutdown"));
+    eprintln!("GET stream ended {:?} after SIGTERM", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(3));
+
+    // The in-flight call completes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    call_writer.message(&progress(2)).await;
+    call_writer.message(&result(7)).await;
+    drop(call_writer);
+    let rest = messages(&call_stream.rest().await);
+    assert_eq!(
+        rest,
+        vec![progress(2), result(7)],
+        "the in-flight call completes during the drain"
+    );
+
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = gw.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "gateway did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!("exited {status:?} {:?} after SIGTERM", t0.elapsed());
+    assert_eq!(status.code(), Some(0));
+    drop(get_writer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_deadline_ends_streams_that_do_not_finish() {
+    let mut mock = Mock::start().await;
+    let mut gw = start_gateway(
+        mock.addr,
+        &["--drain-delay", "0s", "--drain-timeout", "500ms"],
+    );
+    let g = Gw {
+        addr: gw.addr,
+        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
+            "http://127.0.0.1:1".parse().unwrap(),
+        )),
+    };
+    init_session(&g, &mut mock, "s1").await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(7), Some("s1"))));
+    let call_writer = mock.next().await.respond_sse(Some("s1"));
+    let mut call_stream = SseReader::new(pending.await.unwrap());
+    let t0 = Instant::now();
+    sigterm(&gw.child);
+    let events = call_stream.rest().await;
+    let last = events.last().unwrap();
+    assert_eq!(
+        last.event.as_deref(),
+        Some("mcp-reattach/resumption-required")
+    );
+    assert_eq!(last.retry, Some(1000), "default retry hint");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    let status = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    drop(call_writer);
+}
+
+#[test]
+fn admin_endpoints() {
+    let dead = free_port();
+    let gw = start_gateway(dead, &[]);
+    assert_eq!(
+        http_get(gw.admin, "/healthz").unwrap(),
+        (200, "ok\n".into())
+    );
+    assert_eq!(
+        http_get(gw.admin, "/readyz").unwrap(),
+        (200, "ready\n".into())
+    );
+    assert_eq!(http_get(gw.admin, "/nope").unwrap().0, 404);
+}
