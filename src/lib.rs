@@ -6,8 +6,20 @@
 //! | module | owns | must not know |
 //! |---|---|---|
 //! | [`config`] | flags, env vars, parsing of sizes and durations, [`Config`] | sockets, HTTP |
-//! | [`server`] | accept loops for the proxy and admin listeners, shutdown | protocol details |
+//! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
+//! | [`cursor`] | event ids `<epoch>.<stream>.<seq>` | what a cursor means |
+//! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
+//! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
+//! | [`metrics`] | Prometheus metrics and their exposition | HTTP, sessions |
+//! | [`session`] | sessions, streams, attached clients: tagging, retention, re-attach, gaps, stalls, TTL | HTTP, sockets |
+//! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
+//! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
+//! | [`proxy`] | the HTTP handler: resume, live attach, forward, modern pass-through; error → response | retention rules |
+//! | [`server`] | accept loops for the proxy and admin listeners, graceful drain | protocol details |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
+//!
+//! `main.rs` only parses flags, installs logging and signals, binds, and calls [`serve_gateway`]
+//! and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 
 pub mod access;
 pub mod attach;
