@@ -19,6 +19,18 @@ pub enum Priming {
     Never,
 }
 
+/// Who may re-attach to a session's streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ResumeAuth {
+    /// The caller presents the same principal (keyed hash of its principal header) as the
+    /// request that created the session.
+    Principal,
+    /// The upstream accepts a JSON-RPC `ping` with the caller's credentials and session id.
+    Upstream,
+    /// Anyone who knows the session id (only behind an authenticating layer).
+    None,
+}
+
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -138,6 +150,68 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
+    /// Time a client may take to send a request's headers; slower connections are closed
+    /// (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
+    /// least 8KiB).
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = "64KiB", value_parser = parse_size)]
+    pub max_header_bytes: u64,
+
+    /// Most request headers accepted; more gets 431 (count).
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADERS", default_value = "100", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_headers: u32,
+
+    /// Most client connections served at once; further connections wait in the listen
+    /// backlog until one closes (count).
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Global budget for all session windows together (size). Above it, the oldest idle
+    /// sessions are shed first, then the filling session's oldest events; new sessions get
+    /// 503 with Retry-After.
+    #[arg(long, global = true, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = "1GiB", value_parser = parse_size)]
+    pub memory_budget: u64,
+
+    /// Time to connect to the upstream (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration)]
+    pub upstream_connect_timeout: Duration,
+
+    /// Time to wait for the upstream's response headers on requests that cannot stream
+    /// (DELETE, OPTIONS, POSTs without requests); SSE-capable requests have no timeout
+    /// (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    pub upstream_header_timeout: Duration,
+
+    /// Header naming the principal a session is bound to (e.g. one set by an authenticating
+    /// ingress); default: Authorization.
+    #[arg(long, global = true, env = "MCP_REATTACH_PRINCIPAL_HEADER")]
+    pub principal_header: Option<http::HeaderName>,
+
+    /// Who may re-attach to a session: `principal` (the same principal header value as the
+    /// request that created it), `upstream` (whoever the upstream accepts a `ping` from, with
+    /// the caller's credentials), or `none`.
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_RESUME_AUTH",
+        value_enum,
+        default_value = "principal"
+    )]
+    pub resume_auth: ResumeAuth,
+
+    /// Comma-separated Origins allowed to call the gateway; others get 403. Requests without
+    /// an Origin header are allowed. Default: any (the upstream validates Origin itself).
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+
     /// Log format: text or json.
     #[arg(
         long,
@@ -178,6 +252,19 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// How long POST-started streams may run after the gateway stops accepting.
     pub drain_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub max_connections: usize,
+    /// Budget for all windows together, in bytes.
+    pub memory_budget: usize,
+    pub upstream_connect_timeout: Duration,
+    pub upstream_header_timeout: Duration,
+    /// `None`: `Authorization`.
+    pub principal_header: Option<http::HeaderName>,
+    pub resume_auth: ResumeAuth,
+    /// Empty: any Origin.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Config {
@@ -197,6 +284,16 @@ impl Config {
             max_request_bytes: 4 << 20,
             sweep_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(25),
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 << 10,
+            max_headers: 100,
+            max_connections: 10_000,
+            memory_budget: 1 << 30,
+            upstream_connect_timeout: Duration::from_secs(5),
+            upstream_header_timeout: Duration::from_secs(30),
+            principal_header: None,
+            resume_auth: ResumeAuth::Principal,
+            allowed_origins: Vec::new(),
         }
     }
 
@@ -218,6 +315,23 @@ impl Config {
             max_request_bytes: usize::try_from(args.max_request_bytes).unwrap_or(usize::MAX),
             sweep_interval: sweep,
             drain_timeout: args.drain_timeout,
+            header_read_timeout: args.header_read_timeout,
+            max_header_bytes: usize::try_from(args.max_header_bytes)
+                .unwrap_or(usize::MAX)
+                .max(8192),
+            max_headers: args.max_headers as usize,
+            max_connections: args.max_connections as usize,
+            memory_budget: usize::try_from(args.memory_budget).unwrap_or(usize::MAX),
+            upstream_connect_timeout: args.upstream_connect_timeout,
+            upstream_header_timeout: args.upstream_header_timeout,
+            principal_header: args.principal_header.clone(),
+            resume_auth: args.resume_auth,
+            allowed_origins: args
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim().to_owned())
+                .filter(|o| !o.is_empty())
+                .collect(),
         }
     }
 }

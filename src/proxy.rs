@@ -6,12 +6,13 @@
 //! `session`.
 
 use std::convert::Infallible;
+use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -22,7 +23,7 @@ use tokio::sync::Notify;
 
 use crate::access::{AccessLog, Observed, StreamStats};
 use crate::attach::AttachBody;
-use crate::config::{Config, Priming};
+use crate::config::{Config, Priming, ResumeAuth};
 use crate::cursor::{Cursor, CursorError};
 use crate::jsonrpc::{self, PostInfo};
 use crate::metrics::Metrics;
@@ -76,6 +77,10 @@ pub enum ProxyError {
     AtCapacity(AtCapacity),
     #[error("upstream unavailable: {0}")]
     Upstream(hyper_util::client::legacy::Error),
+    #[error("the upstream did not answer within {0:?}")]
+    UpstreamTimeout(std::time::Duration),
+    #[error("Origin not allowed")]
+    OriginNotAllowed,
 }
 
 impl ProxyError {
@@ -93,6 +98,8 @@ impl ProxyError {
             ProxyError::BodyRead(_) => "body-read",
             ProxyError::AtCapacity(_) => "session-cap",
             ProxyError::Upstream(_) => "upstream-unavailable",
+            ProxyError::UpstreamTimeout(_) => "upstream-timeout",
+            ProxyError::OriginNotAllowed => "origin-not-allowed",
         }
     }
 
@@ -107,6 +114,8 @@ impl ProxyError {
             ProxyError::BodyRead(_) => (StatusCode::BAD_REQUEST, codes::GATEWAY),
             ProxyError::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::GATEWAY),
             ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, codes::UPSTREAM),
+            ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, codes::UPSTREAM),
+            ProxyError::OriginNotAllowed => (StatusCode::FORBIDDEN, codes::GATEWAY),
         };
         let message = format!("mcp-reattach: {self}");
         let body = jsonrpc::error_body(id, code, &message, self.reason());
@@ -142,6 +151,8 @@ pub struct Gateway {
     registry: Arc<Registry>,
     client: Client<HttpConnector, UpBody>,
     hurry: Notify,
+    /// Random per process: principals are hashed with it, never stored in the clear.
+    principal_key: std::collections::hash_map::RandomState,
 }
 
 impl Gateway {
@@ -150,7 +161,7 @@ impl Gateway {
         let metrics = Arc::new(Metrics::new());
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(std::time::Duration::from_secs(10)));
+        connector.set_connect_timeout(Some(cfg.upstream_connect_timeout));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(60))
             .build(connector);
@@ -159,6 +170,7 @@ impl Gateway {
             cfg,
             client,
             hurry: Notify::new(),
+            principal_key: std::collections::hash_map::RandomState::new(),
         })
     }
 
@@ -234,11 +246,14 @@ impl Gateway {
                 ResumeError::StreamExpired => "stream_expired",
                 ResumeError::StreamEnded => "stream_ended",
             }),
-            ProxyError::Upstream(_) => m.upstream_error("connect"),
+            ProxyError::Upstream(e) if e.is_connect() => m.upstream_error("connect"),
+            ProxyError::Upstream(_) => m.upstream_error("request"),
+            ProxyError::UpstreamTimeout(_) => m.upstream_error("timeout"),
             ProxyError::BadSessionHeader
             | ProxyError::BodyTooLarge(_)
             | ProxyError::BodyRead(_)
-            | ProxyError::AtCapacity(_) => {}
+            | ProxyError::AtCapacity(_)
+            | ProxyError::OriginNotAllowed => {}
         }
     }
 
@@ -261,29 +276,43 @@ impl Gateway {
             .map(str::to_owned);
         let modern = header_version.as_deref().is_some_and(jsonrpc::is_modern);
 
+        if !self.cfg.allowed_origins.is_empty() {
+            if let Some(origin) = req.headers().get(header::ORIGIN) {
+                let ok = self
+                    .cfg
+                    .allowed_origins
+                    .iter()
+                    .any(|o| o.as_bytes() == origin.as_bytes());
+                if !ok {
+                    return Err((ProxyError::OriginNotAllowed, None));
+                }
+            }
+        }
+        let principal = self.principal(req.headers());
+
         if !modern && req.method() == Method::GET {
             if let Some(sid) = &session_id {
                 if let Some(cursor) = req.headers().get(LAST_EVENT_ID) {
                     return self
-                        .resume(sid, cursor.as_bytes(), conn)
+                        .resume(sid, cursor.as_bytes(), &req, principal, conn)
+                        .await
                         .map_err(|e| (e, None));
                 }
                 if let Some(s) = self.registry.get(sid) {
-                    let prime = self.prime(
-                        header_version
-                            .as_deref()
-                            .or(s.protocol_version().as_deref()),
-                    );
-                    if let Some((stream, generation, priming)) =
-                        s.attach_standalone(prime, Some(conn.kill.clone()))
-                    {
-                        tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
-                        return Ok(self.sse_response(
-                            StatusCode::OK,
-                            None,
-                            sid,
-                            AttachBody::new(s, stream, generation, priming, self.cfg.keepalive),
-                        ));
+                    if s.has_standalone() && self.authorized(&s, &req, principal).await {
+                        let prime = self.prime(
+                            header_version
+                                .as_deref()
+                                .or(s.protocol_version().as_deref()),
+                        );
+                        if let Some((stream, generation, priming)) =
+                            s.attach_standalone(prime, Some(conn.kill.clone()))
+                        {
+                            tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
+                            let body =
+                                AttachBody::new(s, stream, generation, priming, self.cfg.keepalive);
+                            return Ok(self.sse_response(StatusCode::OK, None, sid, body));
+                        }
                     }
                 }
             }
@@ -335,19 +364,33 @@ impl Gateway {
             }
         }
 
+        // Requests that cannot get a stream back must be answered promptly; anything that may
+        // stream (a GET, a POST carrying requests) has no upstream timeout.
+        let can_stream = parts.method == Method::GET
+            || (parts.method == Method::POST && !info.request_ids.is_empty());
         let upstream_req = self.upstream_request(
             parts.method.clone(),
             parts.uri,
             parts.headers,
-            parts.version,
             body,
-            conn.remote,
+            Some(conn.remote),
         );
-        let resp = self
-            .client
-            .request(upstream_req)
-            .await
-            .map_err(|e| (ProxyError::Upstream(e), single_id.clone()))?;
+        let pending = self.client.request(upstream_req);
+        let resp = if can_stream {
+            pending
+                .await
+                .map_err(|e| (ProxyError::Upstream(e), single_id.clone()))?
+        } else {
+            match tokio::time::timeout(self.cfg.upstream_header_timeout, pending).await {
+                Ok(r) => r.map_err(|e| (ProxyError::Upstream(e), single_id.clone()))?,
+                Err(_) => {
+                    return Err((
+                        ProxyError::UpstreamTimeout(self.cfg.upstream_header_timeout),
+                        single_id,
+                    ))
+                }
+            }
+        };
 
         if modern {
             return Ok(pass_through(resp));
@@ -370,7 +413,7 @@ impl Gateway {
         else {
             return Ok(pass_through(resp));
         };
-        let session = match self.registry.get_or_create(&sid) {
+        let session = match self.registry.get_or_create(&sid, principal) {
             Ok(s) => s,
             Err(_) => {
                 tracing::warn!("session cap reached with every session in use; passing the response through untagged");
@@ -405,20 +448,29 @@ impl Gateway {
             stream,
             upstream_body,
             self.cfg.max_event_bytes,
-            self.registry.metrics().clone(),
+            self.registry.clone(),
         ));
         session.set_reader(stream, reader.abort_handle());
         let body = AttachBody::new(session, stream, generation, priming, self.cfg.keepalive);
         Ok(self.sse_response(resp_parts.status, Some(resp_parts.headers), &sid, body))
     }
 
-    fn resume(
+    async fn resume(
         &self,
         sid: &str,
         cursor: &[u8],
+        req: &Request<Incoming>,
+        principal: u64,
         conn: &Conn,
     ) -> Result<Response<ResBody>, ProxyError> {
         let session = self.registry.get(sid).ok_or(ProxyError::UnknownSession)?;
+        if !self.authorized(&session, req, principal).await {
+            // Exactly the answer for an unknown session: a caller who may not resume learns
+            // nothing, not even that the session exists.
+            self.registry.metrics().resume("unauthorized");
+            tracing::warn!(mcp.session = %crate::session::hash_id(sid), "resume refused: principal mismatch");
+            return Err(ProxyError::UnknownSession);
+        }
         let cursor = Cursor::parse(cursor).map_err(ProxyError::MalformedCursor)?;
         match session
             .resume(cursor, Some(conn.kill.clone()))
@@ -449,6 +501,86 @@ impl Gateway {
                 Ok(resp)
             }
         }
+    }
+
+    /// The caller's principal: a keyed hash of its principal header (`Authorization` unless
+    /// `--principal-header`), absent header included. The key is random per process.
+    fn principal(&self, headers: &HeaderMap) -> u64 {
+        let name = self
+            .cfg
+            .principal_header
+            .as_ref()
+            .unwrap_or(&header::AUTHORIZATION);
+        let mut h = self.principal_key.build_hasher();
+        match headers.get(name) {
+            Some(v) => {
+                h.write_u8(1);
+                h.write(v.as_bytes());
+            }
+            None => h.write_u8(0),
+        }
+        h.finish()
+    }
+
+    /// Whether the caller may attach to `session`'s streams, per `--resume-auth`.
+    async fn authorized(&self, session: &Session, req: &Request<Incoming>, principal: u64) -> bool {
+        match self.cfg.resume_auth {
+            ResumeAuth::None => true,
+            ResumeAuth::Principal => session.principal() == principal,
+            ResumeAuth::Upstream => {
+                let ok = self.upstream_accepts(req).await;
+                if ok {
+                    // Credentials rotate (token refresh): bind to the latest accepted one.
+                    session.set_principal(principal);
+                }
+                ok
+            }
+        }
+    }
+
+    /// Asks the upstream whether the caller's credentials are good for this session: a
+    /// JSON-RPC `ping` with the caller's headers must succeed.
+    async fn upstream_accepts(&self, req: &Request<Incoming>) -> bool {
+        const PING_ID: &str = "mcp-reattach-resume-auth";
+        let mut headers = req.headers().clone();
+        headers.remove(LAST_EVENT_ID);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        let body = format!(r#"{{"jsonrpc":"2.0","id":"{PING_ID}","method":"ping"}}"#);
+        let body = Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let upstream = self.upstream_request(Method::POST, req.uri().clone(), headers, body, None);
+        let check = async {
+            let resp = self.client.request(upstream).await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            let bytes = Limited::new(resp.into_body(), 1 << 20)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes();
+            // JSON or SSE: either way the answer is a response to our id with a result.
+            let text = String::from_utf8_lossy(&bytes);
+            let answered = text.lines().any(|l| {
+                let json = l.strip_prefix("data:").map_or(l, str::trim_start);
+                serde_json::from_str::<serde_json::Value>(json)
+                    .is_ok_and(|v| v["id"] == PING_ID && v.get("result").is_some())
+            });
+            answered.then_some(())
+        };
+        matches!(
+            tokio::time::timeout(self.cfg.upstream_header_timeout, check).await,
+            Ok(Some(()))
+        )
     }
 
     fn prime(&self, version: Option<&str>) -> bool {
@@ -484,9 +616,8 @@ impl Gateway {
         method: Method,
         uri: Uri,
         mut headers: HeaderMap,
-        version: Version,
         body: UpBody,
-        remote: SocketAddr,
+        remote: Option<SocketAddr>,
     ) -> Request<UpBody> {
         let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let base = &self.cfg.upstream;
@@ -506,16 +637,19 @@ impl Gateway {
             }
         }
         strip_hop_by_hop(&mut headers);
-        let ip = remote.ip().to_string();
-        let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) => format!("{prev}, {ip}"),
-            None => ip,
-        };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
-            headers.insert(X_FORWARDED_FOR, v);
+        if let Some(remote) = remote {
+            let ip = remote.ip().to_string();
+            let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+                Some(prev) => format!("{prev}, {ip}"),
+                None => ip,
+            };
+            if let Ok(v) = HeaderValue::from_str(&xff) {
+                headers.insert(X_FORWARDED_FOR, v);
+            }
         }
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        let _ = version; // upstream connections are HTTP/1.1 whatever the client spoke
+        // Upstream connections are HTTP/1.1 whatever the client spoke (the request's
+        // version is left at its default).
         let mut req = Request::new(body);
         *req.method_mut() = method;
         *req.uri_mut() = target.parse().unwrap_or_else(|_| base.clone());
@@ -530,8 +664,9 @@ async fn read_upstream(
     stream: u32,
     mut body: Incoming,
     max_event_bytes: usize,
-    metrics: Arc<Metrics>,
+    registry: Arc<Registry>,
 ) {
+    let metrics = registry.metrics();
     let mut decoder = Decoder::new(max_event_bytes);
     let mut events = Vec::new();
     let end = loop {
@@ -542,6 +677,9 @@ async fn read_upstream(
                 };
                 let fed = decoder.feed(&data, &mut events);
                 session.push_events(stream, &mut events);
+                if registry.over_budget() {
+                    registry.enforce_budget(&session);
+                }
                 if let Err(e) = fed {
                     metrics.upstream_error("invalid_event");
                     break End::UpstreamFailed(e.to_string());

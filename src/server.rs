@@ -22,8 +22,8 @@ use tokio::sync::{watch, Notify};
 use crate::config::Config;
 use crate::proxy::{Conn, Gateway};
 
-/// How long a client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an admin client may take to send a request's headers.
+const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves the gateway on `listener` until `shutdown` resolves.
 pub async fn serve(
@@ -46,17 +46,32 @@ pub async fn serve_gateway(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
+    let cfg = gateway.config().clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_headers(cfg.max_headers)
+        .max_buf_size(cfg.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
     let builder = Arc::new(builder);
     let (drain_tx, drain_rx) = watch::channel(false);
     let live = Arc::new(Live::default());
     tokio::pin!(shutdown);
     loop {
+        // At --max-connections, stop accepting: new connections wait in the listen backlog.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (tcp, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -76,6 +91,7 @@ pub async fn serve_gateway(
         let guard = live.enter();
         tokio::spawn(async move {
             let _guard = guard;
+            let _slot = slot;
             let kill = Arc::new(Notify::new());
             let conn = Conn {
                 remote,
@@ -109,7 +125,6 @@ pub async fn serve_gateway(
         });
     }
     drop(listener);
-    let cfg = gateway.config();
     tracing::info!(connections = live.count(), drain_timeout = ?cfg.drain_timeout, "draining");
     let _ = drain_tx.send(true);
     // Standalone GET streams never end on their own: send those clients elsewhere now.
@@ -220,7 +235,7 @@ pub async fn serve_admin(
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(tcp), svc)
                 .await;
         });

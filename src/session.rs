@@ -8,6 +8,7 @@
 //! from it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
@@ -63,6 +64,7 @@ pub enum Eviction {
     Delete,
     Upstream404,
     SessionCap,
+    MemoryBudget,
 }
 
 /// A JSON-RPC request carried by the POST that started a stream.
@@ -155,7 +157,50 @@ pub struct Session {
     epoch: u64,
     cfg: Arc<Config>,
     metrics: Arc<Metrics>,
+    budget: Arc<Budget>,
+    /// Keyed hash of the principal the session is bound to (see `proxy`).
+    principal: AtomicU64,
     state: Mutex<State>,
+}
+
+/// The global byte budget shared by all windows (`--memory-budget`).
+#[derive(Debug)]
+pub struct Budget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Budget {
+    pub fn new(limit: usize) -> Budget {
+        Budget {
+            used: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Bytes retained by all windows now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> usize {
+        self.used().saturating_sub(self.limit)
+    }
+
+    /// New sessions are admitted only below 90% of the budget, so the sessions already held
+    /// keep some room to grow before their windows must be trimmed.
+    fn admits_new(&self) -> bool {
+        self.used() < self.limit - self.limit / 10
+    }
+
+    /// Applies a window's size change from `before` to `after`.
+    fn adjust(&self, before: usize, after: usize) {
+        if after >= before {
+            self.used.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The answer to a resume request that the gateway can serve.
@@ -238,7 +283,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Session {
-    fn new(id: String, cfg: Arc<Config>, metrics: Arc<Metrics>) -> Session {
+    fn new(
+        id: String,
+        cfg: Arc<Config>,
+        metrics: Arc<Metrics>,
+        budget: Arc<Budget>,
+        principal: u64,
+    ) -> Session {
         Session {
             id,
             epoch: new_epoch(),
@@ -256,11 +307,23 @@ impl Session {
             }),
             cfg,
             metrics,
+            budget,
+            principal: AtomicU64::new(principal),
         }
     }
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The keyed hash of the principal this session is bound to.
+    pub fn principal(&self) -> u64 {
+        self.principal.load(Ordering::Relaxed)
+    }
+
+    /// Rebinds the session (after the upstream accepted the caller's new credentials).
+    pub fn set_principal(&self, p: u64) {
+        self.principal.store(p, Ordering::Relaxed);
     }
 
     fn cursor(&self, stream: u32, seq: u64) -> String {
@@ -370,6 +433,7 @@ impl Session {
             return;
         }
         let mut learned_version = None;
+        let bytes_before = st.window.bytes();
         self.metrics.events_tagged.inc_by(events.len() as u64);
         for ev in events.drain(..) {
             st.last_seq += 1;
@@ -431,6 +495,7 @@ impl Session {
                 }
             }
         }
+        self.budget.adjust(bytes_before, st.window.bytes());
         if let Some(v) = learned_version {
             st.protocol_version = Some(v);
         }
@@ -468,7 +533,9 @@ impl Session {
                 break;
             }
             st.streams.remove(&old);
+            let before = st.window.bytes();
             st.window.remove_stream(old);
+            self.budget.adjust(before, st.window.bytes());
         }
     }
 
@@ -719,6 +786,7 @@ impl Session {
     fn close(&self) {
         let mut st = lock(&self.state);
         st.closed = true;
+        self.budget.adjust(st.window.bytes(), 0);
         st.window = Window::new(1, 0);
         for s in st.streams.values_mut() {
             if let Some(r) = s.reader.take() {
@@ -770,6 +838,24 @@ impl Session {
     pub fn window_usage(&self) -> (usize, usize) {
         let st = lock(&self.state);
         (st.window.len(), st.window.bytes())
+    }
+
+    /// Evicts this session's oldest events until `excess` bytes are freed (the global budget
+    /// is exceeded and no idle session is left to shed). Evicted events become gaps.
+    fn trim(&self, excess: usize) {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let before = st.window.bytes();
+        while before - st.window.bytes() < excess {
+            let Some(old) = st.window.evict_oldest() else {
+                break;
+            };
+            self.metrics.window_evictions.inc();
+            if let Some(s) = st.streams.get_mut(&old.stream) {
+                s.lost_upto = s.lost_upto.max(old.seq);
+            }
+        }
+        self.budget.adjust(before, st.window.bytes());
     }
 
     /// Since when no client has been attached, or `None` while one is.
@@ -887,6 +973,7 @@ fn encoded_len(id: &str, ev: &Event) -> usize {
 pub struct Registry {
     cfg: Arc<Config>,
     metrics: Arc<Metrics>,
+    budget: Arc<Budget>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
 }
 
@@ -902,15 +989,18 @@ impl Eviction {
             Eviction::Delete => "delete",
             Eviction::Upstream404 => "upstream_404",
             Eviction::SessionCap => "session_cap",
+            Eviction::MemoryBudget => "memory_budget",
         }
     }
 }
 
 impl Registry {
     pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>) -> Registry {
+        let budget = Arc::new(Budget::new(cfg.memory_budget));
         Registry {
             cfg,
             metrics,
+            budget,
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -925,18 +1015,18 @@ impl Registry {
 
     /// The session `id`, created if the gateway has not seen it (sheds an idle session at
     /// the cap; errs when every session is in use).
-    pub fn get_or_create(&self, id: &str) -> Result<Arc<Session>, AtCapacity> {
+    pub fn get_or_create(&self, id: &str, principal: u64) -> Result<Arc<Session>, AtCapacity> {
         let mut map = lock(&self.sessions);
         if let Some(s) = map.get(id) {
             return Ok(s.clone());
         }
-        if map.len() >= self.cfg.max_sessions {
-            self.shed_one(&mut map)?;
-        }
+        self.make_room(&mut map)?;
         let s = Arc::new(Session::new(
             id.to_owned(),
             self.cfg.clone(),
             self.metrics.clone(),
+            self.budget.clone(),
+            principal,
         ));
         map.insert(id.to_owned(), s.clone());
         tracing::debug!(mcp.session = %hash_id(id), "session created");
@@ -946,14 +1036,46 @@ impl Registry {
     /// Makes room for one new session if at the cap (called before forwarding an
     /// `initialize`, so the upstream never creates a session the gateway cannot hold).
     pub fn reserve(&self) -> Result<(), AtCapacity> {
-        let mut map = lock(&self.sessions);
+        self.make_room(&mut lock(&self.sessions))
+    }
+
+    /// Room for one more session: under the session cap and the memory budget, shedding the
+    /// least recently used idle sessions if needed.
+    fn make_room(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
         if map.len() >= self.cfg.max_sessions {
-            self.shed_one(&mut map)?;
+            self.shed_one(map, Eviction::SessionCap)?;
+        }
+        while !self.budget.admits_new() {
+            self.shed_one(map, Eviction::MemoryBudget)?;
         }
         Ok(())
     }
 
-    fn shed_one(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
+    /// Keeps all windows within `--memory-budget` after `filling` grew: sheds the least
+    /// recently used idle sessions first, then trims `filling`'s own oldest events.
+    pub fn enforce_budget(&self, filling: &Session) {
+        while self.budget.over() > 0 {
+            let shed = {
+                let mut map = lock(&self.sessions);
+                self.shed_one(&mut map, Eviction::MemoryBudget).is_ok()
+            };
+            if !shed {
+                filling.trim(self.budget.over());
+                break;
+            }
+        }
+    }
+
+    /// Whether all windows together are over the budget.
+    pub fn over_budget(&self) -> bool {
+        self.budget.over() > 0
+    }
+
+    fn shed_one(
+        &self,
+        map: &mut HashMap<String, Arc<Session>>,
+        why: Eviction,
+    ) -> Result<(), AtCapacity> {
         let victim = map
             .iter()
             .filter_map(|(k, s)| s.idle_since().map(|since| (since, k)))
@@ -961,7 +1083,7 @@ impl Registry {
             .map(|(_, k)| k.clone())
             .ok_or(AtCapacity)?;
         if let Some(s) = map.remove(&victim) {
-            self.closed(&victim, &s, Eviction::SessionCap);
+            self.closed(&victim, &s, why);
         }
         Ok(())
     }
@@ -1054,7 +1176,7 @@ impl Registry {
 
     /// Total retained window bytes over all sessions.
     pub fn window_bytes(&self) -> usize {
-        self.all().iter().map(|(_, s)| s.window_usage().1).sum()
+        self.budget.used()
     }
 }
 
@@ -1085,7 +1207,13 @@ mod tests {
     }
 
     fn session(c: Arc<Config>) -> Session {
-        Session::new("a".into(), c, Arc::default())
+        Session::new(
+            "a".into(),
+            c,
+            Arc::default(),
+            Arc::new(Budget::new(usize::MAX)),
+            0,
+        )
     }
 
     fn step(s: &Session, stream: u32, generation: u64) -> Step {
@@ -1105,7 +1233,7 @@ mod tests {
             cfg(|c| c.session_ttl = Duration::from_secs(60)),
             Arc::default(),
         );
-        let s = reg.get_or_create("a").unwrap();
+        let s = reg.get_or_create("a", 0).unwrap();
         let (stream, generation, _) = s.open_stream(StreamKind::Post, vec![], false, false, None);
         tokio::time::advance(Duration::from_secs(120)).await;
         reg.sweep();

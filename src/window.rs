@@ -64,6 +64,13 @@ impl Window {
             .filter(move |e| e.stream == stream)
     }
 
+    /// Removes and returns the oldest entry.
+    pub fn evict_oldest(&mut self) -> Option<Entry> {
+        let e = self.entries.pop_front()?;
+        self.bytes -= e.frame.len();
+        Some(e)
+    }
+
     /// Removes every entry of `stream` (its state is being forgotten).
     pub fn remove_stream(&mut self, stream: u32) {
         let mut bytes = self.bytes;

@@ -1,0 +1,387 @@
+//! Limits and resume authorization: every bound has a test that can fail.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use mcp_reattach::config::ResumeAuth;
+use mcp_reattach::Priming;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn with_auth(mut req: Request<Full<Bytes>>, name: &str, value: &str) -> Request<Full<Bytes>> {
+    req.headers_mut().insert(
+        http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+        value.parse().unwrap(),
+    );
+    req
+}
+
+async fn body_string(resp: Response<hyper::body::Incoming>) -> String {
+    String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned()
+}
+
+/// Initializes `sid` as `principal` (header `name`), starts call 1 and returns the cursor of
+/// its priming event after cutting the client.
+async fn session_with_cut_call(
+    gw: &Gw,
+    mock: &mut Mock,
+    sid: &str,
+    name: &str,
+    principal: &str,
+) -> (String, SseWriter) {
+    let init = with_auth(
+        post(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}"#,
+            None,
+        ),
+        name,
+        principal,
+    );
+    let pending = tokio::spawn(send(gw.addr, init));
+    mock.next().await.respond(
+        Response::builder()
+            .header("content-type", "application/json")
+            .header("mcp-session-id", sid)
+            .body(Full::new(Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18"}}"#,
+            )))
+            .unwrap(),
+    );
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(
+        gw.addr,
+        with_auth(post(&call(1), Some(sid)), name, principal),
+    ));
+    let writer = mock.next().await.respond_sse(Some(sid));
+    let mut reader = SseReader::new(pending.await.unwrap());
+    let cursor = reader.next().await.unwrap().id.unwrap();
+    drop(reader);
+    writer.message(&progress(1)).await;
+    (cursor, writer)
+}
+
+#[tokio::test]
+async fn a_resume_by_another_principal_gets_no_event_and_learns_nothing() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.priming = Priming::Always).await;
+    let (cursor, _writer) =
+        session_with_cut_call(&gw, &mut mock, "s1", "authorization", "Bearer alice").await;
+
+    let intruder = send(
+        gw.addr,
+        with_auth(get("s1", Some(&cursor)), "authorization", "Bearer mallory"),
+    )
+    .await;
+    assert_eq!(intruder.status(), 404);
+    let refused = body_string(intruder).await;
+    let unknown = body_string(
+        send(
+            gw.addr,
+            with_auth(
+                get("no-such", Some(&cursor)),
+                "authorization",
+                "Bearer mallory",
+            ),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        refused, unknown,
+        "a refused resume looks exactly like an unknown session"
+    );
+    let anonymous = send(gw.addr, get("s1", Some(&cursor))).await;
+    assert_eq!(
+        anonymous.status(),
+        404,
+        "no credentials is another principal too"
+    );
+
+    let owner = send(
+        gw.addr,
+        with_auth(get("s1", Some(&cursor)), "authorization", "Bearer alice"),
+    )
+    .await;
+    assert_eq!(owner.status(), 200);
+    let events = {
+        let mut r = SseReader::new(owner);
+        vec![r.next().await.unwrap(), r.next().await.unwrap()]
+    };
+    assert_eq!(events[0].event.as_deref(), Some("mcp-reattach/resumed"));
+    assert_eq!(messages(&events[1..]), vec![progress(1)]);
+    assert!(mock.nothing_within(Duration::from_millis(50)).await);
+}
+
+#[tokio::test]
+async fn principal_header_can_be_set_by_an_ingress() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.priming = Priming::Always;
+        c.principal_header = Some(http::HeaderName::from_static("x-user"));
+    })
+    .await;
+    let (cursor, _writer) = session_with_cut_call(&gw, &mut mock, "s1", "x-user", "alice").await;
+    // Authorization is irrelevant now; x-user decides.
+    let other = with_auth(
+        with_auth(get("s1", Some(&cursor)), "x-user", "bob"),
+        "authorization",
+        "Bearer alice",
+    );
+    assert_eq!(send(gw.addr, other).await.status(), 404);
+    assert_eq!(
+        send(
+            gw.addr,
+            with_auth(get("s1", Some(&cursor)), "x-user", "alice")
+        )
+        .await
+        .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn resume_auth_upstream_asks_the_upstream_with_the_callers_credentials() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.priming = Priming::Always;
+        c.resume_auth = ResumeAuth::Upstream;
+    })
+    .await;
+    let (cursor, _writer) =
+        session_with_cut_call(&gw, &mut mock, "s1", "authorization", "Bearer token-1").await;
+
+    // Token refreshed: the upstream accepts the new token, so the resume is served.
+    let pending = tokio::spawn(send(
+        gw.addr,
+        with_auth(get("s1", Some(&cursor)), "authorization", "Bearer token-2"),
+    ));
+    let ping = mock.next().await;
+    assert_eq!(ping.method, http::Method::POST);
+    assert_eq!(ping.json_body()["method"], "ping");
+    assert_eq!(ping.headers["authorization"], "Bearer token-2");
+    assert_eq!(ping.headers["mcp-session-id"], "s1");
+    assert!(ping.headers.get("last-event-id").is_none());
+    let id = ping.json_body()["id"].clone();
+    let answer =
+        format!("event: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{}}}}\n\n");
+    ping.respond(
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Full::new(Bytes::from(answer)))
+            .unwrap(),
+    );
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut r = SseReader::new(resp);
+    assert_eq!(
+        r.next().await.unwrap().event.as_deref(),
+        Some("mcp-reattach/resumed")
+    );
+
+    // The upstream refuses a stranger: no event.
+    let pending = tokio::spawn(send(
+        gw.addr,
+        with_auth(get("s1", Some(&cursor)), "authorization", "Bearer stolen"),
+    ));
+    let ping = mock.next().await;
+    ping.respond(
+        Response::builder()
+            .status(401)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    );
+    assert_eq!(pending.await.unwrap().status(), 404);
+}
+
+#[tokio::test]
+async fn allowed_origins_refuse_others_with_403() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.allowed_origins = vec!["https://app.example".into()]
+    })
+    .await;
+    let evil = with_auth(
+        post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None),
+        "origin",
+        "https://evil.example",
+    );
+    let resp = send(gw.addr, evil).await;
+    assert_eq!(resp.status(), 403);
+    assert!(body_string(resp).await.contains("origin-not-allowed"));
+    assert!(
+        mock.nothing_within(Duration::from_millis(50)).await,
+        "never forwarded"
+    );
+    for origin in [Some("https://app.example"), None] {
+        let mut req = post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None);
+        if let Some(o) = origin {
+            req = with_auth(req, "origin", o);
+        }
+        let pending = tokio::spawn(send(gw.addr, req));
+        mock.next()
+            .await
+            .respond(Response::new(Full::new(Bytes::from_static(b"{}"))));
+        assert_eq!(pending.await.unwrap().status(), 200, "{origin:?}");
+    }
+}
+
+async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn oversized_heads_get_431() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.max_headers = 20;
+        c.max_header_bytes = 16 << 10;
+    })
+    .await;
+    let many: String = (0..40).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let resp = raw(
+        gw.addr,
+        format!("GET /mcp HTTP/1.1\r\nhost: x\r\n{many}\r\n").as_bytes(),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
+    let big = "a".repeat(32 << 10);
+    let resp = raw(
+        gw.addr,
+        format!("GET /mcp HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
+    assert!(mock.nothing_within(Duration::from_millis(50)).await);
+}
+
+#[tokio::test]
+async fn slow_headers_are_cut_at_the_header_read_timeout() {
+    let mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.header_read_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"GET /mcp HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut out = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    assert!(r.is_ok(), "connection closed by the gateway");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn connection_cap_holds_new_connections_until_one_closes() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.max_connections = 2).await;
+    let a = TcpStream::connect(gw.addr).await.unwrap();
+    let b = TcpStream::connect(gw.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = tokio::spawn(send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None),
+    ));
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the third connection waits"
+    );
+    drop(a);
+    let seen = mock.next().await;
+    seen.respond(Response::new(Full::new(Bytes::from_static(b"{}"))));
+    assert_eq!(third.await.unwrap().status(), 200);
+    drop(b);
+}
+
+#[tokio::test]
+async fn upstream_that_never_answers_a_delete_gets_504() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.upstream_header_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let pending = tokio::spawn(send(
+        gw.addr,
+        Request::delete("/mcp")
+            .header("mcp-session-id", "s")
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    ));
+    let _held = mock.next().await; // never answered
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 504);
+    assert!(body_string(resp).await.contains("upstream-timeout"));
+}
+
+#[tokio::test]
+async fn memory_budget_sheds_idle_sessions_then_refuses_new_ones() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.memory_budget = 8 << 10).await;
+    let pad = "p".repeat(300); // frames well under 10% of the budget
+    let big = |i: u64| {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"i":{i},"pad":"{pad}"}}}}"#
+        )
+    };
+    // Session a: fills ~5 KiB, then its client leaves (idle).
+    init_session(&gw, &mut mock, "a").await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("a"))));
+    let wa = mock.next().await.respond_sse(Some("a"));
+    let ra = SseReader::new(pending.await.unwrap());
+    for i in 0..14 {
+        wa.message(&big(i)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(ra);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Session b (client attached) pushes past the budget: a, idle, is shed.
+    init_session(&gw, &mut mock, "b").await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(2), Some("b"))));
+    let wb = mock.next().await.respond_sse(Some("b"));
+    let mut rb = SseReader::new(pending.await.unwrap());
+    for i in 0..40 {
+        wb.message(&big(i)).await;
+        rb.next().await.unwrap();
+        let used = gw.gateway.registry().window_bytes();
+        assert!(used <= 8 << 10, "window bytes {used} over the budget");
+    }
+    assert!(
+        gw.gateway.registry().get("a").is_none(),
+        "the idle session was shed"
+    );
+    assert!(
+        gw.gateway.registry().get("b").is_some(),
+        "the attached one is kept (its own oldest events trimmed)"
+    );
+    // Every session is attached and the budget is full: a new session gets 503.
+    let resp = send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let text = gw.gateway.render_metrics();
+    assert!(
+        text.contains("mcp_reattach_session_evictions_total{reason=\"memory_budget\"} 1"),
+        "{text}"
+    );
+    drop((wa, wb));
+}
