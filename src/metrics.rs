@@ -29,6 +29,10 @@ pub struct Metrics {
     pub events_replayed: Counter,
     pub window_evictions: Counter,
     pub slow_consumer_detaches: Counter,
+    pub connections: Gauge,
+    pub connections_accepted: Counter,
+    rejected: Family<Label, Counter>,
+    connection_errors: Family<Label, Counter>,
     resumes: Family<Label, Counter>,
     session_evictions: Family<Label, Counter>,
     upstream_errors: Family<Label, Counter>,
@@ -62,6 +66,10 @@ impl Metrics {
             events_replayed: Counter::default(),
             window_evictions: Counter::default(),
             slow_consumer_detaches: Counter::default(),
+            connections: Gauge::default(),
+            connections_accepted: Counter::default(),
+            rejected: Family::default(),
+            connection_errors: Family::default(),
             resumes: Family::default(),
             session_evictions: Family::default(),
             upstream_errors: Family::default(),
@@ -127,6 +135,26 @@ impl Metrics {
         );
         registry.register("resumes", "Resume requests by outcome", m.resumes.clone());
         registry.register(
+            "connections",
+            "Client connections open now (at most --max-connections)",
+            m.connections.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "Client connections accepted",
+            m.connections_accepted.clone(),
+        );
+        registry.register(
+            "requests_rejected",
+            "Requests the gateway refused itself, by reason",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "connection_errors",
+            "Client connections closed on an error, by kind (header_timeout, head_too_large, other)",
+            m.connection_errors.clone(),
+        );
+        registry.register(
             "session_evictions",
             "Sessions dropped, by reason",
             m.session_evictions.clone(),
@@ -148,6 +176,18 @@ impl Metrics {
     /// Counts a resume by its outcome (`resumed`, `gap`, `malformed_cursor`, ...).
     pub fn resume(&self, outcome: &'static str) {
         self.resumes.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    /// Counts a request the gateway refused itself (`body_too_large`, `origin_not_allowed`, ...).
+    pub fn rejected(&self, reason: &'static str) {
+        self.rejected.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// Counts a client connection that ended on an error.
+    pub fn connection_error(&self, kind: &'static str) {
+        self.connection_errors
+            .get_or_create(&[("kind", kind)])
+            .inc();
     }
 
     /// Counts a dropped session by reason (`ttl`, `delete`, `upstream_404`, `session_cap`).

@@ -249,11 +249,11 @@ impl Gateway {
             ProxyError::Upstream(e) if e.is_connect() => m.upstream_error("connect"),
             ProxyError::Upstream(_) => m.upstream_error("request"),
             ProxyError::UpstreamTimeout(_) => m.upstream_error("timeout"),
-            ProxyError::BadSessionHeader
-            | ProxyError::BodyTooLarge(_)
-            | ProxyError::BodyRead(_)
-            | ProxyError::AtCapacity(_)
-            | ProxyError::OriginNotAllowed => {}
+            ProxyError::BadSessionHeader => m.rejected("bad_session_header"),
+            ProxyError::BodyTooLarge(_) => m.rejected("body_too_large"),
+            ProxyError::BodyRead(_) => m.rejected("body_read"),
+            ProxyError::AtCapacity(_) => m.rejected("at_capacity"),
+            ProxyError::OriginNotAllowed => m.rejected("origin_not_allowed"),
         }
     }
 

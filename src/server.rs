@@ -89,6 +89,9 @@ pub async fn serve_gateway(
         let builder = builder.clone();
         let mut drain = drain_rx.clone();
         let guard = live.enter();
+        let metrics = gateway.registry().metrics().clone();
+        metrics.connections_accepted.inc();
+        metrics.connections.inc();
         tokio::spawn(async move {
             let _guard = guard;
             let _slot = slot;
@@ -106,6 +109,7 @@ pub async fn serve_gateway(
                 tokio::select! {
                     res = serving.as_mut() => {
                         if let Err(e) = res {
+                            metrics.connection_error(classify(&*e));
                             tracing::debug!(error = %e, "client connection ended with an error");
                         }
                         break;
@@ -122,6 +126,7 @@ pub async fn serve_gateway(
                     }
                 }
             }
+            metrics.connections.dec();
         });
     }
     drop(listener);
@@ -144,6 +149,16 @@ pub async fn serve_gateway(
     }
     tracing::info!(connections = live.count(), "drained");
     Ok(())
+}
+
+/// The kind of error a client connection ended with, for the metric.
+fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    match e.downcast_ref::<hyper::Error>() {
+        Some(h) if h.is_timeout() => "header_timeout",
+        Some(h) if h.is_parse_too_large() => "head_too_large",
+        Some(h) if h.is_incomplete_message() || h.is_canceled() => "client_gone",
+        _ => "other",
+    }
 }
 
 /// How long the last `retry:` hints get to reach clients after the drain deadline.

@@ -261,6 +261,11 @@ async fn oversized_heads_get_431() {
     .await;
     assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
     assert!(mock.nothing_within(Duration::from_millis(50)).await);
+    let text = gw.gateway.render_metrics();
+    assert!(
+        text.contains("mcp_reattach_connection_errors_total{kind=\"head_too_large\"} 2"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
