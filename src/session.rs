@@ -441,14 +441,8 @@ impl Session {
             let Some(s) = st.streams.get_mut(&stream) else {
                 return;
             };
-            let id = Cursor {
-                epoch: self.epoch,
-                stream,
-                seq,
-            }
-            .to_string();
-            let mut frame = BytesMut::with_capacity(encoded_len(&id, &ev));
-            sse::encode(&id, &ev, &mut frame);
+            let mut body = Vec::with_capacity(sse::body_len(&ev));
+            let message = sse::encode_body(&ev, &mut body);
             s.last_seq = seq;
             if ev.id.is_some() {
                 s.upstream_last_id.clone_from(&ev.id);
@@ -472,7 +466,8 @@ impl Session {
             let entry = Entry {
                 seq,
                 stream,
-                frame: frame.freeze(),
+                message,
+                body: body.into_boxed_slice(),
             };
             let streams = &mut st.streams;
             let metrics = &self.metrics;
@@ -694,7 +689,7 @@ impl Session {
                 break;
             }
             if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
-                out.put_slice(&o.frame);
+                self.write_entry(o, &mut out);
                 events += 1;
                 last = o.seq;
                 overflow = None;
@@ -702,12 +697,12 @@ impl Session {
                     break;
                 }
             }
-            out.put_slice(&e.frame);
+            self.write_entry(e, &mut out);
             events += 1;
             last = e.seq;
         }
         if let Some(o) = overflow.filter(|o| o.seq > last && out.len() < BATCH_BYTES) {
-            out.put_slice(&o.frame);
+            self.write_entry(o, &mut out);
             events += 1;
             last = o.seq;
         }
@@ -762,6 +757,23 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Writes a retained event as sent on the wire: its gateway id, then its body.
+    fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
+        out.reserve(48 + e.body.len());
+        sse::write_id(
+            Cursor {
+                epoch: self.epoch,
+                stream: e.stream,
+                seq: e.seq,
+            },
+            out,
+        );
+        if e.message {
+            out.put_slice(b"event: message\n");
+        }
+        out.put_slice(&e.body);
     }
 
     /// The client `generation` of `stream` went away (its body was dropped).
@@ -952,20 +964,6 @@ fn error_event(id: &str, code: i64, message: &str, reason: &str) -> Bytes {
         "error": { "code": code, "message": message, "data": { "reason": reason } },
     });
     sse::control(None, Some("message"), None, &body.to_string())
-}
-
-fn encoded_len(id: &str, ev: &Event) -> usize {
-    let mut n = 4 + id.len() + 1 + 1;
-    if let Some(t) = &ev.event {
-        n += 7 + t.len() + 1;
-    }
-    if let Some(r) = ev.retry {
-        n += 7 + r.to_string().len() + 1;
-    }
-    if let Some(d) = &ev.data {
-        n += d.len() + d.bytes().filter(|&b| b == b'\n').count() * 7 + 7;
-    }
-    n
 }
 
 /// All live sessions, keyed by the upstream's session id.

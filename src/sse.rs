@@ -217,6 +217,58 @@ pub fn encode(id: &str, ev: &Event, out: &mut BytesMut) {
     out.put_u8(b'\n');
 }
 
+/// Writes what follows the `id:` line of `ev` into `out` (exactly [`body_len`] bytes):
+/// `event:` (left out when it is `message`, returned as `true`), `retry:`, `data:` lines and
+/// the blank line. `write_id` + (`event: message\n` when `true`) + this body is [`encode`]'s
+/// output, less an explicit `event: message` line.
+pub fn encode_body(ev: &Event, out: &mut Vec<u8>) -> bool {
+    let message = ev.event.as_deref() == Some("message");
+    if let (Some(t), false) = (&ev.event, message) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(t.as_bytes());
+        out.push(b'\n');
+    }
+    if let Some(r) = ev.retry {
+        out.extend_from_slice(b"retry: ");
+        out.extend_from_slice(r.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    if let Some(d) = &ev.data {
+        for line in d.split('\n') {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(line.as_bytes());
+            out.push(b'\n');
+        }
+    }
+    out.push(b'\n');
+    message
+}
+
+/// The exact length [`encode_body`] writes.
+pub fn body_len(ev: &Event) -> usize {
+    let mut n = 1;
+    if let Some(t) = ev.event.as_deref().filter(|t| *t != "message") {
+        n += 8 + t.len();
+    }
+    if let Some(r) = ev.retry {
+        n += 8 + r.to_string().len();
+    }
+    if let Some(d) = &ev.data {
+        let newlines = d.bytes().filter(|&b| b == b'\n').count();
+        n += d.len() - newlines + 7 * (1 + newlines);
+    }
+    n
+}
+
+/// Writes an `id:` line.
+pub fn write_id(id: impl std::fmt::Display, out: &mut BytesMut) {
+    use std::fmt::Write;
+    out.put_slice(b"id: ");
+    // Writing into a BytesMut cannot fail.
+    let _ = write!(out, "{id}");
+    out.put_u8(b'\n');
+}
+
 /// Writes a gateway-made event: `id`, an optional `event` type, an optional `retry`, and `data`
 /// (a single line of JSON or empty).
 pub fn control(id: Option<&str>, event: Option<&str>, retry_ms: Option<u64>, data: &str) -> Bytes {
@@ -416,7 +468,7 @@ mod tests {
         let text = "[a-zA-Z0-9 {}\":,é]{0,12}";
         (
             proptest::option::of("[!-~]{1,10}"),
-            proptest::option::of("[a-z/]{1,8}"),
+            proptest::option::of(prop_oneof![Just("message".to_owned()), "[a-z/]{1,8}"]),
             proptest::option::of(proptest::collection::vec(text, 1..4).prop_map(|v| v.join("\n"))),
             proptest::option::of(0u64..100_000),
         )
@@ -458,6 +510,20 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn body_encoding_matches_full_encoding(e in arb_event(), id in "[!-~]{1,20}") {
+            let mut body = Vec::new();
+            let message = encode_body(&e, &mut body);
+            prop_assert_eq!(body.len(), body_len(&e));
+            let mut wire = BytesMut::new();
+            write_id(&id, &mut wire);
+            if message {
+                wire.put_slice(b"event: message\n");
+            }
+            wire.put_slice(&body);
+            prop_assert_eq!(decode_all(&wire), vec![Event { id: Some(id), ..e }]);
+        }
+
         #[test]
         fn any_split_gives_the_same_events(
             events in proptest::collection::vec(arb_event(), 0..8),

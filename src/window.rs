@@ -6,15 +6,27 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
-
-/// One retained event: its session-wide sequence number, its stream, and its encoded frame
-/// (the exact bytes sent to clients, gateway id included).
+/// One retained event: its session-wide sequence number, its stream, and its encoded body.
+/// The body is what follows the `id:` line on the wire (which is rebuilt from `seq` and
+/// `stream` when the event is sent); when `message` is set the `event: message` line is
+/// implied too. 32 bytes plus the body's allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub seq: u64,
     pub stream: u32,
-    pub frame: Bytes,
+    pub message: bool,
+    pub body: Box<[u8]>,
+}
+
+impl Entry {
+    /// Bytes this entry counts against the window's byte bound.
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty()
+    }
 }
 
 /// Bounded ring of [`Entry`]s with strictly increasing `seq`.
@@ -41,18 +53,27 @@ impl Window {
     /// back as `Err` and nothing else is evicted for it.
     pub fn push(&mut self, entry: Entry, mut evicted: impl FnMut(Entry)) -> Result<(), Entry> {
         debug_assert!(self.entries.back().is_none_or(|e| e.seq < entry.seq));
-        if entry.frame.len() > self.max_bytes {
+        if entry.len() > self.max_bytes {
             return Err(entry);
         }
-        self.bytes += entry.frame.len();
-        self.entries.push_back(entry);
-        while self.entries.len() > self.max_events || self.bytes > self.max_bytes {
+        // Evict before pushing, so the ring never holds more than `max_events` entries and
+        // its allocation never grows past them.
+        while !self.entries.is_empty()
+            && (self.entries.len() >= self.max_events || self.bytes + entry.len() > self.max_bytes)
+        {
             let Some(old) = self.entries.pop_front() else {
                 break;
             };
-            self.bytes -= old.frame.len();
+            self.bytes -= old.len();
             evicted(old);
         }
+        if self.entries.len() == self.entries.capacity() {
+            // Grow by doubling, but never past `max_events` slots.
+            let want = (self.entries.capacity() * 2).max(4).min(self.max_events);
+            self.entries.reserve_exact(want - self.entries.len());
+        }
+        self.bytes += entry.len();
+        self.entries.push_back(entry);
         Ok(())
     }
 
@@ -67,7 +88,7 @@ impl Window {
     /// Removes and returns the oldest entry.
     pub fn evict_oldest(&mut self) -> Option<Entry> {
         let e = self.entries.pop_front()?;
-        self.bytes -= e.frame.len();
+        self.bytes -= e.len();
         Some(e)
     }
 
@@ -77,7 +98,7 @@ impl Window {
         self.entries.retain(|e| {
             let keep = e.stream != stream;
             if !keep {
-                bytes -= e.frame.len();
+                bytes -= e.len();
             }
             keep
         });
@@ -92,7 +113,7 @@ impl Window {
         self.entries.is_empty()
     }
 
-    /// Payload bytes retained (the sum of frame lengths).
+    /// Bytes retained (the sum of entry bodies).
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -107,7 +128,8 @@ mod tests {
         Entry {
             seq,
             stream,
-            frame: Bytes::from(vec![b'x'; len]),
+            message: true,
+            body: vec![b'x'; len].into_boxed_slice(),
         }
     }
 
@@ -173,16 +195,17 @@ mod tests {
                     handed_back.push(e.seq);
                 }
                 // Model: longest suffix of retainable entries within bounds.
-                let retainable: Vec<&Entry> = all.iter().filter(|e| e.frame.len() <= max_bytes).collect();
+                let retainable: Vec<&Entry> = all.iter().filter(|e| e.len() <= max_bytes).collect();
                 let mut keep = Vec::new();
                 let mut bytes = 0;
                 for e in retainable.iter().rev() {
-                    if keep.len() + 1 > max_events || bytes + e.frame.len() > max_bytes { break; }
-                    bytes += e.frame.len();
+                    if keep.len() + 1 > max_events || bytes + e.len() > max_bytes { break; }
+                    bytes += e.len();
                     keep.push(e.seq);
                 }
                 keep.reverse();
                 let got: Vec<u64> = w.entries.iter().map(|e| e.seq).collect();
+                prop_assert!(w.entries.capacity() <= max_events.max(4));
                 prop_assert_eq!(&got, &keep);
                 prop_assert_eq!(w.bytes(), bytes);
                 let mut accounted: Vec<u64> = got.iter().chain(&evicted).chain(&handed_back).copied().collect();
