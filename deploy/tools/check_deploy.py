@@ -51,10 +51,10 @@ REPO = DEPLOY.parent
 K8S_VERSIONS = ["1.30.0", "1.37.0"]
 RELEASE = "mcp-reattach"
 
-# docs/operations.md, "Memory sizing" (placeholders until docs/benchmarks.md measures them).
-BASE_BYTES = 10 << 20
-EVENT_OVERHEAD = 100
-SESSION_OVERHEAD = 2 << 10
+# docs/operations.md, "Memory sizing" (measured; rounded up).
+BASE_BYTES = 6 << 20
+EVENT_OVERHEAD = 56
+SESSION_OVERHEAD = 9 << 10
 CONNECTION_BYTES = 64 << 10
 
 failures: list[str] = []
