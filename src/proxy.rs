@@ -258,7 +258,7 @@ impl Gateway {
     }
 
     async fn route(
-        &self,
+        self: &Arc<Self>,
         req: Request<Incoming>,
         conn: &Conn,
     ) -> Result<Response<ResBody>, (ProxyError, Option<serde_json::Value>)> {
@@ -368,9 +368,11 @@ impl Gateway {
         // stream (a GET, a POST carrying requests) has no upstream timeout.
         let can_stream = parts.method == Method::GET
             || (parts.method == Method::POST && !info.request_ids.is_empty());
+        // Kept to resume the upstream stream if the upstream closes it early.
+        let forwarded = parts.headers.clone();
         let upstream_req = self.upstream_request(
             parts.method.clone(),
-            parts.uri,
+            parts.uri.clone(),
             parts.headers,
             body,
             Some(conn.remote),
@@ -443,13 +445,13 @@ impl Gateway {
             Some(conn.kill.clone()),
         );
         let (resp_parts, upstream_body) = resp.into_parts();
-        let reader = tokio::spawn(read_upstream(
-            session.clone(),
-            stream,
-            upstream_body,
-            self.cfg.max_event_bytes,
-            self.registry.clone(),
-        ));
+        let up = Upstream {
+            gateway: self.clone(),
+            uri: parts.uri.clone(),
+            headers: forwarded,
+            remote: conn.remote,
+        };
+        let reader = tokio::spawn(read_upstream(session.clone(), stream, upstream_body, up));
         session.set_reader(stream, reader.abort_handle());
         let body = AttachBody::new(session, stream, generation, priming, self.cfg.keepalive);
         Ok(self.sse_response(resp_parts.status, Some(resp_parts.headers), &sid, body))
@@ -658,44 +660,128 @@ impl Gateway {
     }
 }
 
+/// What the gateway needs to reconnect to an upstream stream that closed early.
+struct Upstream {
+    gateway: Arc<Gateway>,
+    uri: Uri,
+    headers: HeaderMap,
+    remote: SocketAddr,
+}
+
+/// Consecutive failed reconnects to an upstream stream before the gateway gives up on it.
+const UPSTREAM_RESUME_ATTEMPTS: u32 = 3;
+/// The longest `retry:` wait the gateway honours before reconnecting upstream.
+const MAX_UPSTREAM_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Reads a tagged upstream stream to its end, whether or not a client is attached.
-async fn read_upstream(
-    session: Arc<Session>,
-    stream: u32,
-    mut body: Incoming,
-    max_event_bytes: usize,
-    registry: Arc<Registry>,
-) {
-    let metrics = registry.metrics();
-    let mut decoder = Decoder::new(max_event_bytes);
-    let mut events = Vec::new();
-    let end = loop {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                let fed = decoder.feed(&data, &mut events);
-                session.push_events(stream, &mut events);
-                if registry.over_budget() {
-                    registry.enforce_budget(&session);
+///
+/// An upstream that sets its own ids may close a stream before it is done (2025-11-25 "SSE
+/// polling"); the gateway then resumes it upstream with `Last-Event-ID` (honouring `retry:`),
+/// the way a client would, and keeps appending to the same stream: while a POST stream still
+/// has unanswered requests, and for the standalone stream while the session lives.
+async fn read_upstream(session: Arc<Session>, stream: u32, mut body: Incoming, up: Upstream) {
+    let registry = up.gateway.registry.clone();
+    let metrics = registry.metrics().clone();
+    let max_event_bytes = up.gateway.cfg.max_event_bytes;
+    let mut last_upstream_id: Option<String> = None;
+    let mut retry: Option<u64> = None;
+    let mut failures = 0;
+    let end = 'outer: loop {
+        let mut decoder = Decoder::new(max_event_bytes);
+        let mut events = Vec::new();
+        let end = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    let fed = decoder.feed(&data, &mut events);
+                    for e in &events {
+                        if e.id.is_some() {
+                            last_upstream_id.clone_from(&e.id);
+                        }
+                        retry = e.retry.or(retry);
+                    }
+                    if !events.is_empty() {
+                        failures = 0;
+                    }
+                    session.push_events(stream, &mut events);
+                    if registry.over_budget() {
+                        registry.enforce_budget(&session);
+                    }
+                    if let Err(e) = fed {
+                        metrics.upstream_error("invalid_event");
+                        break End::UpstreamFailed(e.to_string());
+                    }
                 }
-                if let Err(e) = fed {
-                    metrics.upstream_error("invalid_event");
-                    break End::UpstreamFailed(e.to_string());
+                Some(Err(e)) => {
+                    metrics.upstream_error("stream");
+                    break End::UpstreamFailed(format!("upstream connection failed: {e}"));
                 }
+                None => break End::Complete,
             }
-            Some(Err(e)) => {
-                metrics.upstream_error("stream");
-                break End::UpstreamFailed(format!("upstream connection failed: {e}"));
+        };
+        let Some(last_id) = last_upstream_id
+            .clone()
+            .filter(|_| session.wants_more(stream))
+        else {
+            break end;
+        };
+        if matches!(end, End::UpstreamFailed(ref c) if !c.starts_with("upstream connection failed"))
+        {
+            break end; // a protocol error will not heal by reconnecting
+        }
+        // Reconnect upstream, as a client of a polling server would.
+        loop {
+            if failures >= UPSTREAM_RESUME_ATTEMPTS {
+                break 'outer End::UpstreamFailed(format!(
+                    "the upstream closed the stream and refused {UPSTREAM_RESUME_ATTEMPTS} attempts to resume it"
+                ));
             }
-            None => break End::Complete,
+            failures += 1;
+            let wait =
+                std::time::Duration::from_millis(retry.unwrap_or(1000)).min(MAX_UPSTREAM_RETRY);
+            tokio::time::sleep(wait).await;
+            tracing::debug!(mcp.session = %crate::session::hash_id(session.id()), mcp.stream = stream, "resuming the upstream stream");
+            match up.resume(&last_id).await {
+                Some(b) => {
+                    body = b;
+                    continue 'outer;
+                }
+                None => metrics.upstream_error("resume"),
+            }
         }
     };
     if let End::UpstreamFailed(cause) = &end {
         tracing::warn!(mcp.session = %crate::session::hash_id(session.id()), mcp.stream = stream, cause = %cause, "upstream stream failed");
     }
     session.end_stream(stream, end);
+}
+
+impl Upstream {
+    /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
+    async fn resume(&self, last_id: &str) -> Option<Incoming> {
+        let mut headers = self.headers.clone();
+        headers.remove(header::CONTENT_TYPE);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(LAST_EVENT_ID, HeaderValue::from_str(last_id).ok()?);
+        let body = Full::new(Bytes::new())
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let req = self.gateway.upstream_request(
+            Method::GET,
+            self.uri.clone(),
+            headers,
+            body,
+            Some(self.remote),
+        );
+        let resp = self.gateway.client.request(req).await.ok()?;
+        (resp.status() == StatusCode::OK && is_sse(resp.headers())).then(|| resp.into_body())
+    }
 }
 
 fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {

@@ -108,8 +108,6 @@ struct Stream {
     requests: Vec<PendingRequest>,
     /// The POST that opened this stream was `initialize`.
     initialize: bool,
-    /// The upstream's own id of the last event (the mapping to upstream positions).
-    upstream_last_id: Option<String>,
     end: Option<End>,
     sub: Option<Subscriber>,
     reader: Option<AbortHandle>,
@@ -351,6 +349,17 @@ impl Session {
         }
     }
 
+    /// Whether an upstream stream that closed should be resumed upstream: a POST stream with
+    /// requests still unanswered, or the standalone stream, while the session lives.
+    pub fn wants_more(&self, stream: u32) -> bool {
+        let st = lock(&self.state);
+        !st.closed
+            && st.streams.get(&stream).is_some_and(|s| match s.kind {
+                StreamKind::Post => s.requests.iter().any(|r| r.answered_at.is_none()),
+                StreamKind::Standalone => true,
+            })
+    }
+
     /// Whether the session still holds a live standalone upstream stream.
     pub fn has_standalone(&self) -> bool {
         let st = lock(&self.state);
@@ -392,7 +401,6 @@ impl Session {
                     })
                     .collect(),
                 initialize,
-                upstream_last_id: None,
                 end: None,
                 sub: Some(Subscriber::new(generation, seq, kill)),
                 reader: None,
@@ -444,9 +452,6 @@ impl Session {
             let mut body = Vec::with_capacity(sse::body_len(&ev));
             let message = sse::encode_body(&ev, &mut body);
             s.last_seq = seq;
-            if ev.id.is_some() {
-                s.upstream_last_id.clone_from(&ev.id);
-            }
             if let Some(data) = ev.data.as_deref() {
                 if s.requests.iter().any(|r| r.answered_at.is_none()) {
                     for rid in jsonrpc::response_ids(data) {

@@ -834,3 +834,78 @@ async fn stalled_client_is_detached_and_resumes_without_loss() {
     assert_eq!(got.len(), all.len());
     assert!(got == all, "every event exactly once, in order");
 }
+
+/// A 2025-11-25 upstream that sets its own ids may close a stream early ("SSE polling"): the
+/// gateway resumes it upstream with the upstream's last id after its `retry:`, and the client
+/// sees one uninterrupted stream.
+#[tokio::test]
+async fn upstream_that_closes_early_is_resumed_upstream_with_its_own_ids() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    init_session(&gw, &mut mock, SID).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, 5).await;
+    writer.send("id: up-1\nretry: 100\ndata: \n\n").await; // the upstream's own priming
+    writer
+        .send(format!(
+            "id: up-2\nevent: message\ndata: {}\n\n",
+            progress(1)
+        ))
+        .await;
+    drop(writer); // closes the stream before answering
+    let started = std::time::Instant::now();
+    let again = mock.next().await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(90),
+        "retry honoured"
+    );
+    assert_eq!(again.method, http::Method::GET);
+    assert_eq!(again.headers["last-event-id"], "up-2");
+    assert_eq!(again.headers["mcp-session-id"], SID);
+    let writer = again.respond_sse(Some(SID));
+    writer
+        .send(format!(
+            "id: up-3\nevent: message\ndata: {}\n\n",
+            progress(2)
+        ))
+        .await;
+    writer
+        .send(format!("id: up-4\nevent: message\ndata: {}\n\n", result(5)))
+        .await;
+    drop(writer);
+    let events = reader.rest().await;
+    assert_eq!(messages(&events), vec![progress(1), progress(2), result(5)]);
+    assert!(
+        events
+            .iter()
+            .all(|e| !e.id.as_deref().unwrap_or("").starts_with("up-")),
+        "ids replaced"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "no reconnect once answered"
+    );
+}
+
+#[tokio::test]
+async fn upstream_that_refuses_to_resume_ends_the_call_explicitly() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    init_session(&gw, &mut mock, SID).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, 5).await;
+    writer.send("id: up-1\nretry: 10\ndata: \n\n").await;
+    drop(writer);
+    for _ in 0..3 {
+        let again = mock.next().await;
+        assert_eq!(again.headers["last-event-id"], "up-1");
+        again.respond(
+            Response::builder()
+                .status(405)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        );
+    }
+    let events = reader.rest().await;
+    let err: serde_json::Value = serde_json::from_str(messages(&events).last().unwrap()).unwrap();
+    assert_eq!(err["id"], 5);
+    assert_eq!(err["error"]["code"], -32011);
+}
