@@ -10,6 +10,9 @@
 //   port           defaults to 0 (an ephemeral port); always binds 127.0.0.1
 //
 // Prints `LISTENING <port>` on stdout once it accepts connections. Logs go to stderr.
+// Tools: slow_progress {steps, interval_ms} (progress 1..steps, then `done <steps>`) and
+// notify_standalone {count, interval_ms} (returns at once, then `count` log notifications
+// {seq: i, of: count} on the standalone GET stream).
 // Routing follows the SDK example dist/esm/examples/server/simpleStreamableHttp.js, on node:http.
 
 import { randomUUID } from 'node:crypto';
@@ -30,7 +33,10 @@ const log = (...args) => console.error(...args);
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 
 function buildServer() {
-    const server = new McpServer({ name: 'mcp-reattach-interop-server', version: '0.0.0' });
+    const server = new McpServer(
+        { name: 'mcp-reattach-interop-server', version: '0.0.0' },
+        { capabilities: { logging: {} } }
+    );
     server.registerTool(
         'slow_progress',
         {
@@ -61,6 +67,35 @@ function buildServer() {
                 }
             }
             return { content: [{ type: 'text', text: `done ${steps}` }] };
+        }
+    );
+    server.registerTool(
+        'notify_standalone',
+        {
+            description:
+                'Returns at once; then sends `count` log notifications {seq: i, of: count}, `interval_ms` apart, on the standalone GET stream',
+            inputSchema: {
+                count: z.number().int().min(0),
+                interval_ms: z.number().int().min(0)
+            }
+        },
+        async ({ count, interval_ms }) => {
+            (async () => {
+                for (let i = 1; i <= count; i++) {
+                    await sleep(interval_ms);
+                    log(`notify_standalone ${i}/${count}`);
+                    try {
+                        // No relatedRequestId: the notification goes to the standalone GET stream.
+                        await server.server.notification({
+                            method: 'notifications/message',
+                            params: { level: 'info', logger: 'interop', data: { seq: i, of: count } }
+                        });
+                    } catch (err) {
+                        log(`notification ${i} not sent: ${err?.message ?? err}`);
+                    }
+                }
+            })();
+            return { content: [{ type: 'text', text: `scheduled ${count}` }] };
         }
     );
     return server;

