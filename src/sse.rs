@@ -89,7 +89,9 @@ impl Decoder {
                     return Ok(());
                 }
             } else {
+                // Not a BOM after all: the bytes held back are the start of the first line.
                 self.at_start = false;
+                self.grow(have)?;
             }
         }
         while !chunk.is_empty() {
@@ -418,6 +420,18 @@ mod tests {
         for _ in 0..10 {
             d.feed(b"data: 0123\n\n", &mut out).unwrap();
         }
+    }
+
+    #[test]
+    fn a_held_back_bom_like_prefix_counts_toward_the_limit() {
+        let input = b"\xEFdata: x\n\n"; // an 8-byte line
+        let mut whole = Decoder::new(7);
+        assert!(whole.feed(input, &mut Vec::new()).is_err());
+        let mut split = Decoder::new(7);
+        let first = split.feed(&input[..1], &mut Vec::new());
+        assert!(first
+            .and_then(|()| split.feed(&input[1..], &mut Vec::new()))
+            .is_err());
     }
 
     #[test]
