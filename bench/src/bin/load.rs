@@ -1,0 +1,915 @@
+//! SSE / JSON load client. Every mode checks what it receives (per-stream sequence
+//! continuity from the payload, strictly increasing gateway ids where present, gateway
+//! control events) and prints one JSON object on stdout.
+//!
+//! Modes:
+//!   sse     K sessions, one POST-started stream each, saturating or paced; throughput and
+//!           per-event latency (receive time − the mock's send stamp, one clock)
+//!   json    small JSON POSTs (`ping`) on C keep-alive connections, saturating or paced
+//!   idle    N sessions each holding a standalone GET stream; prints READY and holds until
+//!           stdin closes
+//!   window  N sessions each receive E events of S bytes on a POST stream; prints READY and
+//!           holds until stdin closes
+//!   storm   N sessions read E events on the standalone stream and detach; then all resume
+//!           B events back at once; time from connect to the last replayed event
+
+use std::cell::RefCell;
+use std::io::{BufRead, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use mcp_reattach_bench::clock::now_ns;
+use mcp_reattach_bench::http::{self, BodyState, Conn, Head};
+use mcp_reattach_bench::{payload, sse};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Cli {
+    #[arg(long)]
+    target: SocketAddr,
+    #[arg(long, default_value = "/mcp")]
+    path: String,
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    Sse {
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
+        #[arg(long, default_value_t = 200)]
+        size: usize,
+        /// Events per second per stream; 0 saturates.
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 2000)]
+        duration_ms: u64,
+        /// Events per stream instead of a duration (fixed work, e.g. under callgrind).
+        #[arg(long, default_value_t = 0)]
+        events: u64,
+        /// Latency samples from events sent in the first this-many ms are dropped.
+        #[arg(long, default_value_t = 200)]
+        warmup_ms: u64,
+        /// Random start phase within one period for each stream (paced mode).
+        #[arg(long)]
+        random_phase: bool,
+    },
+    Json {
+        #[arg(long, default_value_t = 8)]
+        conns: usize,
+        /// Total requests per second; 0 saturates (closed loop).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 2000)]
+        duration_ms: u64,
+        #[arg(long, default_value_t = 200)]
+        warmup_ms: u64,
+        /// Requests per connection instead of a duration (saturating mode only).
+        #[arg(long, default_value_t = 0)]
+        requests: u64,
+    },
+    Idle {
+        #[arg(long)]
+        sessions: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
+    Window {
+        #[arg(long)]
+        sessions: usize,
+        #[arg(long, default_value_t = 300)]
+        events: u64,
+        #[arg(long, default_value_t = 200)]
+        size: usize,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Exit after reading instead of holding until stdin closes.
+        #[arg(long)]
+        no_hold: bool,
+    },
+    Storm {
+        #[arg(long, default_value_t = 1000)]
+        sessions: usize,
+        #[arg(long, default_value_t = 200)]
+        events: u64,
+        #[arg(long, default_value_t = 100)]
+        back: u64,
+        #[arg(long, default_value_t = 200)]
+        size: usize,
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// After the setup, print SETUP-DONE and wait for a line on stdin before the storm
+        /// (lets a profiler zero its counters in between).
+        #[arg(long)]
+        wait_stdin: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    let out = match cli.mode {
+        Mode::Json {
+            conns,
+            rate,
+            duration_ms,
+            warmup_ms,
+            ..
+        } if rate > 0.0 => json_paced(&cli.target, &cli.path, conns, rate, duration_ms, warmup_ms),
+        _ => local.block_on(&rt, run(cli)),
+    };
+    println!("{out}");
+}
+
+async fn run(cli: Cli) -> Value {
+    let t = cli.target;
+    let p = cli.path.clone();
+    match cli.mode {
+        Mode::Sse {
+            streams,
+            size,
+            rate,
+            duration_ms,
+            events,
+            warmup_ms,
+            random_phase,
+        } => {
+            let duration_ms = if events > 0 { 0 } else { duration_ms };
+            sse_mode(t, p, streams, size, rate, duration_ms, events, warmup_ms, random_phase).await
+        }
+        Mode::Json {
+            conns,
+            duration_ms,
+            warmup_ms,
+            requests,
+            ..
+        } => json_saturate(t, p, conns, duration_ms, warmup_ms, requests).await,
+        Mode::Idle {
+            sessions,
+            concurrency,
+        } => idle_mode(t, p, sessions, concurrency).await,
+        Mode::Window {
+            sessions,
+            events,
+            size,
+            concurrency,
+            no_hold,
+        } => window_mode(t, p, sessions, events, size, concurrency, no_hold).await,
+        Mode::Storm {
+            sessions,
+            events,
+            back,
+            size,
+            concurrency,
+            wait_stdin,
+        } => storm_mode(t, p, sessions, events, back, size, concurrency, wait_stdin).await,
+    }
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap()
+}
+
+fn pct_us(h: &Histogram<u64>) -> Value {
+    let us = |v: u64| (v as f64 / 1000.0 * 10.0).round() / 10.0;
+    json!({
+        "count": h.len(),
+        "p50_us": us(h.value_at_quantile(0.50)),
+        "p90_us": us(h.value_at_quantile(0.90)),
+        "p99_us": us(h.value_at_quantile(0.99)),
+        "p999_us": us(h.value_at_quantile(0.999)),
+        "max_us": us(h.max()),
+        "mean_us": (h.mean() / 1000.0 * 10.0).round() / 10.0,
+    })
+}
+
+static REQ_ID: AtomicU64 = AtomicU64::new(1);
+
+fn rpc(method: &str, params: Value) -> Vec<u8> {
+    let id = REQ_ID.fetch_add(1, Ordering::Relaxed);
+    serde_json::to_vec(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params})).unwrap()
+}
+
+/// Connects and initializes a session; returns the connection (kept alive) and the id.
+async fn initialize(target: SocketAddr, path: &str) -> std::io::Result<(Conn, String)> {
+    let mut c = Conn::connect(target).await?;
+    let body = rpc(
+        "initialize",
+        json!({"protocolVersion": http::PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name":"bench","version":"0"}}),
+    );
+    let (head, _) = c
+        .roundtrip(&http::request("POST", path, &target, None, &[], &body))
+        .await?;
+    let sid = head
+        .header("mcp-session-id")
+        .ok_or_else(|| std::io::Error::other(format!("initialize: status {} without Mcp-Session-Id", head.status)))?
+        .to_owned();
+    Ok((c, sid))
+}
+
+/// What one SSE stream delivered, with its checks.
+#[derive(Default, Debug)]
+struct StreamStats {
+    events: u64,
+    data_bytes: u64,
+    first_ns: u64,
+    last_ns: u64,
+    next_seq: u64,
+    seq_errors: u64,
+    ids: u64,
+    last_id_seq: Option<u64>,
+    id_errors: u64,
+    control: Vec<String>,
+    result: bool,
+    /// Gateway ids of the data events, when asked to keep them.
+    kept_ids: Option<Vec<String>>,
+    /// `replay` of a resumed event.
+    replay: Option<u64>,
+}
+
+struct ReadOpts<'a> {
+    /// Latency samples for events sent at or after this time.
+    record_from: u64,
+    hist: Option<&'a mut Histogram<u64>>,
+    /// Stop after this many data events (standalone streams never end).
+    stop_after: Option<u64>,
+    keep_ids: bool,
+}
+
+/// Reads an SSE body to its end (or `stop_after` events), checking as it goes.
+async fn read_sse(
+    c: &mut Conn,
+    head: &Head,
+    start_seq: u64,
+    mut o: ReadOpts<'_>,
+) -> std::io::Result<StreamStats> {
+    let mut st = StreamStats {
+        next_seq: start_seq,
+        kept_ids: o.keep_ids.then(Vec::new),
+        ..StreamStats::default()
+    };
+    let mut body = BodyState::new(head.body);
+    let mut buf: Vec<u8> = Vec::with_capacity(128 * 1024);
+    let mut pos = 0usize;
+    loop {
+        let more = c.read_body_some(&mut body, &mut buf).await?;
+        let now = c.last_read_ns;
+        let mut stop = false;
+        sse::parse(&buf, &mut pos, |ev| {
+            if ev.comment_only {
+                return;
+            }
+            let kind = ev.event.unwrap_or(b"message");
+            let upstream_event = kind == b"message" && ev.data.and_then(payload::parse).is_some();
+            if let Some(id) = ev.id {
+                st.ids += 1;
+                // Ids of upstream events must strictly increase. The gateway's own events
+                // (resumed, failures and their JSON-RPC errors) carry the client's cursor.
+                if upstream_event {
+                    match sse::id_seq(id) {
+                        Some(s) => {
+                            if st.last_id_seq.is_some_and(|l| s <= l) {
+                                st.id_errors += 1;
+                            }
+                            st.last_id_seq = Some(s);
+                        }
+                        None => st.id_errors += 1,
+                    }
+                }
+            }
+            if kind != b"message" {
+                let k = String::from_utf8_lossy(kind).into_owned();
+                if k == "mcp-reattach/resumed" {
+                    if let Some(v) = ev
+                        .data
+                        .and_then(|d| serde_json::from_slice::<Value>(d).ok())
+                    {
+                        st.replay = v.get("replay").and_then(Value::as_u64);
+                    }
+                }
+                st.control.push(k);
+                return;
+            }
+            let Some(data) = ev.data else { return };
+            let Some((seq, ts, is_result)) = payload::parse(data) else {
+                // A gateway-written JSON-RPC error (gap, upstream failure).
+                st.control
+                    .push(format!("message:{}", String::from_utf8_lossy(&data[..data.len().min(120)])));
+                return;
+            };
+            if st.events == 0 {
+                st.first_ns = now;
+            }
+            st.last_ns = now;
+            st.data_bytes += data.len() as u64;
+            if is_result {
+                st.result = true;
+            } else {
+                st.events += 1;
+                if seq != st.next_seq {
+                    st.seq_errors += 1;
+                }
+                st.next_seq = seq + 1;
+            }
+            if let (Some(k), Some(id)) = (st.kept_ids.as_mut(), ev.id) {
+                k.push(String::from_utf8_lossy(id).into_owned());
+            }
+            if ts >= o.record_from {
+                if let Some(h) = o.hist.as_deref_mut() {
+                    let _ = h.record(now.saturating_sub(ts).max(1));
+                }
+            }
+            if o.stop_after.is_some_and(|n| st.events >= n) {
+                stop = true;
+            }
+        });
+        if pos > 0 && (pos == buf.len() || pos > 64 * 1024) {
+            buf.drain(..pos);
+            pos = 0;
+        }
+        if stop || !more {
+            return Ok(st);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn sse_mode(
+    target: SocketAddr,
+    path: String,
+    streams: usize,
+    size: usize,
+    rate: f64,
+    duration_ms: u64,
+    events: u64,
+    warmup_ms: u64,
+    random_phase: bool,
+) -> Value {
+    // Sessions first, so every stream starts together.
+    let mut conns = Vec::new();
+    for _ in 0..streams {
+        match initialize(target, &path).await {
+            Ok(c) => conns.push(c),
+            Err(e) => return json!({"error": format!("initialize: {e}")}),
+        }
+    }
+    let hist = Rc::new(RefCell::new(hist()));
+    let start = now_ns();
+    let record_from = start + warmup_ms * 1_000_000;
+    let mut tasks = Vec::new();
+    let mut seed = start ^ 0x9e37_79b9_7f4a_7c15;
+    for (c, sid) in conns {
+        let phase_us = if random_phase && rate > 0.0 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % ((1e6 / rate) as u64).max(1)
+        } else {
+            0
+        };
+        let body = rpc(
+            "tools/call",
+            json!({"name":"stream","arguments":{"events":events,"size":size,"rate":rate,"phase_us":phase_us,"duration_ms":duration_ms}}),
+        );
+        let req = http::request("POST", &path, &target, Some(&sid), &[], &body);
+        let del = http::request("DELETE", &path, &target, Some(&sid), &[], b"");
+        let hist = hist.clone();
+        tasks.push(tokio::task::spawn_local(async move {
+            let mut c = c;
+            c.send(&req).await?;
+            let head = c.read_head().await?;
+            if head.status != 200 {
+                return Err(std::io::Error::other(format!("status {}", head.status)));
+            }
+            let mut h = hist.borrow().clone();
+            h.reset();
+            let st = read_sse(
+                &mut c,
+                &head,
+                0,
+                ReadOpts {
+                    record_from,
+                    hist: Some(&mut h),
+                    stop_after: None,
+                    keep_ids: false,
+                },
+            )
+            .await?;
+            hist.borrow_mut().add(&h).ok();
+            let _ = c.roundtrip(&del).await;
+            Ok::<_, std::io::Error>(st)
+        }));
+    }
+    let mut agg = Agg::default();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(st) => agg.add(&st),
+            Err(e) => agg.errors.push(e.to_string()),
+        }
+    }
+    let secs = (agg.last_ns.saturating_sub(agg.first_ns)) as f64 / 1e9;
+    let h = hist.borrow();
+    json!({
+        "mode": "sse", "streams": streams, "size": size, "rate_per_stream": rate,
+        "events": agg.events, "data_bytes": agg.data_bytes, "seconds": secs,
+        "events_per_s": if secs > 0.0 { agg.events as f64 / secs } else { 0.0 },
+        "data_mb_per_s": if secs > 0.0 { agg.data_bytes as f64 / secs / 1e6 } else { 0.0 },
+        "latency": pct_us(&h),
+        "checks": agg.checks(streams),
+    })
+}
+
+#[derive(Default)]
+struct Agg {
+    events: u64,
+    data_bytes: u64,
+    first_ns: u64,
+    last_ns: u64,
+    seq_errors: u64,
+    id_errors: u64,
+    ids: u64,
+    results: u64,
+    control: std::collections::BTreeMap<String, u64>,
+    errors: Vec<String>,
+}
+
+impl Agg {
+    fn add(&mut self, st: &StreamStats) {
+        self.events += st.events;
+        self.data_bytes += st.data_bytes;
+        if st.events > 0 {
+            if self.first_ns == 0 || st.first_ns < self.first_ns {
+                self.first_ns = st.first_ns;
+            }
+            self.last_ns = self.last_ns.max(st.last_ns);
+        }
+        self.seq_errors += st.seq_errors;
+        self.id_errors += st.id_errors;
+        self.ids += st.ids;
+        self.results += u64::from(st.result);
+        for c in &st.control {
+            let key = if c.starts_with("message:") {
+                "gateway-error-message".to_owned()
+            } else {
+                c.clone()
+            };
+            *self.control.entry(key).or_default() += 1;
+        }
+    }
+
+    fn checks(&self, expected_results: usize) -> Value {
+        let ok = self.seq_errors == 0
+            && self.id_errors == 0
+            && self.errors.is_empty()
+            && self.results as usize == expected_results
+            && self.control.is_empty();
+        json!({
+            "ok": ok, "seq_errors": self.seq_errors, "id_errors": self.id_errors,
+            "ids_seen": self.ids, "results": self.results, "control_events": self.control,
+            "errors": self.errors.iter().take(5).collect::<Vec<_>>(), "error_count": self.errors.len(),
+        })
+    }
+}
+
+async fn json_saturate(
+    target: SocketAddr,
+    path: String,
+    conns: usize,
+    duration_ms: u64,
+    warmup_ms: u64,
+    requests: u64,
+) -> Value {
+    let (duration_ms, warmup_ms) = if requests > 0 { (u64::MAX / 4_000_000, 0) } else { (duration_ms, warmup_ms) };
+    let mut cs = Vec::new();
+    for _ in 0..conns {
+        match initialize(target, &path).await {
+            Ok(c) => cs.push(c),
+            Err(e) => return json!({"error": format!("initialize: {e}")}),
+        }
+    }
+    let start = now_ns();
+    let measure_from = start + warmup_ms * 1_000_000;
+    let end = measure_from + duration_ms * 1_000_000;
+    let hist = Rc::new(RefCell::new(hist()));
+    let mut tasks = Vec::new();
+    for (mut c, sid) in cs {
+        let hist = hist.clone();
+        let path = path.clone();
+        tasks.push(tokio::task::spawn_local(async move {
+            let mut n = 0u64;
+            let mut errors = 0u64;
+            let body = rpc("ping", json!({}));
+            let req = http::request("POST", &path, &target, Some(&sid), &[], &body);
+            loop {
+                let t0 = now_ns();
+                if t0 >= end || (requests > 0 && n >= requests) {
+                    break;
+                }
+                match c.roundtrip(&req).await {
+                    Ok((h, b)) if h.status == 200 && b.starts_with(b"{\"jsonrpc\"") => {
+                        let t1 = now_ns();
+                        if t0 >= measure_from {
+                            n += 1;
+                            let _ = hist.borrow_mut().record(t1 - t0);
+                        }
+                    }
+                    Ok(_) => errors += 1,
+                    Err(_) => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            (n, errors)
+        }));
+    }
+    let (mut n, mut errors) = (0, 0);
+    for t in tasks {
+        let (a, b) = t.await.unwrap();
+        n += a;
+        errors += b;
+    }
+    let secs = if requests > 0 { (now_ns() - start) as f64 / 1e9 } else { duration_ms as f64 / 1e3 };
+    json!({
+        "mode": "json", "conns": conns, "requests": n, "seconds": secs,
+        "requests_per_s": n as f64 / secs, "latency": pct_us(&hist.borrow()),
+        "checks": {"ok": errors == 0, "errors": errors},
+    })
+}
+
+/// Open-loop JSON at a fixed total rate: one blocking thread per connection with precise
+/// sleeps (tokio's timer has 1 ms granularity). Latency is from the actual send.
+fn json_paced(
+    target: &SocketAddr,
+    path: &str,
+    conns: usize,
+    rate: f64,
+    duration_ms: u64,
+    warmup_ms: u64,
+) -> Value {
+    // SAFETY: prctl with PR_SET_TIMERSLACK takes an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    let period = (1e9 * conns as f64 / rate) as u64;
+    let start = now_ns() + 50_000_000;
+    let measure_from = start + warmup_ms * 1_000_000;
+    let end = measure_from + duration_ms * 1_000_000;
+    let mut threads = Vec::new();
+    for i in 0..conns {
+        let target = *target;
+        let path = path.to_owned();
+        threads.push(std::thread::spawn(move || -> Result<(Histogram<u64>, u64, u64), String> {
+            let mut s = TcpStream::connect(target).map_err(|e| e.to_string())?;
+            s.set_nodelay(true).ok();
+            let body = rpc(
+                "initialize",
+                json!({"protocolVersion": http::PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name":"bench","version":"0"}}),
+            );
+            let (head, _) = blocking_roundtrip(&mut s, &http::request("POST", &path, &target, None, &[], &body))?;
+            let sid = head_header(&head, "mcp-session-id").ok_or("no session id")?;
+            let req = http::request("POST", &path, &target, Some(&sid), &[], &rpc("ping", json!({})));
+            let mut h = hist();
+            let mut late = 0u64;
+            let mut errors = 0u64;
+            let mut k = 0u64;
+            loop {
+                let due = start + i as u64 * period / conns as u64 + k * period;
+                if due >= end {
+                    break;
+                }
+                k += 1;
+                let now = now_ns();
+                if due > now {
+                    std::thread::sleep(Duration::from_nanos(due - now));
+                } else if now - due > 1_000_000 {
+                    late += 1;
+                }
+                let t0 = now_ns();
+                match blocking_roundtrip(&mut s, &req) {
+                    Ok((hd, _)) if hd.starts_with("HTTP/1.1 200") => {
+                        if due >= measure_from {
+                            let _ = h.record(now_ns() - t0);
+                        }
+                    }
+                    _ => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            Ok((h, late, errors))
+        }));
+    }
+    let mut all = hist();
+    let (mut late, mut errors) = (0, 0);
+    let mut errs = Vec::new();
+    for t in threads {
+        match t.join().unwrap() {
+            Ok((h, l, e)) => {
+                all.add(&h).ok();
+                late += l;
+                errors += e;
+            }
+            Err(e) => errs.push(e),
+        }
+    }
+    json!({
+        "mode": "json-paced", "conns": conns, "rate": rate, "requests": all.len(),
+        "latency": pct_us(&all),
+        "checks": {"ok": errors == 0 && errs.is_empty(), "errors": errors, "late_sends": late, "failures": errs},
+    })
+}
+
+fn head_header(head: &str, name: &str) -> Option<String> {
+    head.split("\r\n").find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+    })
+}
+
+/// Blocking request/response with a Content-Length response body (JSON answers).
+fn blocking_roundtrip(s: &mut TcpStream, req: &[u8]) -> Result<(String, Vec<u8>), String> {
+    s.write_all(req).map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut tmp = [0u8; 4096];
+    loop {
+        if let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let len: usize = head_header(&head, "content-length")
+                .and_then(|v| v.parse().ok())
+                .ok_or("response without Content-Length")?;
+            while buf.len() < end + 4 + len {
+                let n = s.read(&mut tmp).map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("eof in body".into());
+                }
+                buf.extend_from_slice(&tmp[..n]);
+            }
+            return Ok((head, buf[end + 4..end + 4 + len].to_vec()));
+        }
+        let n = s.read(&mut tmp).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("eof in head".into());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+/// Waits until stdin closes (the orchestrator's signal to release everything).
+async fn hold_until_stdin_closes() {
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+    })
+    .await;
+}
+
+fn ready(v: &Value) {
+    println!("READY {v}");
+    std::io::stdout().flush().ok();
+}
+
+async fn bounded<F, Fut, T>(n: usize, concurrency: usize, f: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+    T: 'static,
+{
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let f = Rc::new(f);
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let permit = sem.clone().acquire_owned().await.unwrap();
+        let f = f.clone();
+        tasks.push(tokio::task::spawn_local(async move {
+            let r = f(i).await;
+            drop(permit);
+            r
+        }));
+    }
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn idle_mode(target: SocketAddr, path: String, sessions: usize, concurrency: usize) -> Value {
+    let path = Rc::new(path);
+    let t0 = now_ns();
+    let held = bounded(sessions, concurrency, move |_| {
+        let path = path.clone();
+        async move {
+            let (mut c, sid) = initialize(target, &path).await.map_err(|e| e.to_string())?;
+            c.send(&http::request("GET", &format!("{path}?events=0"), &target, Some(&sid), &[], b""))
+                .await
+                .map_err(|e| e.to_string())?;
+            let head = c.read_head().await.map_err(|e| e.to_string())?;
+            if head.status != 200 {
+                return Err(format!("GET status {}", head.status));
+            }
+            Ok(c)
+        }
+    })
+    .await;
+    let ok = held.iter().filter(|r| r.is_ok()).count();
+    let errs: Vec<String> = held.iter().filter_map(|r| r.as_ref().err().cloned()).take(5).collect();
+    let v = json!({"mode":"idle","sessions":sessions,"held":ok,"setup_s": (now_ns()-t0) as f64/1e9,
+        "checks":{"ok": ok == sessions, "errors": errs}});
+    ready(&v);
+    hold_until_stdin_closes().await;
+    drop(held);
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn window_mode(
+    target: SocketAddr,
+    path: String,
+    sessions: usize,
+    events: u64,
+    size: usize,
+    concurrency: usize,
+    no_hold: bool,
+) -> Value {
+    let path = Rc::new(path);
+    let t0 = now_ns();
+    let res = bounded(sessions, concurrency, move |_| {
+        let path = path.clone();
+        async move {
+            let (mut c, sid) = initialize(target, &path).await?;
+            let body = rpc(
+                "tools/call",
+                json!({"name":"stream","arguments":{"events":events,"size":size,"rate":0}}),
+            );
+            c.send(&http::request("POST", &path, &target, Some(&sid), &[], &body)).await?;
+            let head = c.read_head().await?;
+            if head.status != 200 {
+                return Err(std::io::Error::other(format!("status {}", head.status)));
+            }
+            read_sse(
+                &mut c,
+                &head,
+                0,
+                ReadOpts { record_from: u64::MAX, hist: None, stop_after: None, keep_ids: false },
+            )
+            .await
+        }
+    })
+    .await;
+    let mut agg = Agg::default();
+    let mut short = 0;
+    for r in &res {
+        match r {
+            Ok(st) => {
+                if st.events != events {
+                    short += 1;
+                }
+                agg.add(st)
+            }
+            Err(e) => agg.errors.push(e.to_string()),
+        }
+    }
+    let mut checks = agg.checks(sessions);
+    checks["short_streams"] = json!(short);
+    if short > 0 {
+        checks["ok"] = json!(false);
+    }
+    let v = json!({"mode":"window","sessions":sessions,"events_per_session":events,"size":size,
+        "events":agg.events,"ids_seen":agg.ids,"setup_s":(now_ns()-t0) as f64/1e9,"checks":checks});
+    if !no_hold {
+        ready(&v);
+        hold_until_stdin_closes().await;
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn storm_mode(
+    target: SocketAddr,
+    path: String,
+    sessions: usize,
+    events: u64,
+    back: u64,
+    size: usize,
+    concurrency: usize,
+    wait_stdin: bool,
+) -> Value {
+    // Setup: each session reads `events` on its standalone stream, keeps the ids, detaches.
+    let path = Rc::new(path);
+    let p2 = path.clone();
+    let setup = bounded(sessions, concurrency, move |_| {
+        let path = p2.clone();
+        async move {
+            let (mut c, sid) = initialize(target, &path).await?;
+            c.send(&http::request(
+                "GET",
+                &format!("{path}?events={events}&size={size}"),
+                &target,
+                Some(&sid),
+                &[],
+                b"",
+            ))
+            .await?;
+            let head = c.read_head().await?;
+            if head.status != 200 {
+                return Err(std::io::Error::other(format!("status {}", head.status)));
+            }
+            let st = read_sse(
+                &mut c,
+                &head,
+                0,
+                ReadOpts { record_from: u64::MAX, hist: None, stop_after: Some(events), keep_ids: true },
+            )
+            .await?;
+            let ids = st.kept_ids.unwrap_or_default();
+            if ids.len() as u64 != events {
+                return Err(std::io::Error::other(format!("got {} ids of {events}", ids.len())));
+            }
+            // Cursor: the id after which exactly `back` events follow.
+            Ok((sid, ids[(events - back - 1) as usize].clone()))
+        }
+    })
+    .await;
+    let mut cursors = Vec::new();
+    let mut errors = Vec::new();
+    for r in setup {
+        match r {
+            Ok(x) => cursors.push(x),
+            Err(e) => errors.push(format!("setup: {e}")),
+        }
+    }
+    // Let the gateway see every detach before the storm.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if wait_stdin {
+        println!("SETUP-DONE");
+        std::io::stdout().flush().ok();
+        hold_until_stdin_closes().await;
+    }
+    let go = Arc::new(tokio::sync::Barrier::new(cursors.len() + 1));
+    let mut tasks = Vec::new();
+    for (sid, cursor) in cursors {
+        let go = go.clone();
+        let path = path.clone();
+        tasks.push(tokio::task::spawn_local(async move {
+            let req = http::request("GET", &path, &target, Some(&sid), &[("Last-Event-ID", &cursor)], b"");
+            go.wait().await;
+            let t0 = now_ns();
+            let mut c = Conn::connect(target).await?;
+            c.send(&req).await?;
+            let head = c.read_head().await?;
+            if head.status != 200 {
+                return Err(std::io::Error::other(format!("resume status {}", head.status)));
+            }
+            let st = read_sse(
+                &mut c,
+                &head,
+                events - back,
+                ReadOpts { record_from: u64::MAX, hist: None, stop_after: Some(back), keep_ids: false },
+            )
+            .await?;
+            Ok::<_, std::io::Error>((t0, st.last_ns, st))
+        }));
+    }
+    go.wait().await;
+    let mut h = hist();
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    let mut agg = Agg::default();
+    let mut bad_replay = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok((t0, t1, st)) => {
+                first = first.min(t0);
+                last = last.max(t1);
+                let _ = h.record(t1.saturating_sub(t0).max(1));
+                if st.replay != Some(back) || st.events != back {
+                    bad_replay += 1;
+                }
+                // The resumed event is expected: do not count it as an anomaly.
+                let mut st = st;
+                st.control.retain(|c| c != "mcp-reattach/resumed");
+                st.result = true;
+                agg.add(&st);
+            }
+            Err(e) => agg.errors.push(e.to_string()),
+        }
+    }
+    agg.errors.extend(errors);
+    let mut checks = agg.checks(sessions);
+    checks["bad_replay"] = json!(bad_replay);
+    if bad_replay > 0 {
+        checks["ok"] = json!(false);
+    }
+    json!({"mode":"storm","sessions":sessions,"back":back,"replayed_events":agg.events,
+        "time_to_last_ms": if last > first { (last - first) as f64 / 1e6 } else { 0.0 },
+        "per_session": pct_us(&h), "checks": checks})
+}
