@@ -37,6 +37,19 @@ impl fmt::Display for Cursor {
 }
 
 impl Cursor {
+    /// Appends the canonical text of this cursor to `out` (what `Display` writes, without
+    /// the formatting machinery: this runs once per event sent).
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for i in (0..16).rev() {
+            out.push(HEX[((self.epoch >> (i * 4)) & 0xf) as usize]);
+        }
+        out.push(b'.');
+        push_decimal(u64::from(self.stream), out);
+        out.push(b'.');
+        push_decimal(self.seq, out);
+    }
+
     /// Parses the canonical form only (no leading zeros, no sign, lowercase hex), so each
     /// position has exactly one spelling.
     pub fn parse(s: &[u8]) -> Result<Cursor, CursorError> {
@@ -59,6 +72,20 @@ impl Cursor {
             seq: decimal(seq)?,
         })
     }
+}
+
+fn push_decimal(mut n: u64, out: &mut Vec<u8>) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 fn ascii(b: &[u8]) -> Result<&str, CursorError> {
@@ -141,6 +168,9 @@ mod tests {
         fn round_trip(epoch in any::<u64>(), stream in any::<u32>(), seq in any::<u64>()) {
             let c = Cursor { epoch, stream, seq };
             let s = c.to_string();
+            let mut fast = Vec::new();
+            c.write_to(&mut fast);
+            prop_assert_eq!(fast, s.as_bytes().to_vec());
             prop_assert!(s.len() <= MAX_CURSOR_LEN);
             prop_assert_eq!(Cursor::parse(s.as_bytes()), Ok(c));
         }

@@ -118,7 +118,11 @@ struct Reply {
 
 /// Ids (canonical JSON text) of the JSON-RPC responses in an event's data.
 pub fn response_ids(data: &str) -> Vec<String> {
-    if !(data.contains("\"result\"") || data.contains("\"error\"")) {
+    // Progress and other notifications are most of a stream: skip them without parsing.
+    let b = data.as_bytes();
+    if memchr::memmem::find(b, b"\"result\"").is_none()
+        && memchr::memmem::find(b, b"\"error\"").is_none()
+    {
         return Vec::new();
     }
     let Ok(msgs) = serde_json::from_str::<OneOrMany<Reply>>(data) else {

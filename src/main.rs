@@ -28,9 +28,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    // Log lines are written by a background thread (one line per request must not cost each
+    // request a write syscall); colours only on a terminal.
+    let (writer, _log_flush) = tracing_appender::non_blocking(std::io::stdout());
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_writer(writer);
     match cli.gateway.log_format {
         LogFormat::Text => fmt.init(),
         LogFormat::Json => fmt.json().flatten_event(true).init(),

@@ -73,6 +73,8 @@ pub enum ProxyError {
     BodyTooLarge(usize),
     #[error("could not read the request body: {0}")]
     BodyRead(BoxError),
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     #[error("{0}")]
     AtCapacity(AtCapacity),
     #[error("upstream unavailable: {0}")]
@@ -96,6 +98,7 @@ impl ProxyError {
             ProxyError::Resume(ResumeError::StreamEnded) => "stream-ended",
             ProxyError::BodyTooLarge(_) => "body-too-large",
             ProxyError::BodyRead(_) => "body-read",
+            ProxyError::BodyTimeout(_) => "body-timeout",
             ProxyError::AtCapacity(_) => "session-cap",
             ProxyError::Upstream(_) => "upstream-unavailable",
             ProxyError::UpstreamTimeout(_) => "upstream-timeout",
@@ -112,6 +115,7 @@ impl ProxyError {
             ProxyError::Resume(_) => (StatusCode::CONFLICT, codes::RESUMPTION_FAILED),
             ProxyError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, codes::GATEWAY),
             ProxyError::BodyRead(_) => (StatusCode::BAD_REQUEST, codes::GATEWAY),
+            ProxyError::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, codes::GATEWAY),
             ProxyError::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::GATEWAY),
             ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, codes::UPSTREAM),
             ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, codes::UPSTREAM),
@@ -164,6 +168,9 @@ impl Gateway {
         connector.set_connect_timeout(Some(cfg.upstream_connect_timeout));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(60))
+            // Without a timer the idle timeout is never applied and idle upstream
+            // connections stay open at the peak concurrency.
+            .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(connector);
         Arc::new(Gateway {
             registry: Arc::new(Registry::new(cfg.clone(), metrics)),
@@ -252,6 +259,7 @@ impl Gateway {
             ProxyError::BadSessionHeader => m.rejected("bad_session_header"),
             ProxyError::BodyTooLarge(_) => m.rejected("body_too_large"),
             ProxyError::BodyRead(_) => m.rejected("body_read"),
+            ProxyError::BodyTimeout(_) => m.rejected("body_timeout"),
             ProxyError::AtCapacity(_) => m.rejected("at_capacity"),
             ProxyError::OriginNotAllowed => m.rejected("origin_not_allowed"),
         }
@@ -320,18 +328,20 @@ impl Gateway {
 
         let (parts, body) = req.into_parts();
         let (body, info): (UpBody, PostInfo) = if parts.method == Method::POST {
-            let bytes = match Limited::new(body, self.cfg.max_request_bytes)
-                .collect()
-                .await
-            {
-                Ok(c) => c.to_bytes(),
-                Err(e)
+            // A slow body is cut like a slow head: both are bounded by --header-read-timeout.
+            let collect = Limited::new(body, self.cfg.max_request_bytes).collect();
+            let bytes = match tokio::time::timeout(self.cfg.header_read_timeout, collect).await {
+                Err(_) => {
+                    return Err((ProxyError::BodyTimeout(self.cfg.header_read_timeout), None))
+                }
+                Ok(Ok(c)) => c.to_bytes(),
+                Ok(Err(e))
                     if e.downcast_ref::<http_body_util::LengthLimitError>()
                         .is_some() =>
                 {
                     return Err((ProxyError::BodyTooLarge(self.cfg.max_request_bytes), None))
                 }
-                Err(e) => return Err((ProxyError::BodyRead(e), None)),
+                Ok(Err(e)) => return Err((ProxyError::BodyRead(e), None)),
             };
             let info = jsonrpc::inspect_post(&bytes);
             (
@@ -668,6 +678,24 @@ struct Upstream {
     remote: SocketAddr,
 }
 
+/// Most upstream bytes the reader takes in one go before tagging them.
+const READ_BATCH_BYTES: usize = 256 * 1024;
+
+/// The next frame of `body` if it is ready now, without waiting.
+async fn ready_frame(
+    body: &mut Incoming,
+) -> Option<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(
+            match http_body::Body::poll_frame(std::pin::Pin::new(&mut *body), cx) {
+                std::task::Poll::Ready(f) => Some(f),
+                std::task::Poll::Pending => None,
+            },
+        )
+    })
+    .await
+}
+
 /// Consecutive failed reconnects to an upstream stream before the gateway gives up on it.
 const UPSTREAM_RESUME_ATTEMPTS: u32 = 3;
 /// The longest `retry:` wait the gateway honours before reconnecting upstream.
@@ -690,35 +718,58 @@ async fn read_upstream(session: Arc<Session>, stream: u32, mut body: Incoming, u
         let mut decoder = Decoder::new(max_event_bytes);
         let mut events = Vec::new();
         let end = loop {
-            match body.frame().await {
-                Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    let fed = decoder.feed(&data, &mut events);
-                    for e in &events {
-                        if e.id.is_some() {
-                            last_upstream_id.clone_from(&e.id);
+            // Take every frame that is already here before tagging: one lock, one wake of
+            // the client and one write for a burst, instead of one per upstream chunk.
+            let mut next = body.frame().await;
+            let mut taken = 0;
+            let mut ended = None;
+            loop {
+                match next {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            taken += data.len();
+                            if let Err(e) = decoder.feed(&data, &mut events) {
+                                metrics.upstream_error("invalid_event");
+                                ended = Some(End::UpstreamFailed(e.to_string()));
+                                break;
+                            }
                         }
-                        retry = e.retry.or(retry);
                     }
-                    if !events.is_empty() {
-                        failures = 0;
+                    Some(Err(e)) => {
+                        metrics.upstream_error("stream");
+                        ended = Some(End::UpstreamFailed(format!(
+                            "upstream connection failed: {e}"
+                        )));
+                        break;
                     }
-                    session.push_events(stream, &mut events);
-                    if registry.over_budget() {
-                        registry.enforce_budget(&session);
-                    }
-                    if let Err(e) = fed {
-                        metrics.upstream_error("invalid_event");
-                        break End::UpstreamFailed(e.to_string());
+                    None => {
+                        ended = Some(End::Complete);
+                        break;
                     }
                 }
-                Some(Err(e)) => {
-                    metrics.upstream_error("stream");
-                    break End::UpstreamFailed(format!("upstream connection failed: {e}"));
+                if taken >= READ_BATCH_BYTES {
+                    break;
                 }
-                None => break End::Complete,
+                match ready_frame(&mut body).await {
+                    Some(f) => next = f,
+                    None => break,
+                }
+            }
+            for e in &events {
+                if e.id.is_some() {
+                    last_upstream_id.clone_from(&e.id);
+                }
+                retry = e.retry.or(retry);
+            }
+            if !events.is_empty() {
+                failures = 0;
+            }
+            session.push_events(stream, &mut events);
+            if registry.over_budget() {
+                registry.enforce_budget(&session);
+            }
+            if let Some(end) = ended {
+                break end;
             }
         };
         let Some(last_id) = last_upstream_id

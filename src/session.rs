@@ -766,18 +766,20 @@ impl Session {
 
     /// Writes a retained event as sent on the wire: its gateway id, then its body.
     fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
-        out.reserve(48 + e.body.len());
-        sse::write_id(
-            Cursor {
-                epoch: self.epoch,
-                stream: e.stream,
-                seq: e.seq,
-            },
-            out,
-        );
-        if e.message {
-            out.put_slice(b"event: message\n");
+        let mut id = Vec::with_capacity(64);
+        id.extend_from_slice(b"id: ");
+        Cursor {
+            epoch: self.epoch,
+            stream: e.stream,
+            seq: e.seq,
         }
+        .write_to(&mut id);
+        id.push(b'\n');
+        if e.message {
+            id.extend_from_slice(b"event: message\n");
+        }
+        out.reserve(id.len() + e.body.len());
+        out.put_slice(&id);
         out.put_slice(&e.body);
     }
 

@@ -102,7 +102,7 @@ impl Decoder {
                     continue;
                 }
             }
-            match chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+            match memchr::memchr2(b'\n', b'\r', chunk) {
                 Some(i) => {
                     self.grow(i)?;
                     self.line.extend_from_slice(&chunk[..i]);
@@ -256,7 +256,7 @@ pub fn body_len(ev: &Event) -> usize {
         n += 8 + r.to_string().len();
     }
     if let Some(d) = &ev.data {
-        let newlines = d.bytes().filter(|&b| b == b'\n').count();
+        let newlines = memchr::memchr_iter(b'\n', d.as_bytes()).count();
         n += d.len() - newlines + 7 * (1 + newlines);
     }
     n

@@ -377,8 +377,9 @@ pub mod http {
                                 .map_err(|_| io::Error::other("bad chunk size"))?
                                 .trim();
                             let hex = line.split(';').next().unwrap_or("");
-                            let n = usize::from_str_radix(hex, 16)
-                                .map_err(|_| io::Error::other(format!("bad chunk size {line:?}")))?;
+                            let n = usize::from_str_radix(hex, 16).map_err(|_| {
+                                io::Error::other(format!("bad chunk size {line:?}"))
+                            })?;
                             self.pos += nl + 1;
                             st.chunk = if n == 0 {
                                 Chunk::Trailer

@@ -134,13 +134,32 @@ fn main() {
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         a.quick = v["quick"].as_bool().unwrap_or(false);
         let scenarios = scenarios(&a);
-        let table = ratio_table(&v["summary"], &v["goals"]);
+        let records: Vec<Record> = v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| Record {
+                scenario: r["scenario"].as_str().unwrap_or("").to_owned(),
+                arm: ALL
+                    .into_iter()
+                    .find(|a| a.name() == r["arm"].as_str().unwrap_or(""))
+                    .unwrap_or(Arm::Direct),
+                round: r["round"].as_u64().unwrap_or(1) as usize - 1,
+                metrics: serde_json::from_value(r["metrics"].clone()).unwrap_or_default(),
+                ok: r["ok"].as_bool().unwrap_or(false),
+                note: r["note"].as_str().unwrap_or("").to_owned(),
+                raw: r["load"].clone(),
+            })
+            .collect();
+        let summary = summarize(&scenarios, &records);
+        let goals = goals(&summary, &records);
+        let table = ratio_table(&summary, &goals);
         println!("{table}");
         let md = markdown(
             &a,
             &scenarios,
-            &v["summary"],
-            &v["goals"],
+            &summary,
+            &goals,
             &v["machine"],
             &table,
             v["rounds"].as_u64().unwrap_or(0) as usize,
@@ -159,14 +178,24 @@ fn main() {
     let tmp = Tmp(std::env::temp_dir().join(format!("mcp-reattach-bench-{}", std::process::id())));
     std::fs::create_dir_all(&tmp.0).unwrap();
     for b in ["mock-upstream", "naive-proxy", "load"] {
-        assert!(a.bin.join(b).exists(), "missing {}", a.bin.join(b).display());
+        assert!(
+            a.bin.join(b).exists(),
+            "missing {}",
+            a.bin.join(b).display()
+        );
     }
-    assert!(a.gateway.exists(), "missing gateway binary {}", a.gateway.display());
+    assert!(
+        a.gateway.exists(),
+        "missing gateway binary {}",
+        a.gateway.display()
+    );
     let nginx = which("nginx");
     if nginx.is_none() {
         eprintln!("warning: nginx not found; the nginx arm is skipped");
     }
     let scenarios = scenarios(&a);
+    // Commit and worktree state now: the binaries were just built from them.
+    let machine = machine_info(&a);
     let started = Instant::now();
     let mut records: Vec<Record> = Vec::new();
     for round in 0..rounds {
@@ -203,7 +232,6 @@ fn main() {
     let total = started.elapsed().as_secs_f64();
     let summary = summarize(&scenarios, &records);
     let goals = goals(&summary, &records);
-    let machine = machine_info(&a);
     let table = ratio_table(&summary, &goals);
     println!("{table}");
     let out = json!({
@@ -225,7 +253,9 @@ fn main() {
     std::fs::write(&a.json_out, serde_json::to_string_pretty(&out).unwrap()).unwrap();
     println!("JSON: {}", a.json_out.display());
     if !a.no_doc {
-        let md = markdown(&a, &scenarios, &summary, &goals, &machine, &table, rounds, mem_rounds, total);
+        let md = markdown(
+            &a, &scenarios, &summary, &goals, &machine, &table, rounds, mem_rounds, total,
+        );
         std::fs::write(&a.out, md).unwrap();
         println!("wrote {}", a.out.display());
     }
@@ -277,7 +307,15 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             group: "json",
             title: "Small JSON POST at a fixed 2000 req/s (4 connections, open loop)".into(),
             arms: ALL.to_vec(),
-            load: s(&["json", "--conns", "4", "--rate", "2000", "--duration-ms", &paced]),
+            load: s(&[
+                "json",
+                "--conns",
+                "4",
+                "--rate",
+                "2000",
+                "--duration-ms",
+                &paced,
+            ]),
             kind: Kind::Run,
             gateway_flags: vec![],
             sessions: 0,
@@ -288,7 +326,11 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
     for (size, label) in [(200, "200 B"), (16384, "16 KiB")] {
         for streams in [1, 8] {
             out.push(Scenario {
-                key: format!("sse-{}-{}", if size == 200 { "200" } else { "16k" }, streams),
+                key: format!(
+                    "sse-{}-{}",
+                    if size == 200 { "200" } else { "16k" },
+                    streams
+                ),
                 group: "sse",
                 title: format!("SSE saturating, {label} events, {streams} stream(s)"),
                 arms: ALL.to_vec(),
@@ -316,7 +358,15 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         group: "paced",
         title: "SSE paced: 1 stream at 1000 events/s, 200 B".into(),
         arms: ALL.to_vec(),
-        load: s(&["sse", "--streams", "1", "--rate", "1000", "--duration-ms", &paced]),
+        load: s(&[
+            "sse",
+            "--streams",
+            "1",
+            "--rate",
+            "1000",
+            "--duration-ms",
+            &paced,
+        ]),
         kind: Kind::Run,
         gateway_flags: vec![],
         sessions: 0,
@@ -326,7 +376,8 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
     out.push(Scenario {
         key: "paced-50".into(),
         group: "paced",
-        title: "SSE paced: 50 streams at 100 events/s each (5000/s total), random phases, 200 B".into(),
+        title: "SSE paced: 50 streams at 100 events/s each (5000/s total), random phases, 200 B"
+            .into(),
         arms: ALL.to_vec(),
         load: s(&[
             "sse",
@@ -381,7 +432,15 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         group: "storm",
         title: format!("Reconnect storm: {sn} sessions resume 100 events back at once"),
         arms: vec![Arm::Reattach],
-        load: s(&["storm", "--sessions", &sn.to_string(), "--events", "200", "--back", "100"]),
+        load: s(&[
+            "storm",
+            "--sessions",
+            &sn.to_string(),
+            "--events",
+            "200",
+            "--back",
+            "100",
+        ]),
         kind: Kind::Run,
         gateway_flags: vec![],
         sessions: sn,
@@ -403,7 +462,11 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/sbin"]) {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+    {
         let p = Path::new(dir).join(name);
         if p.exists() {
             return Some(p);
@@ -413,7 +476,11 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn wait_port(addr: SocketAddr, max: Duration) -> bool {
@@ -488,12 +555,28 @@ fn start_mock(a: &Args, pin: bool) -> (Proc, SocketAddr) {
         ..a.clone()
     };
     let mut c = pinned_if(&mock_args, pin, 0, &a.bin.join("mock-upstream"));
-    c.arg("--listen").arg("127.0.0.1:0").stdout(Stdio::piped()).stderr(Stdio::null());
+    c.arg("--listen")
+        .arg("127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     let mut child = c.spawn().expect("start mock-upstream");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr: SocketAddr = line.trim().strip_prefix("LISTEN ").unwrap().parse().unwrap();
-    (Proc { child, graceful: true }, addr)
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("LISTEN ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    (
+        Proc {
+            child,
+            graceful: true,
+        },
+        addr,
+    )
 }
 
 fn nginx_conf(dir: &Path, listen: u16, upstream: SocketAddr) -> PathBuf {
@@ -585,15 +668,27 @@ fn start_proxy(
     // as a container runtime would capture it.
     let log = std::fs::File::create(tmp.0.join(format!("{}-{port}.log", arm.name()))).unwrap();
     c.stdout(log.try_clone().unwrap()).stderr(log);
-    let child = c.spawn().map_err(|e| format!("start {}: {e}", arm.name()))?;
-    let p = Proc { child, graceful: arm == Arm::Nginx };
+    let child = c
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", arm.name()))?;
+    let p = Proc {
+        child,
+        graceful: arm == Arm::Nginx,
+    };
     if !wait_port(listen, Duration::from_secs(10)) {
         return Err(format!("{} did not listen on {listen}", arm.name()));
     }
     Ok((Some(p), listen))
 }
 
-fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, nginx: Option<&Path>) -> Record {
+fn run_one(
+    a: &Args,
+    tmp: &Tmp,
+    sc: &Scenario,
+    arm: Arm,
+    round: usize,
+    nginx: Option<&Path>,
+) -> Record {
     let mut rec = Record {
         scenario: sc.key.clone(),
         arm,
@@ -614,12 +709,17 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, nginx: Op
     };
     // Let the proxy settle before the base sample.
     std::thread::sleep(Duration::from_millis(200));
-    let pids = proxy.as_ref().map(|p| procfs::tree(p.pid())).unwrap_or_default();
+    let pids = proxy
+        .as_ref()
+        .map(|p| procfs::tree(p.pid()))
+        .unwrap_or_default();
     let rss0 = procfs::rss_kib(&pids);
     let cpu0 = procfs::cpu_seconds(&pids);
     let mut load = pinned_if(a, pin, 0, &a.bin.join("load"));
     load.arg("--target").arg(target.to_string()).args(&sc.load);
-    load.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::piped());
+    load.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::piped());
     let t0 = Instant::now();
     let mut child = match load.spawn() {
         Ok(c) => c,
@@ -651,7 +751,9 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, nginx: Op
                     ready_json = serde_json::from_str(j).unwrap_or(Value::Null);
                     // Let the last closes and wake-ups settle before sampling.
                     std::thread::sleep(Duration::from_millis(500));
-                    rss_held = proxy.as_ref().map(|p| procfs::rss_kib(&procfs::tree(p.pid())));
+                    rss_held = proxy
+                        .as_ref()
+                        .map(|p| procfs::rss_kib(&procfs::tree(p.pid())));
                     cpu_held = Some(procfs::cpu_seconds(&pids));
                     drop(stdin.take());
                 } else {
@@ -716,8 +818,14 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, nginx: Op
         }
         "sse" | "paced" => {
             let ev = raw["events"].as_f64().unwrap_or(0.0);
-            m.insert("events_per_s".into(), raw["events_per_s"].as_f64().unwrap_or(0.0));
-            m.insert("mb_per_s".into(), raw["data_mb_per_s"].as_f64().unwrap_or(0.0));
+            m.insert(
+                "events_per_s".into(),
+                raw["events_per_s"].as_f64().unwrap_or(0.0),
+            );
+            m.insert(
+                "mb_per_s".into(),
+                raw["data_mb_per_s"].as_f64().unwrap_or(0.0),
+            );
             lat(m, &raw["latency"]);
             if has_proxy && ev > 0.0 {
                 m.insert("cpu_us_per_event".into(), cpu * 1e6 / ev);
@@ -731,11 +839,17 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, nginx: Op
             m.insert("kb_per_session".into(), delta / n / 1000.0);
             if sc.window_events > 0 {
                 m.insert("bytes_per_session".into(), delta / n);
-                m.insert("bytes_per_event".into(), delta / n / sc.window_events as f64);
+                m.insert(
+                    "bytes_per_event".into(),
+                    delta / n / sc.window_events as f64,
+                );
             }
         }
         "storm" => {
-            m.insert("time_to_last_ms".into(), raw["time_to_last_ms"].as_f64().unwrap_or(0.0));
+            m.insert(
+                "time_to_last_ms".into(),
+                raw["time_to_last_ms"].as_f64().unwrap_or(0.0),
+            );
             lat(m, &raw["per_session"]);
         }
         _ => {}
@@ -775,7 +889,10 @@ fn summarize(scs: &[Scenario], recs: &[Record]) -> Value {
     for sc in scs {
         let mut per_arm = serde_json::Map::new();
         for arm in ALL {
-            let rs: Vec<&Record> = recs.iter().filter(|r| r.scenario == sc.key && r.arm == arm).collect();
+            let rs: Vec<&Record> = recs
+                .iter()
+                .filter(|r| r.scenario == sc.key && r.arm == arm)
+                .collect();
             if rs.is_empty() {
                 continue;
             }
@@ -788,10 +905,9 @@ fn summarize(scs: &[Scenario], recs: &[Record]) -> Value {
                     }
                 }
                 if arm != Arm::Direct && matches!(sc.group, "json" | "paced") {
-                    if let Some(d) = recs
-                        .iter()
-                        .find(|d| d.scenario == sc.key && d.arm == Arm::Direct && d.round == r.round)
-                    {
+                    if let Some(d) = recs.iter().find(|d| {
+                        d.scenario == sc.key && d.arm == Arm::Direct && d.round == r.round
+                    }) {
                         for k in ["p50_us", "p99_us", "p999_us"] {
                             if let (Some(x), Some(y)) = (r.metrics.get(k), d.metrics.get(k)) {
                                 metrics.entry(format!("added_{k}")).or_default().push(x - y);
@@ -823,7 +939,22 @@ const WINDOW_PAYLOAD_BYTES: f64 = 200.0;
 
 fn goals(s: &Value, recs: &[Record]) -> Value {
     let mut g = Vec::new();
+    // Runs whose checks failed are left out of the medians; say so next to the goal.
+    let failed_note = |sc: &str| {
+        let rs: Vec<&Record> = recs
+            .iter()
+            .filter(|r| r.scenario == sc && r.arm == Arm::Reattach)
+            .collect();
+        let f = rs.iter().filter(|r| !r.ok).count();
+        if f > 0 {
+            format!(" (mcp-reattach: {f} of {} runs failed, left out)", rs.len())
+        } else {
+            String::new()
+        }
+    };
     let mut push = |name: String, value: Option<f64>, target: String, met: Option<bool>| {
+        let sc = name.split(':').next().unwrap_or("").to_owned();
+        let name = format!("{name}{}", failed_note(&sc));
         g.push(json!({"goal": name, "value": value, "target": target,
             "met": met.map_or(json!("n/a"), |b| json!(b))}));
     };
@@ -832,27 +963,62 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         let n = med(s, sc, Arm::Naive, "events_per_s");
         let x = med(s, sc, Arm::Nginx, "events_per_s");
         let rn = r.zip(n).map(|(a, b)| a / b);
-        push(format!("{sc}: events/s mcp-reattach / naive"), rn, "≥ 1.30".into(), rn.map(|v| v >= 1.3));
+        push(
+            format!("{sc}: events/s mcp-reattach / naive"),
+            rn,
+            "≥ 1.30".into(),
+            rn.map(|v| v >= 1.3),
+        );
         let rx = r.zip(x).map(|(a, b)| a / b);
-        push(format!("{sc}: events/s mcp-reattach / nginx"), rx, "≥ 1.00".into(), rx.map(|v| v >= 1.0));
+        push(
+            format!("{sc}: events/s mcp-reattach / nginx"),
+            rx,
+            "≥ 1.00".into(),
+            rx.map(|v| v >= 1.0),
+        );
     }
     for sc in ["sse-16k-1", "sse-16k-8"] {
         let r = med(s, sc, Arm::Reattach, "mb_per_s");
         let d = med(s, sc, Arm::Direct, "mb_per_s");
         let v = r.zip(d).map(|(a, b)| a / b);
-        push(format!("{sc}: MB/s mcp-reattach / direct"), v, "≥ 0.90".into(), v.map(|v| v >= 0.9));
+        push(
+            format!("{sc}: MB/s mcp-reattach / direct"),
+            v,
+            "≥ 0.90".into(),
+            v.map(|v| v >= 0.9),
+        );
     }
     let a1 = med(s, "paced-1", Arm::Reattach, "added_p99_us");
-    push("paced-1: added p99 per-event latency (µs)".into(), a1, "≤ 150".into(), a1.map(|v| v <= 150.0));
+    push(
+        "paced-1: added p99 per-event latency (µs)".into(),
+        a1,
+        "≤ 150".into(),
+        a1.map(|v| v <= 150.0),
+    );
     let a50 = med(s, "paced-50", Arm::Reattach, "added_p99_us");
-    push("paced-50: added p99 per-event latency (µs)".into(), a50, "≤ 500".into(), a50.map(|v| v <= 500.0));
+    push(
+        "paced-50: added p99 per-event latency (µs)".into(),
+        a50,
+        "≤ 500".into(),
+        a50.map(|v| v <= 500.0),
+    );
     let cr = med(s, "json", Arm::Reattach, "cpu_us_per_req");
     let cn = med(s, "json", Arm::Naive, "cpu_us_per_req");
     let v = cr.zip(cn).map(|(a, b)| a / b);
-    push("json: CPU per request mcp-reattach / naive".into(), v, "≤ 1.15".into(), v.map(|v| v <= 1.15));
+    push(
+        "json: CPU per request mcp-reattach / naive".into(),
+        v,
+        "≤ 1.15".into(),
+        v.map(|v| v <= 1.15),
+    );
     for sc in ["idle-1000", "idle-5000", "idle-200"] {
         if let Some(v) = med(s, sc, Arm::Reattach, "kb_per_session") {
-            push(format!("{sc}: RSS per idle held session (KB)"), Some(v), "≤ 24".into(), Some(v <= 24.0));
+            push(
+                format!("{sc}: RSS per idle held session (KB)"),
+                Some(v),
+                "≤ 24".into(),
+                Some(v <= 24.0),
+            );
         }
     }
     // Window: the marginal cost of a retained event (slope between the 128- and 256-event
@@ -862,7 +1028,9 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
     if let Some(b) = b256 {
         let all_in = b / 256.0 - WINDOW_PAYLOAD_BYTES;
         push(
-            format!("window: all-in RSS bytes per retained event − payload ({WINDOW_PAYLOAD_BYTES} B)"),
+            format!(
+                "window: all-in RSS bytes per retained event − payload ({WINDOW_PAYLOAD_BYTES} B)"
+            ),
             Some(all_in),
             "≤ 96".into(),
             Some(all_in <= 96.0),
@@ -877,7 +1045,12 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             Some(slope <= 96.0),
         );
         let per_session = b - 256.0 * (slope + WINDOW_PAYLOAD_BYTES);
-        push("window: per-session overhead (bytes, for the formula)".into(), Some(per_session), "–".into(), None);
+        push(
+            "window: per-session overhead (bytes, for the formula)".into(),
+            Some(per_session),
+            "–".into(),
+            None,
+        );
     }
     let st = med(s, "storm", Arm::Reattach, "p99_us");
     push(
@@ -887,7 +1060,12 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         st.map(|v| v <= 5000.0),
     );
     let failed = recs.iter().filter(|r| !r.ok).count();
-    push("runs with failed checks".into(), Some(failed as f64), "0".into(), Some(failed == 0));
+    push(
+        "runs with failed checks".into(),
+        Some(failed as f64),
+        "0".into(),
+        Some(failed == 0),
+    );
     Value::Array(g)
 }
 
@@ -911,7 +1089,12 @@ fn fmt(v: f64) -> String {
 
 fn cell(s: &Value, sc: &str, arm: &str, metric: &str) -> String {
     let v = &s[sc][arm][metric];
-    match (v["median"].as_f64(), v["min"].as_f64(), v["max"].as_f64(), v["n"].as_u64()) {
+    match (
+        v["median"].as_f64(),
+        v["min"].as_f64(),
+        v["max"].as_f64(),
+        v["n"].as_u64(),
+    ) {
         (Some(m), Some(lo), Some(hi), Some(n)) if n > 1 => {
             format!("{} [{}–{}]", fmt(m), fmt(lo), fmt(hi))
         }
@@ -936,24 +1119,41 @@ fn ratio_table(s: &Value, goals: &Value) -> String {
             Value::Bool(false) => "**NO**",
             _ => "–",
         };
-        t.push_str(&format!("| {} | {} | {} | {} |\n", g["goal"].as_str().unwrap(), v, g["target"].as_str().unwrap(), met));
+        t.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            g["goal"].as_str().unwrap(),
+            v,
+            g["target"].as_str().unwrap(),
+            met
+        ));
     }
     let _ = s;
     t
 }
 
 fn arm_table(s: &Value, sc: &Scenario, cols: &[(&str, &str)]) -> String {
-    let mut t = format!("| arm | {} |\n|---|{}\n", cols.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "), "---|".repeat(cols.len()));
+    let mut t = format!(
+        "| arm | {} |\n|---|{}\n",
+        cols.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(cols.len())
+    );
     for arm in &sc.arms {
         if s[&sc.key][arm.name()].is_null() {
             continue;
         }
         let failed = s[&sc.key][arm.name()]["failed"].as_u64().unwrap_or(0);
-        let cells: Vec<String> = cols.iter().map(|c| cell(s, &sc.key, arm.name(), c.0)).collect();
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|c| cell(s, &sc.key, arm.name(), c.0))
+            .collect();
         t.push_str(&format!(
             "| {}{} | {} |\n",
             arm.name(),
-            if failed > 0 { format!(" ({failed} failed)") } else { String::new() },
+            if failed > 0 {
+                format!(" ({failed} failed)")
+            } else {
+                String::new()
+            },
             cells.join(" | ")
         ));
     }
@@ -1004,7 +1204,7 @@ fn markdown(
     o.push_str(&format!(
         "## Machine and build\n\n| | |\n|---|---|\n| commit | `{}`{} |\n| date | {} |\n| CPU | {} × {} |\n| memory | {} |\n| OS / kernel | {} / {} |\n| rustc | {} |\n| nginx | {} (Debian) |\n| load average at start | {} |\n| rounds | {} (memory and storm: {}) |\n| job time | {:.0} s |\n\n",
         m["commit"].as_str().unwrap_or(""),
-        if m["dirty"].as_bool() == Some(true) { " (with uncommitted changes in src/)" } else { "" },
+        if m["dirty"].as_bool() == Some(true) { " (the worktree differed in src/, Cargo.toml or Cargo.lock)" } else { "" },
         m["date"].as_str().unwrap_or(""),
         m["cores"].as_str().unwrap_or(""),
         m["cpu"].as_str().unwrap_or(""),
@@ -1067,7 +1267,10 @@ fn markdown(
                 ("kb_per_session", "KB per held session"),
             ],
             _ => vec![
-                ("time_to_last_ms", "time to last replayed event, all sessions (ms)"),
+                (
+                    "time_to_last_ms",
+                    "time to last replayed event, all sessions (ms)",
+                ),
                 ("p50_us", "per session p50 µs"),
                 ("p99_us", "per session p99 µs"),
                 ("max_us", "per session max µs"),

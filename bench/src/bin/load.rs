@@ -145,7 +145,18 @@ async fn run(cli: Cli) -> Value {
             random_phase,
         } => {
             let duration_ms = if events > 0 { 0 } else { duration_ms };
-            sse_mode(t, p, streams, size, rate, duration_ms, events, warmup_ms, random_phase).await
+            sse_mode(
+                t,
+                p,
+                streams,
+                size,
+                rate,
+                duration_ms,
+                events,
+                warmup_ms,
+                random_phase,
+            )
+            .await
         }
         Mode::Json {
             conns,
@@ -212,7 +223,12 @@ async fn initialize(target: SocketAddr, path: &str) -> std::io::Result<(Conn, St
         .await?;
     let sid = head
         .header("mcp-session-id")
-        .ok_or_else(|| std::io::Error::other(format!("initialize: status {} without Mcp-Session-Id", head.status)))?
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "initialize: status {} without Mcp-Session-Id",
+                head.status
+            ))
+        })?
         .to_owned();
     Ok((c, sid))
 }
@@ -303,8 +319,10 @@ async fn read_sse(
             let Some(data) = ev.data else { return };
             let Some((seq, ts, is_result)) = payload::parse(data) else {
                 // A gateway-written JSON-RPC error (gap, upstream failure).
-                st.control
-                    .push(format!("message:{}", String::from_utf8_lossy(&data[..data.len().min(120)])));
+                st.control.push(format!(
+                    "message:{}",
+                    String::from_utf8_lossy(&data[..data.len().min(120)])
+                ));
                 return;
             };
             if st.events == 0 {
@@ -489,7 +507,11 @@ async fn json_saturate(
     warmup_ms: u64,
     requests: u64,
 ) -> Value {
-    let (duration_ms, warmup_ms) = if requests > 0 { (u64::MAX / 4_000_000, 0) } else { (duration_ms, warmup_ms) };
+    let (duration_ms, warmup_ms) = if requests > 0 {
+        (u64::MAX / 4_000_000, 0)
+    } else {
+        (duration_ms, warmup_ms)
+    };
     let mut cs = Vec::new();
     for _ in 0..conns {
         match initialize(target, &path).await {
@@ -539,7 +561,11 @@ async fn json_saturate(
         n += a;
         errors += b;
     }
-    let secs = if requests > 0 { (now_ns() - start) as f64 / 1e9 } else { duration_ms as f64 / 1e3 };
+    let secs = if requests > 0 {
+        (now_ns() - start) as f64 / 1e9
+    } else {
+        duration_ms as f64 / 1e3
+    };
     json!({
         "mode": "json", "conns": conns, "requests": n, "seconds": secs,
         "requests_per_s": n as f64 / secs, "latency": pct_us(&hist.borrow()),
@@ -632,7 +658,9 @@ fn json_paced(
 fn head_header(head: &str, name: &str) -> Option<String> {
     head.split("\r\n").find_map(|l| {
         let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_owned())
     })
 }
 
@@ -710,9 +738,16 @@ async fn idle_mode(target: SocketAddr, path: String, sessions: usize, concurrenc
         let path = path.clone();
         async move {
             let (mut c, sid) = initialize(target, &path).await.map_err(|e| e.to_string())?;
-            c.send(&http::request("GET", &format!("{path}?events=0"), &target, Some(&sid), &[], b""))
-                .await
-                .map_err(|e| e.to_string())?;
+            c.send(&http::request(
+                "GET",
+                &format!("{path}?events=0"),
+                &target,
+                Some(&sid),
+                &[],
+                b"",
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
             let head = c.read_head().await.map_err(|e| e.to_string())?;
             if head.status != 200 {
                 return Err(format!("GET status {}", head.status));
@@ -722,7 +757,11 @@ async fn idle_mode(target: SocketAddr, path: String, sessions: usize, concurrenc
     })
     .await;
     let ok = held.iter().filter(|r| r.is_ok()).count();
-    let errs: Vec<String> = held.iter().filter_map(|r| r.as_ref().err().cloned()).take(5).collect();
+    let errs: Vec<String> = held
+        .iter()
+        .filter_map(|r| r.as_ref().err().cloned())
+        .take(5)
+        .collect();
     let v = json!({"mode":"idle","sessions":sessions,"held":ok,"setup_s": (now_ns()-t0) as f64/1e9,
         "checks":{"ok": ok == sessions, "errors": errs}});
     ready(&v);
@@ -751,7 +790,15 @@ async fn window_mode(
                 "tools/call",
                 json!({"name":"stream","arguments":{"events":events,"size":size,"rate":0}}),
             );
-            c.send(&http::request("POST", &path, &target, Some(&sid), &[], &body)).await?;
+            c.send(&http::request(
+                "POST",
+                &path,
+                &target,
+                Some(&sid),
+                &[],
+                &body,
+            ))
+            .await?;
             let head = c.read_head().await?;
             if head.status != 200 {
                 return Err(std::io::Error::other(format!("status {}", head.status)));
@@ -760,7 +807,12 @@ async fn window_mode(
                 &mut c,
                 &head,
                 0,
-                ReadOpts { record_from: u64::MAX, hist: None, stop_after: None, keep_ids: false },
+                ReadOpts {
+                    record_from: u64::MAX,
+                    hist: None,
+                    stop_after: None,
+                    keep_ids: false,
+                },
             )
             .await
         }
@@ -828,12 +880,20 @@ async fn storm_mode(
                 &mut c,
                 &head,
                 0,
-                ReadOpts { record_from: u64::MAX, hist: None, stop_after: Some(events), keep_ids: true },
+                ReadOpts {
+                    record_from: u64::MAX,
+                    hist: None,
+                    stop_after: Some(events),
+                    keep_ids: true,
+                },
             )
             .await?;
             let ids = st.kept_ids.unwrap_or_default();
             if ids.len() as u64 != events {
-                return Err(std::io::Error::other(format!("got {} ids of {events}", ids.len())));
+                return Err(std::io::Error::other(format!(
+                    "got {} ids of {events}",
+                    ids.len()
+                )));
             }
             // Cursor: the id after which exactly `back` events follow.
             Ok((sid, ids[(events - back - 1) as usize].clone()))
@@ -861,20 +921,35 @@ async fn storm_mode(
         let go = go.clone();
         let path = path.clone();
         tasks.push(tokio::task::spawn_local(async move {
-            let req = http::request("GET", &path, &target, Some(&sid), &[("Last-Event-ID", &cursor)], b"");
+            let req = http::request(
+                "GET",
+                &path,
+                &target,
+                Some(&sid),
+                &[("Last-Event-ID", &cursor)],
+                b"",
+            );
             go.wait().await;
             let t0 = now_ns();
             let mut c = Conn::connect(target).await?;
             c.send(&req).await?;
             let head = c.read_head().await?;
             if head.status != 200 {
-                return Err(std::io::Error::other(format!("resume status {}", head.status)));
+                return Err(std::io::Error::other(format!(
+                    "resume status {}",
+                    head.status
+                )));
             }
             let st = read_sse(
                 &mut c,
                 &head,
                 events - back,
-                ReadOpts { record_from: u64::MAX, hist: None, stop_after: Some(back), keep_ids: false },
+                ReadOpts {
+                    record_from: u64::MAX,
+                    hist: None,
+                    stop_after: Some(back),
+                    keep_ids: false,
+                },
             )
             .await?;
             Ok::<_, std::io::Error>((t0, st.last_ns, st))

@@ -287,7 +287,11 @@ fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<Req>>
                 }
             };
             let n = usize::from_str_radix(
-                String::from_utf8_lossy(&buf[..nl]).split(';').next().unwrap_or("").trim(),
+                String::from_utf8_lossy(&buf[..nl])
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim(),
                 16,
             )
             .unwrap_or(0);

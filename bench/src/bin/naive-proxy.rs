@@ -22,7 +22,9 @@ async fn main() {
     let client: Client<_, Incoming> = Client::builder(TokioExecutor::new()).build(conn);
     let l = tokio::net::TcpListener::bind(listen).await.unwrap();
     loop {
-        let Ok((tcp, _)) = l.accept().await else { continue };
+        let Ok((tcp, _)) = l.accept().await else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let (client, upstream) = (client.clone(), upstream.clone());
         tokio::spawn(async move {
