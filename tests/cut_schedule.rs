@@ -21,7 +21,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use common::*;
 use mcp_reattach::sse::{Decoder, Event};

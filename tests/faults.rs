@@ -753,3 +753,86 @@ async fn header_read_timeout_is_a_deadline_not_an_idle_timer() {
     assert!(closed, "a trickled head was cut");
     assert!(after <= Duration::from_millis(2500), "cut after {after:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Upstream connection pool
+// ---------------------------------------------------------------------------------------------
+
+/// After a burst of concurrent requests, the idle pooled connections to the upstream are
+/// closed once the pool's idle timeout (60 s) has passed, so the gateway's fds return to
+/// baseline (a bug before 457dca3: the client had no pool timer, so the reaper never ran).
+/// Runs ~60 s, so it is opt-in (`--ignored`); `scripts/soak.sh` checks the same thing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow (~60 s, the pool's fixed idle timeout); run with --ignored"]
+async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
+    let mut mock = Mock::start().await;
+    let up = FaultProxy::start(mock.addr).await;
+    let gw = gateway(up.addr, |_| {}).await;
+    const N: usize = 6;
+    let pending: Vec<_> = (0..N)
+        .map(|i| {
+            tokio::spawn(send(
+                gw.addr,
+                post(
+                    &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/list"}}"#),
+                    Some(SID),
+                ),
+            ))
+        })
+        .collect();
+    // Hold every request until all have arrived: N upstream connections at once.
+    let mut seen = Vec::new();
+    for _ in 0..N {
+        seen.push(mock.next().await);
+    }
+    for s in seen {
+        s.respond(
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(
+                    br#"{"jsonrpc":"2.0","id":0,"result":{}}"#,
+                )))
+                .unwrap(),
+        );
+    }
+    for p in pending {
+        assert_eq!(p.await.unwrap().status(), 200);
+    }
+    assert_eq!(
+        up.accepted(),
+        N,
+        "one upstream connection per concurrent request"
+    );
+    assert!(
+        up.idle_within(Duration::from_secs(70)).await,
+        "{} idle upstream connections still open 70 s later",
+        up.live()
+    );
+}
+
+/// Slow body: a complete head, then a body that never finishes. Before 457dca3 nothing bounded
+/// it, so each such client held a connection (and a `--max-connections` slot) as long as it
+/// liked (slowhttptest `-B`, docs/reliability.md); now a POST body gets the header-read
+/// deadline too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_body_is_cut_like_a_slow_head() {
+    let mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.header_read_timeout = Duration::from_secs(1)
+    })
+    .await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(b"POST /mcp HTTP/1.1\r\nHost: mcp.example\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(6), tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(_)) => continue, // a 408 is fine
+            Err(_) => panic!("a body that never completes held the connection for 6 s"),
+        }
+    }
+    assert!(started.elapsed() <= Duration::from_secs(5));
+}
