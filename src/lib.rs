@@ -32,6 +32,7 @@ pub mod proxy;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod upstream;
 pub mod window;
 
 pub use config::{Config, Priming};
