@@ -259,13 +259,14 @@ impl Session {
         .to_string()
     }
 
-    /// The in-flight reserve's bounds (events, bytes): half the window. Written events stay
-    /// protected until this much was written after them; the other half of the window is
-    /// the read-ahead of events not yet written.
+    /// The in-flight reserve's bounds (events, bytes): three quarters of the window.
+    /// Written events stay protected until this much was written after them; the remaining
+    /// quarter is the read-ahead of events not yet written.
     fn reserve_limits(&self) -> (usize, usize) {
+        let quarter = |n: usize| n - n / 4;
         (
-            (self.cfg.window_events / 2).max(1),
-            (self.cfg.window_bytes / 2).max(1),
+            quarter(self.cfg.window_events).max(1),
+            quarter(self.cfg.window_bytes).max(1),
         )
     }
 
