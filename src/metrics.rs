@@ -143,7 +143,7 @@ impl Metrics {
         );
         registry.register(
             "events_evicted_undelivered",
-            "Events evicted before their client was known to have them (0 unless a client made no progress for --stall-timeout, or the memory budget trimmed a window)",
+            "Events evicted before they were ever written to a client (0 unless a client made no progress for --stall-timeout, or the memory budget trimmed a window)",
             m.events_evicted_undelivered.clone(),
         );
         registry.register(

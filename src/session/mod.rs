@@ -195,7 +195,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn note_eviction(metrics: &Metrics, streams: &mut BTreeMap<u32, Stream>, old: &Entry) {
     metrics.window_evictions.inc();
     if let Some(o) = streams.get_mut(&old.stream) {
-        if old.seq > o.acked {
+        if old.seq > o.sent {
             metrics.events_evicted_undelivered.inc();
         }
         o.lost_upto = o.lost_upto.max(old.seq);
@@ -259,14 +259,15 @@ impl Session {
         .to_string()
     }
 
-    /// The in-flight reserve's bounds (events, bytes): three quarters of the window.
-    /// Written events stay protected until this much was written after them; the remaining
-    /// quarter is the read-ahead of events not yet written.
+    /// The in-flight reserve's bounds (events, bytes): three quarters of the window, and
+    /// always at least one event short of it. Written events stay protected until this much
+    /// was written after them; the rest of the window is the read-ahead of events not yet
+    /// written, so the upstream can always move while a client reads.
     fn reserve_limits(&self) -> (usize, usize) {
-        let quarter = |n: usize| n - n / 4;
+        let (n, b) = (self.cfg.window_events, self.cfg.window_bytes);
         (
-            quarter(self.cfg.window_events).max(1),
-            quarter(self.cfg.window_bytes).max(1),
+            (n - n / 4).min(n.saturating_sub(1)).max(1),
+            (b - b / 4).max(1),
         )
     }
 
@@ -459,7 +460,7 @@ impl Session {
                 match &s.overflow {
                     Some(prev) if s.needs(prev.seq, now, stall) => false,
                     Some(prev) => {
-                        if prev.seq > s.acked {
+                        if prev.seq > s.sent {
                             self.metrics.events_evicted_undelivered.inc();
                         }
                         s.lost_upto = s.lost_upto.max(prev.seq);
@@ -838,6 +839,7 @@ impl Session {
         };
         if !out.is_empty() {
             sub.cursor = last;
+            s.sent = s.sent.max(last);
             // Progress: the stall clock restarts (or stops, once caught up).
             s.stall_since = (last < s.last_seq).then(Instant::now);
             let bytes = out.len();

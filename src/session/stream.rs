@@ -113,6 +113,8 @@ pub(super) struct Stream {
     /// then pushed out of the session's in-flight reserve by later sends. Events after it
     /// are never evicted while [`Stream::guarding`] holds.
     pub acked: u64,
+    /// The highest position written to any client of this stream.
+    pub sent: u64,
     /// Since when the stream's client has had something to receive and made no progress
     /// (`None`: caught up, or progressing). Runs on while no client is attached.
     pub stall_since: Option<Instant>,
@@ -143,6 +145,7 @@ impl Stream {
             last_seq: seq,
             lost_upto: 0,
             acked: seq,
+            sent: seq,
             stall_since: None,
             overflow: None,
             requests: requests
