@@ -468,7 +468,14 @@ async fn relay_conn(
         }
     };
     let _ = upstream.set_nodelay(true);
-    let cut = {
+    let plain = shared.options.down_bytes_per_sec.is_none() && !shared.options.record_up;
+    let cut = if plain {
+        // Exactly what the relay always did, for the tests that only inject faults.
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => false,
+            _ = &mut cut_rx => true,
+        }
+    } else {
         let (mut client_r, mut client_w) = client.split();
         let (mut upstream_r, mut upstream_w) = upstream.split();
         let up = pump_up(&mut client_r, &mut upstream_w, id, &shared);
