@@ -4,10 +4,12 @@
 //!
 //! Pure: works on byte slices and strings; never rewrites a message it forwards.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::sse;
 
 /// First protocol version of the modern (sessionless, cancel-on-disconnect) era.
 pub const FIRST_MODERN_VERSION: &str = "2026-07-28";
@@ -27,6 +29,16 @@ pub struct PostInfo {
     pub version: Option<String>,
     /// A single request's id, for error bodies the gateway writes for this POST.
     pub single_id: Option<Value>,
+    /// The version named by a `_meta` entry (the modern era's per-request version).
+    pub meta_version: Option<String>,
+}
+
+impl PostInfo {
+    /// Whether the body names a modern-era version in `_meta` (an `initialize`'s requested
+    /// version does not count: `initialize` exists only in the legacy eras).
+    pub fn modern(&self) -> bool {
+        self.meta_version.as_deref().is_some_and(is_modern)
+    }
 }
 
 #[derive(Deserialize)]
@@ -92,7 +104,8 @@ pub fn inspect_post(body: &[u8]) -> PostInfo {
             .and_then(|p| p.meta.as_ref())
             .and_then(|m| m.version.clone())
         {
-            info.version = Some(v);
+            info.version = Some(v.clone());
+            info.meta_version = Some(v);
         }
         if let Some(id) = m.id {
             if single {
@@ -183,6 +196,79 @@ pub fn error_body(id: Option<&Value>, code: i64, message: &str, reason: &str) ->
         "error": { "code": code, "message": message, "data": { "reason": reason } },
     });
     Bytes::from(body.to_string())
+}
+
+/// JSON-RPC error code the gateway uses for requests whose result cannot be delivered
+/// (resumption failed: a gap, a duplicate request id it cannot serve).
+pub const ERROR_CODE_RESUMPTION_FAILED: i64 = -32010;
+/// JSON-RPC error code for requests whose upstream stream failed.
+pub const ERROR_CODE_UPSTREAM_FAILED: i64 = -32011;
+
+/// Event types of the gateway's own control events (never `message`, so clients that do
+/// not know them ignore their data).
+pub const EVENT_RESUMED: &str = "mcp-reattach/resumed";
+pub const EVENT_RESUMPTION_FAILED: &str = "mcp-reattach/resumption-failed";
+pub const EVENT_RESUMPTION_REQUIRED: &str = "mcp-reattach/resumption-required";
+pub const EVENT_UPSTREAM_FAILED: &str = "mcp-reattach/upstream-failed";
+
+pub const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
+pub const UPSTREAM_ENDED_MESSAGE: &str =
+    "mcp-reattach: the upstream server ended the stream without answering this request";
+
+/// SSE frames that end a stream explicitly: a `resumption-failed` control event at `here`
+/// (carrying an id, so the client's cursor stays valid), then one JSON-RPC error per request
+/// id (JSON text) whose result the client will not get.
+pub fn failure_frames(here: &str, reason: &str, ids: &[String], message: &str) -> Bytes {
+    let info = serde_json::json!({ "reason": reason, "at": here, "requests": ids.len() });
+    let mut out = BytesMut::from(
+        &sse::control(
+            Some(here),
+            Some(EVENT_RESUMPTION_FAILED),
+            None,
+            &info.to_string(),
+        )[..],
+    );
+    for id in ids {
+        out.put_slice(&error_event(
+            id,
+            ERROR_CODE_RESUMPTION_FAILED,
+            message,
+            reason,
+        ));
+    }
+    out.freeze()
+}
+
+/// Like [`failure_frames`], for a stream whose upstream failed with `cause`.
+pub fn upstream_failure_frames(here: &str, cause: &str, ids: &[String]) -> Bytes {
+    let info = serde_json::json!({ "reason": "upstream-failed", "cause": cause, "at": here });
+    let mut out = BytesMut::from(
+        &sse::control(
+            Some(here),
+            Some(EVENT_UPSTREAM_FAILED),
+            None,
+            &info.to_string(),
+        )[..],
+    );
+    let message = format!(
+        "mcp-reattach: the upstream stream failed before this request was answered: {cause}"
+    );
+    for id in ids {
+        out.put_slice(&error_event(
+            id,
+            ERROR_CODE_UPSTREAM_FAILED,
+            &message,
+            "upstream-failed",
+        ));
+    }
+    out.freeze()
+}
+
+/// A `message` event carrying a JSON-RPC error response for request `id` (JSON text).
+fn error_event(id: &str, code: i64, message: &str, reason: &str) -> Bytes {
+    let id: Value = serde_json::from_str(id).unwrap_or(Value::Null);
+    let body = error_body(Some(&id), code, message, reason);
+    sse::control(None, Some("message"), None, &String::from_utf8_lossy(&body))
 }
 
 #[cfg(test)]

@@ -11,10 +11,11 @@
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
 //! | [`metrics`] | Prometheus metrics and their exposition | HTTP, sessions |
-//! | [`session`] | sessions, streams, attached clients: tagging, retention, re-attach, gaps, stalls, TTL | HTTP, sockets |
+//! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (`stream`, `registry` inside) | HTTP, sockets |
+//! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume | clients, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
-//! | [`proxy`] | the HTTP handler: resume, live attach, forward, modern pass-through; error → response | retention rules |
+//! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through; error → response | retention rules |
 //! | [`server`] | accept loops for the proxy and admin listeners, graceful drain | protocol details |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
@@ -32,6 +33,7 @@ pub mod proxy;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod upstream;
 pub mod window;
 
 pub use config::{Config, Priming};

@@ -5,6 +5,8 @@
 //!
 //! Knows nothing of HTTP or sessions; callers say what happened.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -29,6 +31,9 @@ pub struct Metrics {
     pub events_replayed: Counter,
     pub window_evictions: Counter,
     pub slow_consumer_detaches: Counter,
+    pub events_evicted_undelivered: Counter,
+    pub upstream_pauses: Counter,
+    pub upstream_paused_seconds: Counter<f64, AtomicU64>,
     pub connections: Gauge,
     pub connections_accepted: Counter,
     rejected: Family<Label, Counter>,
@@ -66,6 +71,9 @@ impl Metrics {
             events_replayed: Counter::default(),
             window_evictions: Counter::default(),
             slow_consumer_detaches: Counter::default(),
+            events_evicted_undelivered: Counter::default(),
+            upstream_pauses: Counter::default(),
+            upstream_paused_seconds: Counter::default(),
             connections: Gauge::default(),
             connections_accepted: Counter::default(),
             rejected: Family::default(),
@@ -132,6 +140,22 @@ impl Metrics {
             "slow_consumer_detaches",
             "Clients detached because they stalled",
             m.slow_consumer_detaches.clone(),
+        );
+        registry.register(
+            "events_evicted_undelivered",
+            "Events evicted before their client was known to have them (0 unless a client made no progress for --stall-timeout, or the memory budget trimmed a window)",
+            m.events_evicted_undelivered.clone(),
+        );
+        registry.register(
+            "upstream_pauses",
+            "Times an upstream stream was paused (flow control: the window held only events a client still needs)",
+            m.upstream_pauses.clone(),
+        );
+        registry.register_with_unit(
+            "upstream_paused",
+            "Time upstream streams spent paused by flow control",
+            Unit::Seconds,
+            m.upstream_paused_seconds.clone(),
         );
         registry.register("resumes", "Resume requests by outcome", m.resumes.clone());
         registry.register(

@@ -7,18 +7,14 @@
 
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 
 use crate::access::{AccessLog, Observed, StreamStats};
@@ -28,21 +24,16 @@ use crate::cursor::{Cursor, CursorError};
 use crate::jsonrpc::{self, PostInfo};
 use crate::metrics::Metrics;
 use crate::session::{
-    AtCapacity, End, Eviction, Registry, Resume, ResumeError, Session, StreamKind,
+    hash_id, AtCapacity, Eviction, Reattach, Registry, Resume, ResumeError, Session, StreamKind,
 };
-use crate::sse::Decoder;
+use crate::upstream::{is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream};
+pub use crate::upstream::{BoxError, LAST_EVENT_ID};
 
-/// Boxed error of bodies flowing through the gateway.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body of every response the gateway sends.
 pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
-type UpBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
-pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
 /// JSON-RPC error codes the gateway writes in its own error bodies.
@@ -52,9 +43,9 @@ pub mod codes {
     /// Session not found (the code the SDKs use for it).
     pub const SESSION_NOT_FOUND: i64 = -32001;
     /// Resumption failed (also used inside streams, see `session`).
-    pub const RESUMPTION_FAILED: i64 = crate::session::ERROR_CODE_RESUMPTION_FAILED;
+    pub const RESUMPTION_FAILED: i64 = crate::jsonrpc::ERROR_CODE_RESUMPTION_FAILED;
     /// Upstream unavailable or failed.
-    pub const UPSTREAM: i64 = crate::session::ERROR_CODE_UPSTREAM_FAILED;
+    pub const UPSTREAM: i64 = crate::jsonrpc::ERROR_CODE_UPSTREAM_FAILED;
 }
 
 /// Everything a request can fail with before a normal response exists. One exhaustive
@@ -83,6 +74,8 @@ pub enum ProxyError {
     UpstreamTimeout(std::time::Duration),
     #[error("Origin not allowed")]
     OriginNotAllowed,
+    #[error("request id {0} was already sent in this session and its stream cannot be resumed from the start; resume it with the Last-Event-ID of its stream")]
+    DuplicateRequest(String),
 }
 
 impl ProxyError {
@@ -103,6 +96,7 @@ impl ProxyError {
             ProxyError::Upstream(_) => "upstream-unavailable",
             ProxyError::UpstreamTimeout(_) => "upstream-timeout",
             ProxyError::OriginNotAllowed => "origin-not-allowed",
+            ProxyError::DuplicateRequest(_) => "duplicate-request",
         }
     }
 
@@ -120,6 +114,7 @@ impl ProxyError {
             ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, codes::UPSTREAM),
             ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, codes::UPSTREAM),
             ProxyError::OriginNotAllowed => (StatusCode::FORBIDDEN, codes::GATEWAY),
+            ProxyError::DuplicateRequest(_) => (StatusCode::CONFLICT, codes::RESUMPTION_FAILED),
         };
         let message = format!("mcp-reattach: {self}");
         let body = jsonrpc::error_body(id, code, &message, self.reason());
@@ -137,6 +132,20 @@ impl ProxyError {
     }
 }
 
+/// Why a resume GET was not answered as a resume.
+enum Fallback {
+    /// A standalone cursor that re-attaches to the session (a live or new standalone stream).
+    Reattach(Reattach),
+    /// Refused with this error.
+    Refused(ProxyError),
+}
+
+impl From<ProxyError> for Fallback {
+    fn from(e: ProxyError) -> Fallback {
+        Fallback::Refused(e)
+    }
+}
+
 fn full(b: Bytes) -> ResBody {
     Full::new(b).map_err(|never| match never {}).boxed_unsync()
 }
@@ -144,7 +153,7 @@ fn full(b: Bytes) -> ResBody {
 /// Per-connection facts the handler needs.
 #[derive(Clone, Debug)]
 pub struct Conn {
-    pub remote: SocketAddr,
+    pub remote: std::net::SocketAddr,
     /// Notified to close the client connection (a stalled client whose body cannot be polled).
     pub kill: Arc<Notify>,
 }
@@ -153,7 +162,7 @@ pub struct Conn {
 pub struct Gateway {
     cfg: Arc<Config>,
     registry: Arc<Registry>,
-    client: Client<HttpConnector, UpBody>,
+    upstream: Arc<Upstream>,
     hurry: Notify,
     /// Random per process: principals are hashed with it, never stored in the clear.
     principal_key: std::collections::hash_map::RandomState,
@@ -163,19 +172,10 @@ impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
         let cfg = Arc::new(cfg);
         let metrics = Arc::new(Metrics::new());
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(cfg.upstream_connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
-            // Without a timer the idle timeout is never applied and idle upstream
-            // connections stay open at the peak concurrency.
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(connector);
         Arc::new(Gateway {
             registry: Arc::new(Registry::new(cfg.clone(), metrics)),
+            upstream: Arc::new(Upstream::new(cfg.clone())),
             cfg,
-            client,
             hurry: Notify::new(),
             principal_key: std::collections::hash_map::RandomState::new(),
         })
@@ -215,7 +215,7 @@ impl Gateway {
         let session = req
             .headers()
             .get(MCP_SESSION_ID)
-            .map(|v| crate::session::hash_id(&String::from_utf8_lossy(v.as_bytes())));
+            .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
         let mut resp = match self.route(req, &conn).await {
             Ok(r) => r,
             Err((e, id)) => {
@@ -228,7 +228,7 @@ impl Gateway {
         let session = session.or_else(|| {
             resp.headers()
                 .get(MCP_SESSION_ID)
-                .map(|v| crate::session::hash_id(&String::from_utf8_lossy(v.as_bytes())))
+                .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())))
         });
         let log = AccessLog::new(
             method,
@@ -262,6 +262,7 @@ impl Gateway {
             ProxyError::BodyTimeout(_) => m.rejected("body_timeout"),
             ProxyError::AtCapacity(_) => m.rejected("at_capacity"),
             ProxyError::OriginNotAllowed => m.rejected("origin_not_allowed"),
+            ProxyError::DuplicateRequest(_) => m.resume("duplicate_request"),
         }
     }
 
@@ -298,13 +299,19 @@ impl Gateway {
         }
         let principal = self.principal(req.headers());
 
+        // A standalone cursor that cannot be resumed exactly re-attaches to the session.
+        let mut reattach: Option<Reattach> = None;
         if !modern && req.method() == Method::GET {
             if let Some(sid) = &session_id {
                 if let Some(cursor) = req.headers().get(LAST_EVENT_ID) {
-                    return self
+                    match self
                         .resume(sid, cursor.as_bytes(), &req, principal, conn)
                         .await
-                        .map_err(|e| (e, None));
+                    {
+                        Ok(resp) => return Ok(resp),
+                        Err(Fallback::Reattach(r)) => reattach = Some(r),
+                        Err(Fallback::Refused(e)) => return Err((e, None)),
+                    }
                 }
                 if let Some(s) = self.registry.get(sid) {
                     if s.has_standalone() && self.authorized(&s, &req, principal).await {
@@ -313,12 +320,15 @@ impl Gateway {
                                 .as_deref()
                                 .or(s.protocol_version().as_deref()),
                         );
-                        if let Some((stream, generation, priming)) =
-                            s.attach_standalone(prime, Some(conn.kill.clone()))
+                        if let Some((stream, generation, opening)) =
+                            s.attach_standalone(prime, reattach.as_ref(), Some(conn.kill.clone()))
                         {
-                            tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
+                            if reattach.is_some() {
+                                self.registry.metrics().resume("reattached");
+                            }
+                            tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
                             let body =
-                                AttachBody::new(s, stream, generation, priming, self.cfg.keepalive);
+                                AttachBody::new(s, stream, generation, opening, self.cfg.keepalive);
                             return Ok(self.sse_response(StatusCode::OK, None, sid, body));
                         }
                     }
@@ -326,7 +336,7 @@ impl Gateway {
             }
         }
 
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let (body, info): (UpBody, PostInfo) = if parts.method == Method::POST {
             // A slow body is cut like a slow head: both are bounded by --header-read-timeout.
             let collect = Limited::new(body, self.cfg.max_request_bytes).collect();
@@ -357,7 +367,8 @@ impl Gateway {
             )
         };
         let single_id = info.single_id.clone();
-        let modern = modern || info.version.as_deref().is_some_and(jsonrpc::is_modern);
+        // `initialize` exists only in the legacy eras, whatever version it asks for.
+        let modern = !info.initialize && (modern || info.modern());
         if !modern && info.initialize && session_id.is_none() {
             self.registry
                 .reserve()
@@ -372,6 +383,19 @@ impl Gateway {
             if let Some(v) = &header_version {
                 s.set_protocol_version(v);
             }
+            if parts.method == Method::POST && !info.request_ids.is_empty() {
+                let sid = session_id.as_deref().unwrap_or_default();
+                if let Some(r) = self
+                    .retransmission(sid, &s, &parts, &info, principal, conn)
+                    .await
+                {
+                    return r.map_err(|e| (e, single_id));
+                }
+            }
+        }
+        if !modern {
+            // Legacy `Last-Event-ID`s are the gateway's: the upstream never sees them.
+            parts.headers.remove(LAST_EVENT_ID);
         }
 
         // Requests that cannot get a stream back must be answered promptly; anything that may
@@ -380,14 +404,14 @@ impl Gateway {
             || (parts.method == Method::POST && !info.request_ids.is_empty());
         // Kept to resume the upstream stream if the upstream closes it early.
         let forwarded = parts.headers.clone();
-        let upstream_req = self.upstream_request(
+        let upstream_req = self.upstream.request(
             parts.method.clone(),
             parts.uri.clone(),
             parts.headers,
             body,
             Some(conn.remote),
         );
-        let pending = self.client.request(upstream_req);
+        let pending = self.upstream.send(upstream_req);
         let resp = if can_stream {
             pending
                 .await
@@ -447,26 +471,39 @@ impl Gateway {
             StreamKind::Standalone
         };
         let prime = self.prime(session.protocol_version().as_deref());
-        let (stream, generation, priming) = session.open_stream(
+        let reattach = reattach.filter(|_| kind == StreamKind::Standalone);
+        if reattach.is_some() {
+            self.registry.metrics().resume("reattached");
+        }
+        let (stream, generation, opening) = session.open_stream(
             kind,
             info.request_ids,
             info.initialize,
             prime,
+            reattach.as_ref(),
             Some(conn.kill.clone()),
         );
         let (resp_parts, upstream_body) = resp.into_parts();
-        let up = Upstream {
-            gateway: self.clone(),
+        let source = Source {
+            upstream: self.upstream.clone(),
             uri: parts.uri.clone(),
             headers: forwarded,
             remote: conn.remote,
         };
-        let reader = tokio::spawn(read_upstream(session.clone(), stream, upstream_body, up));
+        let reader = tokio::spawn(read_stream(
+            self.registry.clone(),
+            session.clone(),
+            stream,
+            upstream_body,
+            source,
+        ));
         session.set_reader(stream, reader.abort_handle());
-        let body = AttachBody::new(session, stream, generation, priming, self.cfg.keepalive);
+        let body = AttachBody::new(session, stream, generation, opening, self.cfg.keepalive);
         Ok(self.sse_response(resp_parts.status, Some(resp_parts.headers), &sid, body))
     }
 
+    /// A `GET` with `Last-Event-ID`: re-attaches the client at its cursor. A standalone
+    /// cursor that cannot be resumed exactly is handed back as a [`Fallback::Reattach`].
     async fn resume(
         &self,
         sid: &str,
@@ -474,28 +511,81 @@ impl Gateway {
         req: &Request<Incoming>,
         principal: u64,
         conn: &Conn,
-    ) -> Result<Response<ResBody>, ProxyError> {
+    ) -> Result<Response<ResBody>, Fallback> {
         let session = self.registry.get(sid).ok_or(ProxyError::UnknownSession)?;
         if !self.authorized(&session, req, principal).await {
             // Exactly the answer for an unknown session: a caller who may not resume learns
             // nothing, not even that the session exists.
             self.registry.metrics().resume("unauthorized");
-            tracing::warn!(mcp.session = %crate::session::hash_id(sid), "resume refused: principal mismatch");
-            return Err(ProxyError::UnknownSession);
+            tracing::warn!(mcp.session = %hash_id(sid), "resume refused: principal mismatch");
+            return Err(ProxyError::UnknownSession.into());
         }
         let cursor = Cursor::parse(cursor).map_err(ProxyError::MalformedCursor)?;
-        match session
-            .resume(cursor, Some(conn.kill.clone()))
-            .map_err(ProxyError::Resume)?
+        match session.resume(cursor, Some(conn.kill.clone())) {
+            Ok(r) => Ok(self.resumed(sid, session, r, "resumed")),
+            Err(e) => match session.standalone_reattach(&cursor, e) {
+                Some(r) => {
+                    tracing::debug!(mcp.session = %hash_id(sid), reason = r.reason, "standalone cursor re-attaches to the session");
+                    Err(Fallback::Reattach(r))
+                }
+                None => Err(ProxyError::Resume(e).into()),
+            },
+        }
+    }
+
+    /// A POST carrying a request id that a retained stream of the session already carried:
+    /// answered as a resume of that stream (exact with a `Last-Event-ID` of that stream,
+    /// from the stream's start without one), never forwarded. `None`: not a retransmission.
+    async fn retransmission(
+        &self,
+        sid: &str,
+        session: &Arc<Session>,
+        parts: &http::request::Parts,
+        info: &PostInfo,
+        principal: u64,
+        conn: &Conn,
+    ) -> Option<Result<Response<ResBody>, ProxyError>> {
+        let (headers, uri) = (&parts.headers, &parts.uri);
+        // A cursor that does not parse is as good as none: the duplicate id decides.
+        let cursor = headers
+            .get(LAST_EVENT_ID)
+            .and_then(|c| Cursor::parse(c.as_bytes()).ok());
+        if !session.carries_any(&info.request_ids) {
+            return None;
+        }
+        if !self
+            .authorized_headers(session, headers, uri, principal)
+            .await
         {
+            self.registry.metrics().resume("unauthorized");
+            return Some(Err(ProxyError::UnknownSession));
+        }
+        let found = session.retransmission(&info.request_ids, cursor, Some(conn.kill.clone()))?;
+        tracing::info!(mcp.session = %hash_id(sid), "retransmitted request answered as a resume");
+        Some(match found {
+            Ok(r) => Ok(self.resumed(sid, session.clone(), r, "retransmission")),
+            Err((_, Some(e))) => Err(ProxyError::Resume(e)),
+            Err((dup, None)) => Err(ProxyError::DuplicateRequest(dup)),
+        })
+    }
+
+    /// The response to a resume the session accepted.
+    fn resumed(
+        &self,
+        sid: &str,
+        session: Arc<Session>,
+        r: Resume,
+        outcome: &'static str,
+    ) -> Response<ResBody> {
+        match r {
             Resume::Attached {
                 stream,
                 generation,
                 prelude,
                 replay,
             } => {
-                self.registry.metrics().resume("resumed");
-                tracing::debug!(mcp.session = %crate::session::hash_id(sid), mcp.stream = stream, replay, "resumed");
+                self.registry.metrics().resume(outcome);
+                tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = stream, replay, "resumed");
                 let body = AttachBody::new(
                     session,
                     stream,
@@ -504,13 +594,13 @@ impl Gateway {
                     self.cfg.keepalive,
                 )
                 .with_replayed(replay);
-                Ok(self.sse_response(StatusCode::OK, None, sid, body))
+                self.sse_response(StatusCode::OK, None, sid, body)
             }
             Resume::GapWithErrors { frames } => {
                 self.registry.metrics().resume("gap");
                 let mut resp = Response::new(full(frames));
                 sse_headers(resp.headers_mut(), sid);
-                Ok(resp)
+                resp
             }
         }
     }
@@ -536,11 +626,23 @@ impl Gateway {
 
     /// Whether the caller may attach to `session`'s streams, per `--resume-auth`.
     async fn authorized(&self, session: &Session, req: &Request<Incoming>, principal: u64) -> bool {
+        self.authorized_headers(session, req.headers(), req.uri(), principal)
+            .await
+    }
+
+    /// [`Gateway::authorized`] for a request already taken apart.
+    async fn authorized_headers(
+        &self,
+        session: &Session,
+        headers: &HeaderMap,
+        uri: &http::Uri,
+        principal: u64,
+    ) -> bool {
         match self.cfg.resume_auth {
             ResumeAuth::None => true,
             ResumeAuth::Principal => session.principal() == principal,
             ResumeAuth::Upstream => {
-                let ok = self.upstream_accepts(req).await;
+                let ok = self.upstream_accepts(headers, uri).await;
                 if ok {
                     // Credentials rotate (token refresh): bind to the latest accepted one.
                     session.set_principal(principal);
@@ -552,9 +654,9 @@ impl Gateway {
 
     /// Asks the upstream whether the caller's credentials are good for this session: a
     /// JSON-RPC `ping` with the caller's headers must succeed.
-    async fn upstream_accepts(&self, req: &Request<Incoming>) -> bool {
+    async fn upstream_accepts(&self, headers: &HeaderMap, uri: &http::Uri) -> bool {
         const PING_ID: &str = "mcp-reattach-resume-auth";
-        let mut headers = req.headers().clone();
+        let mut headers = headers.clone();
         headers.remove(LAST_EVENT_ID);
         headers.remove(header::CONTENT_LENGTH);
         headers.insert(
@@ -569,9 +671,11 @@ impl Gateway {
         let body = Full::new(Bytes::from(body))
             .map_err(|never| match never {})
             .boxed_unsync();
-        let upstream = self.upstream_request(Method::POST, req.uri().clone(), headers, body, None);
+        let upstream = self
+            .upstream
+            .request(Method::POST, uri.clone(), headers, body, None);
         let check = async {
-            let resp = self.client.request(upstream).await.ok()?;
+            let resp = self.upstream.send(upstream).await.ok()?;
             if !resp.status().is_success() {
                 return None;
             }
@@ -622,217 +726,6 @@ impl Gateway {
         sse_headers(resp.headers_mut(), sid);
         resp
     }
-
-    fn upstream_request(
-        &self,
-        method: Method,
-        uri: Uri,
-        mut headers: HeaderMap,
-        body: UpBody,
-        remote: Option<SocketAddr>,
-    ) -> Request<UpBody> {
-        let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let base = &self.cfg.upstream;
-        let target = format!(
-            "{}://{}{}",
-            base.scheme_str().unwrap_or("http"),
-            base.authority().map_or("", |a| a.as_str()),
-            pq
-        );
-        if !headers.contains_key(header::HOST) {
-            // HTTP/2 clients send :authority instead; forward it as Host, unchanged.
-            if let Some(a) = uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            {
-                headers.insert(header::HOST, a);
-            }
-        }
-        strip_hop_by_hop(&mut headers);
-        if let Some(remote) = remote {
-            let ip = remote.ip().to_string();
-            let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-                Some(prev) => format!("{prev}, {ip}"),
-                None => ip,
-            };
-            if let Ok(v) = HeaderValue::from_str(&xff) {
-                headers.insert(X_FORWARDED_FOR, v);
-            }
-        }
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        // Upstream connections are HTTP/1.1 whatever the client spoke (the request's
-        // version is left at its default).
-        let mut req = Request::new(body);
-        *req.method_mut() = method;
-        *req.uri_mut() = target.parse().unwrap_or_else(|_| base.clone());
-        *req.headers_mut() = headers;
-        req
-    }
-}
-
-/// What the gateway needs to reconnect to an upstream stream that closed early.
-struct Upstream {
-    gateway: Arc<Gateway>,
-    uri: Uri,
-    headers: HeaderMap,
-    remote: SocketAddr,
-}
-
-/// Most upstream bytes the reader takes in one go before tagging them.
-const READ_BATCH_BYTES: usize = 256 * 1024;
-
-/// The next frame of `body` if it is ready now, without waiting.
-async fn ready_frame(
-    body: &mut Incoming,
-) -> Option<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-    std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(
-            match http_body::Body::poll_frame(std::pin::Pin::new(&mut *body), cx) {
-                std::task::Poll::Ready(f) => Some(f),
-                std::task::Poll::Pending => None,
-            },
-        )
-    })
-    .await
-}
-
-/// Consecutive failed reconnects to an upstream stream before the gateway gives up on it.
-const UPSTREAM_RESUME_ATTEMPTS: u32 = 3;
-/// The longest `retry:` wait the gateway honours before reconnecting upstream.
-const MAX_UPSTREAM_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Reads a tagged upstream stream to its end, whether or not a client is attached.
-///
-/// An upstream that sets its own ids may close a stream before it is done (2025-11-25 "SSE
-/// polling"); the gateway then resumes it upstream with `Last-Event-ID` (honouring `retry:`),
-/// the way a client would, and keeps appending to the same stream: while a POST stream still
-/// has unanswered requests, and for the standalone stream while the session lives.
-async fn read_upstream(session: Arc<Session>, stream: u32, mut body: Incoming, up: Upstream) {
-    let registry = up.gateway.registry.clone();
-    let metrics = registry.metrics().clone();
-    let max_event_bytes = up.gateway.cfg.max_event_bytes;
-    let mut last_upstream_id: Option<String> = None;
-    let mut retry: Option<u64> = None;
-    let mut failures = 0;
-    let end = 'outer: loop {
-        let mut decoder = Decoder::new(max_event_bytes);
-        let mut events = Vec::new();
-        let end = loop {
-            // Take every frame that is already here before tagging: one lock, one wake of
-            // the client and one write for a burst, instead of one per upstream chunk.
-            let mut next = body.frame().await;
-            let mut taken = 0;
-            let mut ended = None;
-            loop {
-                match next {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            taken += data.len();
-                            if let Err(e) = decoder.feed(&data, &mut events) {
-                                metrics.upstream_error("invalid_event");
-                                ended = Some(End::UpstreamFailed(e.to_string()));
-                                break;
-                            }
-                        }
-                    }
-                    Some(Err(e)) => {
-                        metrics.upstream_error("stream");
-                        ended = Some(End::UpstreamFailed(format!(
-                            "upstream connection failed: {e}"
-                        )));
-                        break;
-                    }
-                    None => {
-                        ended = Some(End::Complete);
-                        break;
-                    }
-                }
-                if taken >= READ_BATCH_BYTES {
-                    break;
-                }
-                match ready_frame(&mut body).await {
-                    Some(f) => next = f,
-                    None => break,
-                }
-            }
-            for e in &events {
-                if e.id.is_some() {
-                    last_upstream_id.clone_from(&e.id);
-                }
-                retry = e.retry.or(retry);
-            }
-            if !events.is_empty() {
-                failures = 0;
-            }
-            session.push_events(stream, &mut events);
-            if registry.over_budget() {
-                registry.enforce_budget(&session);
-            }
-            if let Some(end) = ended {
-                break end;
-            }
-        };
-        let Some(last_id) = last_upstream_id
-            .clone()
-            .filter(|_| session.wants_more(stream))
-        else {
-            break end;
-        };
-        if matches!(end, End::UpstreamFailed(ref c) if !c.starts_with("upstream connection failed"))
-        {
-            break end; // a protocol error will not heal by reconnecting
-        }
-        // Reconnect upstream, as a client of a polling server would.
-        loop {
-            if failures >= UPSTREAM_RESUME_ATTEMPTS {
-                break 'outer End::UpstreamFailed(format!(
-                    "the upstream closed the stream and refused {UPSTREAM_RESUME_ATTEMPTS} attempts to resume it"
-                ));
-            }
-            failures += 1;
-            let wait =
-                std::time::Duration::from_millis(retry.unwrap_or(1000)).min(MAX_UPSTREAM_RETRY);
-            tokio::time::sleep(wait).await;
-            tracing::debug!(mcp.session = %crate::session::hash_id(session.id()), mcp.stream = stream, "resuming the upstream stream");
-            match up.resume(&last_id).await {
-                Some(b) => {
-                    body = b;
-                    continue 'outer;
-                }
-                None => metrics.upstream_error("resume"),
-            }
-        }
-    };
-    if let End::UpstreamFailed(cause) = &end {
-        tracing::warn!(mcp.session = %crate::session::hash_id(session.id()), mcp.stream = stream, cause = %cause, "upstream stream failed");
-    }
-    session.end_stream(stream, end);
-}
-
-impl Upstream {
-    /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
-    async fn resume(&self, last_id: &str) -> Option<Incoming> {
-        let mut headers = self.headers.clone();
-        headers.remove(header::CONTENT_TYPE);
-        headers.remove(header::CONTENT_LENGTH);
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(LAST_EVENT_ID, HeaderValue::from_str(last_id).ok()?);
-        let body = Full::new(Bytes::new())
-            .map_err(|never| match never {})
-            .boxed_unsync();
-        let req = self.gateway.upstream_request(
-            Method::GET,
-            self.uri.clone(),
-            headers,
-            body,
-            Some(self.remote),
-        );
-        let resp = self.gateway.client.request(req).await.ok()?;
-        (resp.status() == StatusCode::OK && is_sse(resp.headers())).then(|| resp.into_body())
-    }
 }
 
 fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {
@@ -854,92 +747,6 @@ fn sse_headers(h: &mut HeaderMap, sid: &str) {
     }
 }
 
-fn is_sse(h: &HeaderMap) -> bool {
-    let ct = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let identity = h
-        .get(header::CONTENT_ENCODING)
-        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
-    ct.split(';')
-        .next()
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-        && identity
-}
-
 fn is_visible_ascii(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|c| (0x21..=0x7e).contains(c))
-}
-
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        h.remove(n);
-    }
-    for n in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        h.remove(n);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strips_hop_by_hop_and_connection_named_headers() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-secret"),
-        );
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
-        h.insert(MCP_SESSION_ID, HeaderValue::from_static("abc"));
-        strip_hop_by_hop(&mut h);
-        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        assert_eq!(left.len(), 2, "{left:?}");
-        assert!(h.contains_key(header::AUTHORIZATION));
-        assert!(h.contains_key(MCP_SESSION_ID));
-    }
-
-    #[test]
-    fn sse_detection() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream; charset=utf-8"),
-        );
-        assert!(is_sse(&h));
-        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        assert!(!is_sse(&h));
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.remove(header::CONTENT_ENCODING);
-        assert!(!is_sse(&h));
-    }
 }

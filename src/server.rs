@@ -85,6 +85,7 @@ pub async fn serve_gateway(
             () = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
+        limit_unsent(&tcp);
         let gateway = gateway.clone();
         let builder = builder.clone();
         let mut drain = drain_rx.clone();
@@ -150,6 +151,21 @@ pub async fn serve_gateway(
     tracing::info!(connections = live.count(), "drained");
     Ok(())
 }
+
+/// Bytes of written-but-unsent data the kernel keeps per client socket. Flow control wants
+/// the backlog of a slow client in the session's window (protected, resumable), not in a
+/// kernel queue that a cut loses; hyper stops polling the body once this much is queued.
+const NOTSENT_LOWAT: u32 = 16 * 1024;
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn limit_unsent(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_notsent_lowat(NOTSENT_LOWAT) {
+        tracing::debug!(error = %e, "TCP_NOTSENT_LOWAT not set");
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn limit_unsent(_tcp: &tokio::net::TcpStream) {}
 
 /// The kind of error a client connection ended with, for the metric.
 fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {

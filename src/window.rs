@@ -77,6 +77,21 @@ impl Window {
         Ok(())
     }
 
+    /// Whether an entry of `len` bytes can be retained at all (fits the byte bound alone).
+    pub fn retains(&self, len: usize) -> bool {
+        len <= self.max_bytes
+    }
+
+    /// Whether an entry of `len` bytes can be pushed now without evicting anything.
+    pub fn fits(&self, len: usize) -> bool {
+        self.entries.len() < self.max_events && self.bytes + len <= self.max_bytes
+    }
+
+    /// The oldest entry: the next to be evicted.
+    pub fn front(&self) -> Option<&Entry> {
+        self.entries.front()
+    }
+
     /// Retained entries of `stream` with `seq` strictly greater than `after`, oldest first.
     pub fn after(&self, stream: u32, after: u64) -> impl Iterator<Item = &Entry> {
         let start = self.entries.partition_point(|e| e.seq <= after);
@@ -88,6 +103,15 @@ impl Window {
     /// Removes and returns the oldest entry.
     pub fn evict_oldest(&mut self) -> Option<Entry> {
         let e = self.entries.pop_front()?;
+        self.bytes -= e.len();
+        Some(e)
+    }
+
+    /// Removes and returns the oldest entry that `evictable` accepts (the entries before it
+    /// stay, in order).
+    pub fn evict_first(&mut self, mut evictable: impl FnMut(&Entry) -> bool) -> Option<Entry> {
+        let i = self.entries.iter().position(&mut evictable)?;
+        let e = self.entries.remove(i)?;
         self.bytes -= e.len();
         Some(e)
     }
@@ -156,6 +180,20 @@ mod tests {
             .unwrap_err();
         assert_eq!(back.seq, 2);
         assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn evict_first_skips_what_must_stay() {
+        let mut w = Window::new(10, 1000);
+        for (seq, stream) in [(1, 0), (2, 1), (3, 0), (4, 1)] {
+            w.push(entry(seq, stream, 5), |_| {}).unwrap();
+        }
+        assert_eq!(w.evict_first(|e| e.stream == 1).map(|e| e.seq), Some(2));
+        assert_eq!(w.evict_first(|e| e.stream == 2), None);
+        let left: Vec<u64> = w.entries.iter().map(|e| e.seq).collect();
+        assert_eq!(left, vec![1, 3, 4]);
+        assert_eq!(w.bytes(), 15);
+        assert_eq!(w.after(1, 0).map(|e| e.seq).collect::<Vec<_>>(), vec![4]);
     }
 
     #[test]

@@ -51,7 +51,8 @@ async fn resume_after_cut_at_every_point_delivers_exactly_the_rest() {
     const N: u64 = 6;
     for upstream_done_before_cut in [true, false] {
         for k in 0..=N as usize {
-            let id = 100 + k as u64;
+            // Request ids are never reused within a session (a reused id is a retransmission).
+            let id = 100 + k as u64 + if upstream_done_before_cut { 0 } else { 50 };
             let all = expected(N, id);
             let (mut reader, writer) = start_call(&gw, &mut mock, id).await;
             let priming = reader.next().await.unwrap();
@@ -181,6 +182,8 @@ async fn gap_on_a_post_stream_answers_the_pending_request_with_an_error() {
     let gw = gateway(mock.addr, |c| {
         c.window_events = 3;
         c.priming = Priming::Always;
+        c.stall_timeout = Duration::from_millis(300);
+        c.sweep_interval = Duration::from_millis(50);
     })
     .await;
     init_session(&gw, &mut mock, SID).await;
@@ -192,8 +195,9 @@ async fn gap_on_a_post_stream_answers_the_pending_request_with_an_error() {
     for i in 2..=8 {
         writer.message(&progress(i)).await;
     }
-    // The window (3 events) no longer holds progress 2.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The client stays away longer than the stall budget: the window (3 events) moves on
+    // and no longer holds progress 2.
+    tokio::time::sleep(Duration::from_millis(700)).await;
     let resp = resume(&gw, &cursor).await;
     assert_eq!(resp.status(), 200);
     let mut r = SseReader::new(resp);

@@ -1,0 +1,1087 @@
+//! Sessions: per session, its streams, its window and the clients attached to its streams.
+//!
+//! This is where the product's rules live: tagging (session-wide sequence numbers), bounded
+//! retention, flow control (an event a client may still need is never evicted; the upstream
+//! reader waits instead), detach without loss, re-attach strictly after a cursor, explicit
+//! gaps, stall detection. It knows the SSE codec, the cursor format and the window; it knows
+//! nothing of HTTP requests or sockets (the proxy layer calls it, the attach body reads from
+//! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
+//!
+//! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates) and
+//! [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
+
+mod registry;
+mod stream;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry};
+pub use self::stream::{End, StreamKind, UpstreamFailure};
+use self::stream::{Stream, Subscriber};
+use crate::config::Config;
+use crate::cursor::{new_epoch, Cursor};
+use crate::jsonrpc::{
+    self, failure_frames, upstream_failure_frames, EVENT_RESUMED, EVENT_RESUMPTION_FAILED,
+    EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, UPSTREAM_ENDED_MESSAGE,
+};
+use crate::metrics::Metrics;
+use crate::sse::{self, Event};
+use crate::window::{Entry, Window};
+
+/// Ended streams whose metadata (pending request ids, loss marks) a session keeps so that a
+/// late resume of them still gets an exact answer. Older ended streams are forgotten.
+const MAX_ENDED_STREAMS: usize = 64;
+
+/// Standalone stream numbers a session remembers after their metadata is forgotten, so a
+/// client's very old standalone cursor still re-attaches to the session.
+const STANDALONE_HISTORY: usize = 8;
+
+/// Most bytes of retained events one poll of an attached client copies into a single frame.
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// How long a written batch stays in the in-flight reserve while its client stays attached,
+/// when no later sends push it out: on a live connection, bytes written this long ago have
+/// reached the client. (A connection that dies silently stops taking writes; its client is
+/// then detached as stalled.)
+const INFLIGHT_AGE: Duration = Duration::from_secs(1);
+
+/// One batch handed to a client, kept in the session's in-flight reserve until later sends
+/// push it out, or until it is [`INFLIGHT_AGE`] old with its client still attached.
+#[derive(Debug)]
+struct Sent {
+    stream: u32,
+    last: u64,
+    events: usize,
+    bytes: usize,
+    at: Instant,
+}
+
+#[derive(Debug)]
+struct State {
+    window: Window,
+    last_seq: u64,
+    next_stream: u32,
+    streams: BTreeMap<u32, Stream>,
+    ended: VecDeque<u32>,
+    last_activity: Instant,
+    protocol_version: Option<String>,
+    standalone: Option<u32>,
+    standalone_history: VecDeque<u32>,
+    closed: bool,
+    next_generation: u64,
+    /// The in-flight reserve: the most recent batches written to clients (any stream),
+    /// oldest first. Written bytes may still sit in kernel buffers, in a hop in between or in
+    /// the client's receive buffer when a connection dies, so they stay protected until
+    /// later sends push them out (see [`Session::reserve_limits`]).
+    inflight: VecDeque<Sent>,
+    inflight_events: usize,
+    inflight_bytes: usize,
+}
+
+/// One MCP session as the gateway sees it.
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    epoch: u64,
+    cfg: Arc<Config>,
+    metrics: Arc<Metrics>,
+    budget: Arc<Budget>,
+    /// Keyed hash of the principal the session is bound to (see `proxy`).
+    principal: AtomicU64,
+    state: Mutex<State>,
+}
+
+/// The answer to a resume request that the gateway can serve.
+#[derive(Debug)]
+pub enum Resume {
+    /// Attached: the body starts with `prelude` (the resumed event) then replays.
+    Attached {
+        stream: u32,
+        generation: u64,
+        prelude: Bytes,
+        replay: usize,
+    },
+    /// The stream's successors of the cursor were evicted, and requests are still unanswered:
+    /// the body is `frames` (a failure event and a JSON-RPC error per request), then it ends.
+    GapWithErrors { frames: Bytes },
+}
+
+/// Why a resume cannot be served. Each maps to a documented response (see `docs/protocol.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    #[error("the cursor belongs to another session or to an earlier run of the gateway")]
+    ForeignCursor,
+    #[error("the cursor is ahead of what its stream has emitted")]
+    CursorAhead,
+    #[error("the events after the cursor were evicted from the gateway's window")]
+    Gap,
+    #[error("the cursor's stream is no longer retained")]
+    StreamExpired,
+    #[error("the cursor's stream has ended and everything after the cursor was delivered")]
+    StreamEnded,
+}
+
+/// A client's standalone-stream cursor that cannot be resumed exactly: it re-attaches to the
+/// session at an indeterminate position, told so by an id-bearing control event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reattach {
+    /// The client's cursor.
+    pub previous: String,
+    /// Events after the cursor may have been lost (evicted, or the stream is forgotten).
+    pub lost: bool,
+    /// Why the cursor could not be resumed exactly.
+    pub reason: &'static str,
+}
+
+/// Why an attached client's stream ended (for logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream's stream ended and the client got all of it.
+    Completed,
+    /// A newer attachment took over the stream.
+    Replaced,
+    /// The session was dropped (TTL, DELETE, upstream 404, cap).
+    SessionClosed,
+    /// The client stalled and was told to resume.
+    SlowConsumer,
+    /// The gateway is shutting down and told the client to resume.
+    Shutdown,
+    /// Events the client needed were evicted.
+    Gap,
+    /// The upstream's stream failed.
+    UpstreamFailed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Replaced => "replaced",
+            Outcome::SessionClosed => "session-closed",
+            Outcome::SlowConsumer => "slow-consumer",
+            Outcome::Shutdown => "shutdown",
+            Outcome::Gap => "gap",
+            Outcome::UpstreamFailed => "upstream-failed",
+        }
+    }
+}
+
+/// One step of an attached client's body.
+#[derive(Debug)]
+pub enum Step {
+    /// Bytes to send (holding this many events); more may follow.
+    Data(Bytes, u64),
+    /// Final bytes (possibly empty); the stream ends after them, for this reason.
+    Finish(Bytes, Outcome),
+    /// Nothing to send yet; the waker is registered.
+    Pending,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data behind; keep serving.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records the eviction of `old` against its stream: a resume before it is now a gap.
+fn note_eviction(metrics: &Metrics, streams: &mut BTreeMap<u32, Stream>, old: &Entry) {
+    metrics.window_evictions.inc();
+    if let Some(o) = streams.get_mut(&old.stream) {
+        if old.seq > o.acked {
+            metrics.events_evicted_undelivered.inc();
+        }
+        o.lost_upto = o.lost_upto.max(old.seq);
+    }
+}
+
+impl Session {
+    fn new(
+        id: String,
+        cfg: Arc<Config>,
+        metrics: Arc<Metrics>,
+        budget: Arc<Budget>,
+        principal: u64,
+    ) -> Session {
+        Session {
+            id,
+            epoch: new_epoch(),
+            state: Mutex::new(State {
+                window: Window::new(cfg.window_events, cfg.window_bytes),
+                last_seq: 0,
+                next_stream: 0,
+                streams: BTreeMap::new(),
+                ended: VecDeque::new(),
+                last_activity: Instant::now(),
+                protocol_version: None,
+                standalone: None,
+                standalone_history: VecDeque::new(),
+                closed: false,
+                next_generation: 0,
+                inflight: VecDeque::new(),
+                inflight_events: 0,
+                inflight_bytes: 0,
+            }),
+            cfg,
+            metrics,
+            budget,
+            principal: AtomicU64::new(principal),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The keyed hash of the principal this session is bound to.
+    pub fn principal(&self) -> u64 {
+        self.principal.load(Ordering::Relaxed)
+    }
+
+    /// Rebinds the session (after the upstream accepted the caller's new credentials).
+    pub fn set_principal(&self, p: u64) {
+        self.principal.store(p, Ordering::Relaxed);
+    }
+
+    fn cursor(&self, stream: u32, seq: u64) -> String {
+        Cursor {
+            epoch: self.epoch,
+            stream,
+            seq,
+        }
+        .to_string()
+    }
+
+    /// The in-flight reserve's bounds (events, bytes): three quarters of the window.
+    /// Written events stay protected until this much was written after them; the remaining
+    /// quarter is the read-ahead of events not yet written.
+    fn reserve_limits(&self) -> (usize, usize) {
+        let quarter = |n: usize| n - n / 4;
+        (
+            quarter(self.cfg.window_events).max(1),
+            quarter(self.cfg.window_bytes).max(1),
+        )
+    }
+
+    /// Records client activity (a request): the TTL counts from the latest one.
+    pub fn touch(&self) {
+        lock(&self.state).last_activity = Instant::now();
+    }
+
+    pub fn protocol_version(&self) -> Option<String> {
+        lock(&self.state).protocol_version.clone()
+    }
+
+    pub fn set_protocol_version(&self, v: &str) {
+        let mut st = lock(&self.state);
+        if st.protocol_version.as_deref() != Some(v) {
+            st.protocol_version = Some(v.to_owned());
+        }
+    }
+
+    /// Whether an upstream stream that closed should be resumed upstream: a POST stream with
+    /// requests still unanswered, or the standalone stream, while the session lives.
+    pub fn wants_more(&self, stream: u32) -> bool {
+        let st = lock(&self.state);
+        !st.closed
+            && st.streams.get(&stream).is_some_and(|s| match s.kind {
+                StreamKind::Post => s.requests.iter().any(|r| r.answered_at.is_none()),
+                StreamKind::Standalone => true,
+            })
+    }
+
+    /// Whether the session still holds a live standalone upstream stream.
+    pub fn has_standalone(&self) -> bool {
+        let st = lock(&self.state);
+        st.standalone
+            .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
+    }
+
+    /// The first event of a stream the client attaches to at `stream`/`seq`: the priming
+    /// event (if `prime`), or, for a standalone re-attach, the control event saying so.
+    fn opening_event(
+        &self,
+        stream: u32,
+        seq: u64,
+        prime: bool,
+        reattach: Option<&Reattach>,
+    ) -> Option<Bytes> {
+        let here = self.cursor(stream, seq);
+        let retry = self.cfg.retry_hint.map(|d| d.as_millis() as u64);
+        match reattach {
+            Some(r) => {
+                let data = serde_json::json!({
+                    "stream": stream,
+                    "kind": StreamKind::Standalone.as_str(),
+                    "after": here,
+                    "replay": 0,
+                    "reattached": "session",
+                    "previous": r.previous,
+                    "reason": r.reason,
+                    "lost": r.lost,
+                });
+                let event = if r.lost {
+                    EVENT_RESUMPTION_FAILED
+                } else {
+                    EVENT_RESUMED
+                };
+                Some(sse::control(
+                    Some(&here),
+                    Some(event),
+                    retry,
+                    &data.to_string(),
+                ))
+            }
+            None => prime.then(|| sse::control(Some(&here), None, retry, "")),
+        }
+    }
+
+    /// Opens a tagged stream and attaches its first client at the opening position.
+    /// Returns the stream number, the subscriber generation and the opening event: the
+    /// priming event if asked, or the re-attach event for a standalone stream opened to
+    /// serve a client's stale cursor.
+    pub fn open_stream(
+        &self,
+        kind: StreamKind,
+        requests: Vec<String>,
+        initialize: bool,
+        prime: bool,
+        reattach: Option<&Reattach>,
+        kill: Option<Arc<Notify>>,
+    ) -> (u32, u64, Option<Bytes>) {
+        let mut st = lock(&self.state);
+        st.last_seq += 1;
+        let seq = st.last_seq;
+        let stream = st.next_stream;
+        st.next_stream += 1;
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        let sub = Subscriber::new(generation, seq, kill);
+        st.streams
+            .insert(stream, Stream::new(kind, seq, requests, initialize, sub));
+        if kind == StreamKind::Standalone {
+            st.standalone = Some(stream);
+            st.standalone_history.push_back(stream);
+            if st.standalone_history.len() > STANDALONE_HISTORY {
+                st.standalone_history.pop_front();
+            }
+        }
+        self.metrics.streams_attached.inc();
+        st.last_activity = Instant::now();
+        drop(st);
+        (
+            stream,
+            generation,
+            self.opening_event(stream, seq, prime, reattach),
+        )
+    }
+
+    /// Remembers the task reading the upstream for `stream`, so closing the session stops it.
+    pub fn set_reader(&self, stream: u32, handle: AbortHandle) {
+        let mut st = lock(&self.state);
+        let closed = st.closed;
+        match st.streams.get_mut(&stream) {
+            Some(s) if !closed => s.reader = Some(handle),
+            _ => handle.abort(),
+        }
+    }
+
+    /// Makes room in the window for an event of `len` bytes by evicting the oldest events
+    /// that no client still needs (skipping over those that some client does). `false` when
+    /// every retained event is still needed: the caller must wait (flow control) instead.
+    fn make_room(&self, st: &mut State, len: usize, now: Instant) -> bool {
+        let stall = self.cfg.stall_timeout;
+        let mut aged = false;
+        while !st.window.fits(len) {
+            let streams = &st.streams;
+            let evictable = |e: &Entry| {
+                !streams
+                    .get(&e.stream)
+                    .is_some_and(|s| s.needs(e.seq, now, stall))
+            };
+            match st.window.evict_first(evictable) {
+                Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
+                // Batches written long enough ago to a live client count as delivered.
+                None if !aged => {
+                    Self::age_reserve(st, now);
+                    aged = true;
+                }
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Tags and retains decoded upstream events of `stream` (draining them from `events`),
+    /// then wakes its client. Flow control: stops at the first event for which the window
+    /// has no room without evicting an event some client may still need, leaves it and the
+    /// rest in `events`, registers `reader` to be woken when room may have been made, and
+    /// returns `false`; the caller then stops reading the upstream until woken.
+    pub fn push_events(
+        &self,
+        stream: u32,
+        events: &mut Vec<Event>,
+        reader: Option<&Waker>,
+    ) -> bool {
+        if events.is_empty() {
+            return true;
+        }
+        let now = Instant::now();
+        let stall = self.cfg.stall_timeout;
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        if st.closed || !st.streams.contains_key(&stream) {
+            events.clear();
+            return true;
+        }
+        let mut learned_version = None;
+        let bytes_before = st.window.bytes();
+        let mut pushed = 0;
+        for ev in events.iter() {
+            let mut body = Vec::with_capacity(sse::body_len(ev));
+            let message = sse::encode_body(ev, &mut body);
+            let retained = st.window.retains(body.len());
+            let room = if retained {
+                self.make_room(st, body.len(), now)
+            } else {
+                // Too large for the window: it waits in the stream's one-slot overflow for
+                // the attached client, which must first be free.
+                let Some(s) = st.streams.get_mut(&stream) else {
+                    break;
+                };
+                match &s.overflow {
+                    Some(prev) if s.needs(prev.seq, now, stall) => false,
+                    Some(prev) => {
+                        if prev.seq > s.acked {
+                            self.metrics.events_evicted_undelivered.inc();
+                        }
+                        s.lost_upto = s.lost_upto.max(prev.seq);
+                        s.overflow = None;
+                        true
+                    }
+                    None => true,
+                }
+            };
+            if !room {
+                break;
+            }
+            st.last_seq += 1;
+            let seq = st.last_seq;
+            let Some(s) = st.streams.get_mut(&stream) else {
+                break;
+            };
+            s.last_seq = seq;
+            if let Some(data) = ev.data.as_deref() {
+                if s.requests.iter().any(|r| r.answered_at.is_none()) {
+                    for rid in jsonrpc::response_ids(data) {
+                        if let Some(r) = s
+                            .requests
+                            .iter_mut()
+                            .find(|r| r.id == rid && r.answered_at.is_none())
+                        {
+                            r.answered_at = Some(seq);
+                        }
+                    }
+                    if s.initialize {
+                        learned_version = jsonrpc::initialize_version(data).or(learned_version);
+                    }
+                }
+            }
+            let entry = Entry {
+                seq,
+                stream,
+                message,
+                body: body.into_boxed_slice(),
+            };
+            if retained {
+                let (streams, metrics) = (&mut st.streams, &self.metrics);
+                let _ = st
+                    .window
+                    .push(entry, |old| note_eviction(metrics, streams, &old));
+            } else {
+                s.overflow = Some(entry);
+            }
+            pushed += 1;
+        }
+        events.drain(..pushed);
+        self.metrics.events_tagged.inc_by(pushed as u64);
+        self.budget.adjust(bytes_before, st.window.bytes());
+        if let Some(v) = learned_version {
+            st.protocol_version = Some(v);
+        }
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return true;
+        };
+        if pushed > 0 {
+            s.stall_since.get_or_insert(now);
+            if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
+                w.wake();
+            }
+        }
+        if events.is_empty() {
+            return true;
+        }
+        if let Some(w) = reader {
+            s.paused_reader = Some(w.clone());
+        }
+        false
+    }
+
+    /// Marks `stream` ended by its upstream and wakes its client.
+    pub fn end_stream(&self, stream: u32, end: End) {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return;
+        };
+        s.end = Some(end);
+        s.reader = None;
+        s.paused_reader = None;
+        if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
+            w.wake();
+        }
+        if st.standalone == Some(stream) {
+            st.standalone = None;
+        }
+        st.ended.push_back(stream);
+        while st.ended.len() > MAX_ENDED_STREAMS {
+            let Some(old) = st.ended.pop_front() else {
+                break;
+            };
+            if st.streams.get(&old).is_some_and(|s| s.sub.is_some()) {
+                // Still being read by a client: keep it, forget it later.
+                st.ended.push_back(old);
+                break;
+            }
+            st.streams.remove(&old);
+            let before = st.window.bytes();
+            st.window.remove_stream(old);
+            self.budget.adjust(before, st.window.bytes());
+            // Its events no longer hold anything back.
+            for s in st.streams.values_mut() {
+                s.wake_reader();
+            }
+        }
+    }
+
+    /// Re-attaches a client to the stream of `cursor` (a `GET` with `Last-Event-ID`).
+    pub fn resume(&self, cursor: Cursor, kill: Option<Arc<Notify>>) -> Result<Resume, ResumeError> {
+        if cursor.epoch != self.epoch {
+            return Err(ResumeError::ForeignCursor);
+        }
+        let now = Instant::now();
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        st.last_activity = now;
+        let Some(s) = st.streams.get_mut(&cursor.stream) else {
+            return Err(if cursor.stream < st.next_stream {
+                ResumeError::StreamExpired
+            } else {
+                ResumeError::CursorAhead
+            });
+        };
+        if cursor.seq > s.last_seq {
+            return Err(ResumeError::CursorAhead);
+        }
+        if cursor.seq < s.first_seq {
+            // Not a position of this stream: it cannot have been issued with this stream number.
+            return Err(ResumeError::ForeignCursor);
+        }
+        let here = self.cursor(cursor.stream, cursor.seq);
+        if s.lost_upto > cursor.seq {
+            let ids = s.fail_unanswered(cursor.seq);
+            if ids.is_empty() {
+                return Err(ResumeError::Gap);
+            }
+            return Ok(Resume::GapWithErrors {
+                frames: failure_frames(&here, "gap", &ids, GAP_MESSAGE),
+            });
+        }
+        let replay = st.window.after(cursor.stream, cursor.seq).count()
+            + usize::from(s.overflow.as_ref().is_some_and(|o| o.seq > cursor.seq));
+        if s.end.is_some() && replay == 0 && s.unanswered_after(cursor.seq).next().is_none() {
+            // Nothing more will ever come on this stream. A 200 that ends at once would make
+            // clients that reconnect streams ending without a result (the TypeScript SDK)
+            // loop; a 409 ends their retries.
+            return Err(ResumeError::StreamEnded);
+        }
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        self.metrics.streams_attached.inc();
+        self.metrics.events_replayed.inc_by(replay as u64);
+        // The client says where it is: everything after the cursor is needed again, and
+        // nothing of this stream is in flight any more.
+        s.acked = cursor.seq;
+        s.stall_since = Some(now);
+        if let Some(old) = s.sub.replace(Subscriber::new(generation, cursor.seq, kill)) {
+            if let Some(w) = old.waker {
+                w.wake();
+            }
+        }
+        let data = serde_json::json!({
+            "stream": cursor.stream,
+            "kind": s.kind.as_str(),
+            "after": here,
+            "replay": replay,
+            "ended": s.end.is_some(),
+        });
+        let before = st.inflight.len();
+        st.inflight.retain(|b| b.stream != cursor.stream);
+        if st.inflight.len() != before {
+            st.inflight_events = st.inflight.iter().map(|b| b.events).sum();
+            st.inflight_bytes = st.inflight.iter().map(|b| b.bytes).sum();
+        }
+        let prelude = sse::control(Some(&here), Some(EVENT_RESUMED), None, &data.to_string());
+        Ok(Resume::Attached {
+            stream: cursor.stream,
+            generation,
+            prelude,
+            replay,
+        })
+    }
+
+    /// A standalone-stream cursor that [`Session::resume`] refused with `err`: when the
+    /// session outlives that stream (it ended, was forgotten, or lost the events after the
+    /// cursor), the client re-attaches to the session instead (see [`Reattach`]). `None`
+    /// when the cursor is not a standalone cursor of this session, or the refusal stands.
+    pub fn standalone_reattach(&self, cursor: &Cursor, err: ResumeError) -> Option<Reattach> {
+        if cursor.epoch != self.epoch {
+            return None;
+        }
+        let st = lock(&self.state);
+        let standalone = match st.streams.get(&cursor.stream) {
+            Some(s) => s.kind == StreamKind::Standalone,
+            None => st.standalone_history.contains(&cursor.stream),
+        };
+        if !standalone {
+            return None;
+        }
+        let (lost, reason) = match err {
+            ResumeError::StreamEnded => (false, "stream-ended"),
+            ResumeError::Gap => (true, "gap"),
+            ResumeError::StreamExpired => (true, "stream-expired"),
+            ResumeError::ForeignCursor | ResumeError::CursorAhead => return None,
+        };
+        Some(Reattach {
+            previous: cursor.to_string(),
+            lost,
+            reason,
+        })
+    }
+
+    /// Whether a retained stream of this session was started by a POST carrying one of `ids`.
+    pub fn carries_any(&self, ids: &[String]) -> bool {
+        let st = lock(&self.state);
+        st.streams
+            .values()
+            .any(|s| ids.iter().any(|id| s.carries(id)))
+    }
+
+    /// A POST whose request ids include one already carried by a retained stream of this
+    /// session is a retransmission (MCP forbids reusing an id within a session): it is
+    /// answered as a resume of that stream, never forwarded. With `cursor` naming that
+    /// stream the resume is exact; without a usable cursor it starts at the stream's opening
+    /// position, which is only served if nothing of the stream was lost. `None` when no
+    /// retained stream carried any of `ids`; `Err` carries the duplicate id when the
+    /// retransmission cannot be served.
+    pub fn retransmission(
+        &self,
+        ids: &[String],
+        cursor: Option<Cursor>,
+        kill: Option<Arc<Notify>>,
+    ) -> Option<Result<Resume, (String, Option<ResumeError>)>> {
+        let (stream, first_seq, dup) = {
+            let st = lock(&self.state);
+            st.streams.iter().find_map(|(&n, s)| {
+                ids.iter()
+                    .find(|id| s.carries(id))
+                    .map(|id| (n, s.first_seq, id.clone()))
+            })?
+        };
+        let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == stream);
+        let at = exact.unwrap_or(Cursor {
+            epoch: self.epoch,
+            stream,
+            seq: first_seq,
+        });
+        Some(match self.resume(at, kill) {
+            Ok(r) => Ok(r),
+            Err(e) if exact.is_some() => Err((dup, Some(e))),
+            Err(_) => Err((dup, None)),
+        })
+    }
+
+    /// Attaches a client live (no history) to the held standalone stream, replacing any
+    /// older client. The first event is the priming event (if `prime`) or, for a client
+    /// re-attaching with a stale cursor, the control event saying so. Returns `None` when no
+    /// standalone stream is held.
+    pub fn attach_standalone(
+        &self,
+        prime: bool,
+        reattach: Option<&Reattach>,
+        kill: Option<Arc<Notify>>,
+    ) -> Option<(u32, u64, Option<Bytes>)> {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        st.last_activity = Instant::now();
+        let stream = st.standalone?;
+        let s = st.streams.get_mut(&stream)?;
+        if s.end.is_some() {
+            return None;
+        }
+        let generation = st.next_generation;
+        st.next_generation += 1;
+        // Live: nothing already emitted is replayed; what is not yet delivered is not lost
+        // either, since it stays in the window (guarded) for a resume of the older client.
+        let at = s.last_seq;
+        self.metrics.streams_attached.inc();
+        s.stall_since = None;
+        if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill)) {
+            if let Some(w) = old.waker {
+                w.wake();
+            }
+        }
+        let opening = self.opening_event(stream, at, prime, reattach);
+        Some((stream, generation, opening))
+    }
+
+    /// The next step for the client `generation` attached to `stream`.
+    pub fn poll_step(&self, stream: u32, generation: u64, waker: &Waker) -> Step {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        if st.closed {
+            return Step::Finish(Bytes::new(), Outcome::SessionClosed);
+        }
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return Step::Finish(Bytes::new(), Outcome::SessionClosed);
+        };
+        let Some(sub) = s.sub.as_mut().filter(|sub| sub.generation == generation) else {
+            return Step::Finish(Bytes::new(), Outcome::Replaced);
+        };
+        let cursor = sub.cursor;
+        let here = self.cursor(stream, cursor);
+        if let Some((_, why)) = sub.detach {
+            s.sub = None;
+            st.last_activity = Instant::now();
+            let retry = self
+                .cfg
+                .retry_hint
+                .unwrap_or(Duration::from_secs(1))
+                .as_millis() as u64;
+            let reason = match why {
+                Outcome::Shutdown => "shutdown",
+                _ => "slow-consumer",
+            };
+            let data = serde_json::json!({ "reason": reason, "resume_from": here });
+            let frame = sse::control(
+                Some(&here),
+                Some(EVENT_RESUMPTION_REQUIRED),
+                Some(retry),
+                &data.to_string(),
+            );
+            return Step::Finish(frame, why);
+        }
+        if s.lost_upto > cursor {
+            // This client fell behind the window: the same explicit failure as a late resume.
+            let ids = s.fail_unanswered(cursor);
+            let frames = failure_frames(&here, "gap", &ids, GAP_MESSAGE);
+            s.sub = None;
+            return Step::Finish(frames, Outcome::Gap);
+        }
+        // One batch: several ready events per write, but never more than the in-flight
+        // reserve can cover, so everything written stays protected until it is delivered.
+        let (max_events, max_bytes) = self.reserve_limits();
+        let max_bytes = max_bytes.min(BATCH_BYTES);
+        let mut out = BytesMut::new();
+        let mut events = 0;
+        let mut last = cursor;
+        let mut overflow = s.overflow.as_ref().filter(|o| o.seq > cursor);
+        let full = |out: &BytesMut, events: usize| out.len() >= max_bytes || events >= max_events;
+        for e in st.window.after(stream, cursor) {
+            if full(&out, events) {
+                break;
+            }
+            if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
+                self.write_entry(o, &mut out);
+                events += 1;
+                last = o.seq;
+                overflow = None;
+                if full(&out, events) {
+                    break;
+                }
+            }
+            self.write_entry(e, &mut out);
+            events += 1;
+            last = e.seq;
+        }
+        if let Some(o) = overflow.filter(|o| o.seq > last && !full(&out, events)) {
+            self.write_entry(o, &mut out);
+            events += 1;
+            last = o.seq;
+        }
+        let mut room = false;
+        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
+            // Handed to the client: from now on a resume before it is a gap.
+            s.lost_upto = s.lost_upto.max(o.seq);
+            s.overflow = None;
+            room = true;
+        }
+        let Some(sub) = s.sub.as_mut() else {
+            return Step::Finish(Bytes::new(), Outcome::Replaced);
+        };
+        if !out.is_empty() {
+            sub.cursor = last;
+            // Progress: the stall clock restarts (or stops, once caught up).
+            s.stall_since = (last < s.last_seq).then(Instant::now);
+            let bytes = out.len();
+            room |= self.record_sent(st, stream, last, events, bytes);
+            if room {
+                for s in st.streams.values_mut() {
+                    s.wake_reader();
+                }
+            }
+            return Step::Data(out.freeze(), events as u64);
+        }
+        s.stall_since = None;
+        let Some(end) = s.end.clone() else {
+            sub.waker = Some(waker.clone());
+            return Step::Pending;
+        };
+        s.sub = None;
+        let ids = s.fail_unanswered(cursor);
+        match end {
+            End::Complete if ids.is_empty() => Step::Finish(Bytes::new(), Outcome::Completed),
+            End::Complete => Step::Finish(
+                failure_frames(&here, "upstream-ended", &ids, UPSTREAM_ENDED_MESSAGE),
+                Outcome::UpstreamFailed,
+            ),
+            End::Failed(cause) => Step::Finish(
+                upstream_failure_frames(&here, &cause.to_string(), &ids),
+                Outcome::UpstreamFailed,
+            ),
+        }
+    }
+
+    /// Puts a batch just written to a client into the in-flight reserve and pushes the
+    /// oldest batches out of it past its bounds: their events count as delivered from now
+    /// on. Returns whether any stream's delivered mark moved (room may have been made).
+    fn record_sent(
+        &self,
+        st: &mut State,
+        stream: u32,
+        last: u64,
+        events: usize,
+        bytes: usize,
+    ) -> bool {
+        let (max_events, max_bytes) = self.reserve_limits();
+        st.inflight.push_back(Sent {
+            stream,
+            last,
+            events,
+            bytes,
+            at: Instant::now(),
+        });
+        st.inflight_events += events;
+        st.inflight_bytes += bytes;
+        let mut moved = false;
+        while st.inflight_events > max_events || st.inflight_bytes > max_bytes {
+            let Some(b) = st.inflight.pop_front() else {
+                break;
+            };
+            st.inflight_events -= b.events;
+            st.inflight_bytes -= b.bytes;
+            if let Some(s) = st.streams.get_mut(&b.stream) {
+                if b.last > s.acked {
+                    s.acked = b.last;
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Releases reserve batches at least [`INFLIGHT_AGE`] old whose client is still
+    /// attached and reading: they were delivered. Returns whether any was released.
+    fn age_reserve(st: &mut State, now: Instant) -> bool {
+        let mut moved = false;
+        while let Some(b) = st.inflight.front() {
+            let live = st
+                .streams
+                .get(&b.stream)
+                .and_then(|s| s.sub.as_ref())
+                .is_some_and(|sub| sub.detach.is_none());
+            if now.duration_since(b.at) < INFLIGHT_AGE || !live {
+                break;
+            }
+            let Some(b) = st.inflight.pop_front() else {
+                break;
+            };
+            st.inflight_events -= b.events;
+            st.inflight_bytes -= b.bytes;
+            if let Some(s) = st.streams.get_mut(&b.stream) {
+                if b.last > s.acked {
+                    s.acked = b.last;
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Tells every attached client of streams of `kind` (all, if `None`) to resume elsewhere.
+    fn end_clients(&self, kind: Option<StreamKind>) {
+        let now = Instant::now();
+        let mut st = lock(&self.state);
+        for s in st
+            .streams
+            .values_mut()
+            .filter(|s| kind.is_none_or(|k| k == s.kind))
+        {
+            if let Some(sub) = s.sub.as_mut().filter(|sub| sub.detach.is_none()) {
+                sub.detach = Some((now, Outcome::Shutdown));
+                if let Some(w) = sub.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    /// Writes a retained event as sent on the wire: its gateway id, then its body.
+    fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
+        let mut id = Vec::with_capacity(64);
+        id.extend_from_slice(b"id: ");
+        Cursor {
+            epoch: self.epoch,
+            stream: e.stream,
+            seq: e.seq,
+        }
+        .write_to(&mut id);
+        id.push(b'\n');
+        if e.message {
+            id.extend_from_slice(b"event: message\n");
+        }
+        out.reserve(id.len() + e.body.len());
+        out.put_slice(&id);
+        out.put_slice(&e.body);
+    }
+
+    /// The client `generation` of `stream` went away (its body was dropped). Its stream's
+    /// undelivered events stay guarded for `--stall-timeout` from its last progress.
+    pub fn detach(&self, stream: u32, generation: u64) {
+        self.metrics.streams_detached.inc();
+        let now = Instant::now();
+        let mut st = lock(&self.state);
+        st.last_activity = now;
+        if let Some(s) = st.streams.get_mut(&stream) {
+            if s.sub
+                .as_ref()
+                .is_some_and(|sub| sub.generation == generation)
+            {
+                s.sub = None;
+                s.stall_since.get_or_insert(now);
+            }
+        }
+    }
+
+    /// Drops all state: stops upstream readers, ends attached clients, frees the window.
+    fn close(&self) {
+        let mut st = lock(&self.state);
+        st.closed = true;
+        self.budget.adjust(st.window.bytes(), 0);
+        st.window = Window::new(1, 0);
+        for s in st.streams.values_mut() {
+            if let Some(r) = s.reader.take() {
+                r.abort();
+            }
+            if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
+                w.wake();
+            }
+        }
+        st.streams.clear();
+        st.inflight.clear();
+    }
+
+    /// Sweep work for one session: detaches clients that made no progress for the stall
+    /// budget, closes connections stuck writing, and wakes paused upstream readers (a
+    /// guard may have run out). Returns whether the session is idle (no client attached)
+    /// and since when.
+    fn sweep(&self, now: Instant) -> (bool, Instant) {
+        let stall = self.cfg.stall_timeout;
+        let mut st = lock(&self.state);
+        let mut attached = false;
+        for s in st.streams.values_mut() {
+            s.wake_reader();
+            let stall_since = s.stall_since;
+            let Some(sub) = s.sub.as_mut() else { continue };
+            attached = true;
+            match sub.detach {
+                Some((at, _)) if now.duration_since(at) >= Duration::from_secs(1) => {
+                    // The body was not polled since it was flagged: the connection is stuck
+                    // writing. Close it; the client resumes from its last complete event.
+                    if let Some(k) = sub.kill.take() {
+                        k.notify_one();
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    if stall_since.is_some_and(|t| now.duration_since(t) >= stall) {
+                        sub.detach = Some((now, Outcome::SlowConsumer));
+                        self.metrics.slow_consumer_detaches.inc();
+                        if let Some(w) = sub.waker.take() {
+                            w.wake();
+                        }
+                    }
+                }
+            }
+        }
+        (!attached, st.last_activity)
+    }
+
+    /// Retained window events and bytes (for tests and metrics).
+    pub fn window_usage(&self) -> (usize, usize) {
+        let st = lock(&self.state);
+        (st.window.len(), st.window.bytes())
+    }
+
+    /// Evicts this session's oldest events until `excess` bytes are freed (the global budget
+    /// is exceeded and no idle session is left to shed). Evicted events become gaps.
+    fn trim(&self, excess: usize) {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let before = st.window.bytes();
+        while before - st.window.bytes() < excess {
+            let Some(old) = st.window.evict_oldest() else {
+                break;
+            };
+            note_eviction(&self.metrics, &mut st.streams, &old);
+        }
+        self.budget.adjust(before, st.window.bytes());
+    }
+
+    /// Since when no client has been attached, or `None` while one is.
+    fn idle_since(&self) -> Option<Instant> {
+        let st = lock(&self.state);
+        st.streams
+            .values()
+            .all(|s| s.sub.is_none())
+            .then_some(st.last_activity)
+    }
+
+    fn attached_clients(&self) -> usize {
+        lock(&self.state)
+            .streams
+            .values()
+            .filter(|s| s.sub.is_some())
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,286 @@
+//! The registry of live sessions: lookup and creation, the session cap with shedding of the
+//! least recently used idle session, the global memory budget shared by all windows, the TTL
+//! sweep, and gauges of current state.
+//!
+//! Knows sessions only through their public API and a few crate-private hooks (`close`,
+//! `sweep`, `trim`, `idle_since`); knows nothing of HTTP.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use super::{lock, Session, StreamKind};
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// Why a session's state was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    Ttl,
+    Delete,
+    Upstream404,
+    SessionCap,
+    MemoryBudget,
+}
+
+/// The global byte budget shared by all windows (`--memory-budget`).
+#[derive(Debug)]
+pub struct Budget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Budget {
+    pub fn new(limit: usize) -> Budget {
+        Budget {
+            used: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Bytes retained by all windows now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn over(&self) -> usize {
+        self.used().saturating_sub(self.limit)
+    }
+
+    /// New sessions are admitted only below 90% of the budget, so the sessions already held
+    /// keep some room to grow before their windows must be trimmed.
+    pub(super) fn admits_new(&self) -> bool {
+        self.used() < self.limit - self.limit / 10
+    }
+
+    /// Applies a window's size change from `before` to `after`.
+    pub(super) fn adjust(&self, before: usize, after: usize) {
+        if after >= before {
+            self.used.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+}
+
+/// All live sessions, keyed by the upstream's session id.
+#[derive(Debug)]
+pub struct Registry {
+    cfg: Arc<Config>,
+    metrics: Arc<Metrics>,
+    budget: Arc<Budget>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+/// The session cap is reached and every session has a client attached.
+#[derive(Debug, thiserror::Error)]
+#[error("the gateway holds its maximum number of sessions, all in use")]
+pub struct AtCapacity;
+
+impl Eviction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Eviction::Ttl => "ttl",
+            Eviction::Delete => "delete",
+            Eviction::Upstream404 => "upstream_404",
+            Eviction::SessionCap => "session_cap",
+            Eviction::MemoryBudget => "memory_budget",
+        }
+    }
+}
+
+impl Registry {
+    pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>) -> Registry {
+        let budget = Arc::new(Budget::new(cfg.memory_budget));
+        Registry {
+            cfg,
+            metrics,
+            budget,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(id).cloned()
+    }
+
+    /// The session `id`, created if the gateway has not seen it (sheds an idle session at
+    /// the cap; errs when every session is in use).
+    pub fn get_or_create(&self, id: &str, principal: u64) -> Result<Arc<Session>, AtCapacity> {
+        let mut map = lock(&self.sessions);
+        if let Some(s) = map.get(id) {
+            return Ok(s.clone());
+        }
+        self.make_room(&mut map)?;
+        let s = Arc::new(Session::new(
+            id.to_owned(),
+            self.cfg.clone(),
+            self.metrics.clone(),
+            self.budget.clone(),
+            principal,
+        ));
+        map.insert(id.to_owned(), s.clone());
+        tracing::debug!(mcp.session = %hash_id(id), "session created");
+        Ok(s)
+    }
+
+    /// Makes room for one new session if at the cap (called before forwarding an
+    /// `initialize`, so the upstream never creates a session the gateway cannot hold).
+    pub fn reserve(&self) -> Result<(), AtCapacity> {
+        self.make_room(&mut lock(&self.sessions))
+    }
+
+    /// Room for one more session: under the session cap and the memory budget, shedding the
+    /// least recently used idle sessions if needed.
+    fn make_room(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
+        if map.len() >= self.cfg.max_sessions {
+            self.shed_one(map, Eviction::SessionCap)?;
+        }
+        while !self.budget.admits_new() {
+            self.shed_one(map, Eviction::MemoryBudget)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps all windows within `--memory-budget` after `filling` grew: sheds the least
+    /// recently used idle sessions first, then trims `filling`'s own oldest events.
+    pub fn enforce_budget(&self, filling: &Session) {
+        while self.budget.over() > 0 {
+            let shed = {
+                let mut map = lock(&self.sessions);
+                self.shed_one(&mut map, Eviction::MemoryBudget).is_ok()
+            };
+            if !shed {
+                filling.trim(self.budget.over());
+                break;
+            }
+        }
+    }
+
+    /// Whether all windows together are over the budget.
+    pub fn over_budget(&self) -> bool {
+        self.budget.over() > 0
+    }
+
+    fn shed_one(
+        &self,
+        map: &mut HashMap<String, Arc<Session>>,
+        why: Eviction,
+    ) -> Result<(), AtCapacity> {
+        let victim = map
+            .iter()
+            .filter_map(|(k, s)| s.idle_since().map(|since| (since, k)))
+            .min()
+            .map(|(_, k)| k.clone())
+            .ok_or(AtCapacity)?;
+        if let Some(s) = map.remove(&victim) {
+            self.closed(&victim, &s, why);
+        }
+        Ok(())
+    }
+
+    fn closed(&self, id: &str, s: &Session, why: Eviction) {
+        s.close();
+        self.metrics.session_evicted(why.as_str());
+        tracing::info!(mcp.session = %hash_id(id), reason = why.as_str(), "session dropped");
+    }
+
+    /// Drops the session `id`'s state (DELETE, upstream 404).
+    pub fn remove(&self, id: &str, why: Eviction) {
+        let s = lock(&self.sessions).remove(id);
+        if let Some(s) = s {
+            self.closed(id, &s, why);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn all(&self) -> Vec<(String, Arc<Session>)> {
+        lock(&self.sessions)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// One sweep: flags stalled clients and drops sessions idle for longer than the TTL.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        for (id, s) in self.all() {
+            let (idle, since) = s.sweep(now);
+            if idle && now.duration_since(since) >= self.cfg.session_ttl {
+                let mut map = lock(&self.sessions);
+                if map.get(&id).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                    map.remove(&id);
+                    drop(map);
+                    self.closed(&id, &s, Eviction::Ttl);
+                }
+            }
+        }
+    }
+
+    /// Runs [`Registry::sweep`] every `sweep_interval` until the registry is dropped.
+    pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        let every = self.cfg.sweep_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(reg) = weak.upgrade() else { return };
+                reg.sweep();
+            }
+        })
+    }
+
+    /// Tells attached clients to resume elsewhere (graceful shutdown): those of standalone
+    /// streams only, or all of them.
+    pub fn end_clients(&self, standalone_only: bool) {
+        let kind = standalone_only.then_some(StreamKind::Standalone);
+        for (_, s) in self.all() {
+            s.end_clients(kind);
+        }
+    }
+
+    /// Sets the gauges of current state (called at scrape time).
+    pub fn refresh_gauges(&self) {
+        let (mut events, mut bytes, mut clients) = (0, 0, 0);
+        let all = self.all();
+        for (_, s) in &all {
+            let (e, b) = s.window_usage();
+            events += e;
+            bytes += b;
+            clients += s.attached_clients();
+        }
+        let m = &self.metrics;
+        m.sessions.set(all.len() as i64);
+        m.window_events.set(events as i64);
+        m.window_bytes.set(bytes as i64);
+        m.attached_clients.set(clients as i64);
+    }
+
+    /// Total retained window bytes over all sessions.
+    pub fn window_bytes(&self) -> usize {
+        self.budget.used()
+    }
+}
+
+/// A short, stable, non-reversible label for a session id in logs.
+pub fn hash_id(id: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+}

@@ -1,0 +1,212 @@
+//! One tagged stream of a session: its positions, the requests its POST carried, its upstream
+//! reader and the client attached to it, and the two facts flow control needs: how far the
+//! stream's client is known to have its events (`acked`), and whether that client may still
+//! come back for the rest (`guarding`).
+//!
+//! Pure bookkeeping: no locks, no I/O; the session holds these under its lock.
+
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::window::Entry;
+
+/// What started a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The SSE response to a POST; it ends after the upstream's response.
+    Post,
+    /// The standalone GET stream, held open upstream while the session lives.
+    Standalone,
+}
+
+impl StreamKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamKind::Post => "post",
+            StreamKind::Standalone => "standalone",
+        }
+    }
+}
+
+/// Why the upstream side of a stream failed. Only a broken connection is worth reconnecting
+/// for; the others will not heal by trying again.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamFailure {
+    /// The connection failed mid-stream (reset, truncated chunking, ...).
+    #[error("upstream connection failed: {0}")]
+    Connection(String),
+    /// The upstream sent bytes that are not a valid SSE stream, or an event over the limit.
+    #[error("{0}")]
+    InvalidStream(String),
+    /// The upstream closed a stream it had not finished and refused every attempt to resume it.
+    #[error("the upstream closed the stream and refused {0} attempts to resume it")]
+    ResumeRefused(u32),
+}
+
+/// How an upstream stream ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The upstream ended the response normally.
+    Complete,
+    /// The upstream's stream failed.
+    Failed(UpstreamFailure),
+}
+
+/// A JSON-RPC request carried by the POST that started a stream.
+#[derive(Debug)]
+pub(super) struct PendingRequest {
+    /// The request id as canonical JSON text.
+    pub id: String,
+    /// Sequence number of the event that carried its response, once seen.
+    pub answered_at: Option<u64>,
+    /// The gateway already answered it with an error (gap, upstream failure); a client that
+    /// reconnects after that error is not told again.
+    pub reported: bool,
+}
+
+/// The client attached to a stream.
+#[derive(Debug)]
+pub(super) struct Subscriber {
+    pub generation: u64,
+    /// Sequence number of the last event handed to this client.
+    pub cursor: u64,
+    pub waker: Option<Waker>,
+    /// Set when the client must resume (it stalled, or the gateway is shutting down); the
+    /// body then ends the stream.
+    pub detach: Option<(Instant, super::Outcome)>,
+    /// Closes the client's connection when the body cannot even be polled.
+    pub kill: Option<Arc<Notify>>,
+}
+
+impl Subscriber {
+    pub fn new(generation: u64, cursor: u64, kill: Option<Arc<Notify>>) -> Subscriber {
+        Subscriber {
+            generation,
+            cursor,
+            waker: None,
+            detach: None,
+            kill,
+        }
+    }
+
+    /// Whether the client was told to go away because it made no progress.
+    fn stalled(&self) -> bool {
+        matches!(self.detach, Some((_, super::Outcome::SlowConsumer)))
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Stream {
+    pub kind: StreamKind,
+    /// The stream's opening position: a cursor here means "before any event of this stream".
+    pub first_seq: u64,
+    /// The highest position issued on this stream.
+    pub last_seq: u64,
+    /// Highest sequence number of this stream that can no longer be delivered.
+    pub lost_upto: u64,
+    /// Every event of this stream up to here is taken as delivered: handed to a client and
+    /// then pushed out of the session's in-flight reserve by later sends. Events after it
+    /// are never evicted while [`Stream::guarding`] holds.
+    pub acked: u64,
+    /// Since when the stream's client has had something to receive and made no progress
+    /// (`None`: caught up, or progressing). Runs on while no client is attached.
+    pub stall_since: Option<Instant>,
+    /// An event too large for the window, kept for the attached client only.
+    pub overflow: Option<Entry>,
+    pub requests: Vec<PendingRequest>,
+    /// The POST that opened this stream was `initialize`.
+    pub initialize: bool,
+    pub end: Option<End>,
+    pub sub: Option<Subscriber>,
+    pub reader: Option<AbortHandle>,
+    /// The upstream reader, paused until the window has room (woken by client progress,
+    /// an attach, or the stall budget running out).
+    pub paused_reader: Option<Waker>,
+}
+
+impl Stream {
+    pub fn new(
+        kind: StreamKind,
+        seq: u64,
+        requests: Vec<String>,
+        initialize: bool,
+        sub: Subscriber,
+    ) -> Stream {
+        Stream {
+            kind,
+            first_seq: seq,
+            last_seq: seq,
+            lost_upto: 0,
+            acked: seq,
+            stall_since: None,
+            overflow: None,
+            requests: requests
+                .into_iter()
+                .map(|id| PendingRequest {
+                    id,
+                    answered_at: None,
+                    reported: false,
+                })
+                .collect(),
+            initialize,
+            end: None,
+            sub: Some(sub),
+            reader: None,
+            paused_reader: None,
+        }
+    }
+
+    /// Whether the stream's client may still come back for events it was not sent: while it
+    /// is attached (until it is detached for making no progress), and after it left until
+    /// `stall` has passed without progress.
+    pub fn guarding(&self, now: Instant, stall: Duration) -> bool {
+        match &self.sub {
+            Some(sub) => !sub.stalled(),
+            None => self
+                .stall_since
+                .is_some_and(|t| now.duration_since(t) < stall),
+        }
+    }
+
+    /// Whether the event `seq` of this stream must stay: not known delivered, and its client
+    /// may still need it.
+    pub fn needs(&self, seq: u64, now: Instant, stall: Duration) -> bool {
+        seq > self.acked && self.guarding(now, stall)
+    }
+
+    /// Wakes the paused upstream reader, if any (room may have been made).
+    pub fn wake_reader(&mut self) {
+        if let Some(w) = self.paused_reader.take() {
+            w.wake();
+        }
+    }
+
+    /// Whether a request with id `id` (JSON text) was carried by this stream's POST.
+    pub fn carries(&self, id: &str) -> bool {
+        self.requests.iter().any(|r| r.id == id)
+    }
+
+    pub fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &PendingRequest> {
+        self.requests
+            .iter()
+            .filter(move |r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))
+    }
+
+    /// Ids of the requests whose response the client at `cursor` has not seen, marked as
+    /// reported: the caller answers each with a JSON-RPC error.
+    pub fn fail_unanswered(&mut self, cursor: u64) -> Vec<String> {
+        self.requests
+            .iter_mut()
+            .filter(|r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))
+            .map(|r| {
+                r.reported = true;
+                r.id.clone()
+            })
+            .collect()
+    }
+}

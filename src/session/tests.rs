@@ -1,0 +1,697 @@
+//! Unit tests of the session state machine, with paused time where clocks matter.
+
+use super::*;
+
+fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
+    let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
+    f(&mut c);
+    Arc::new(c)
+}
+
+fn msg(data: &str) -> Event {
+    Event {
+        event: Some("message".into()),
+        data: Some(data.into()),
+        ..Event::default()
+    }
+}
+
+fn session(c: Arc<Config>) -> Session {
+    Session::new(
+        "a".into(),
+        c,
+        Arc::default(),
+        Arc::new(Budget::new(usize::MAX)),
+        0,
+    )
+}
+
+fn step(s: &Session, stream: u32, generation: u64) -> Step {
+    s.poll_step(stream, generation, Waker::noop())
+}
+
+fn text(step: Step) -> String {
+    match step {
+        Step::Data(b, _) | Step::Finish(b, _) => String::from_utf8(b.to_vec()).unwrap(),
+        Step::Pending => String::new(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
+    let reg = Registry::new(
+        cfg(|c| c.session_ttl = Duration::from_secs(60)),
+        Arc::default(),
+    );
+    let s = reg.get_or_create("a", 0).unwrap();
+    let (stream, generation, _) = s.open_stream(StreamKind::Post, vec![], false, false, None, None);
+    tokio::time::advance(Duration::from_secs(120)).await;
+    reg.sweep();
+    assert_eq!(reg.len(), 1, "a client is attached");
+    s.detach(stream, generation);
+    tokio::time::advance(Duration::from_secs(59)).await;
+    reg.sweep();
+    assert_eq!(reg.len(), 1, "TTL counts from the detach");
+    s.touch();
+    tokio::time::advance(Duration::from_secs(59)).await;
+    reg.sweep();
+    assert_eq!(reg.len(), 1, "a request restarts the TTL");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    reg.sweep();
+    assert_eq!(reg.len(), 0);
+    assert!(matches!(step(&s, stream, generation), Step::Finish(..)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stalled_client_gets_resumption_required_with_retry() {
+    let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(30)));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    s.push_events(stream, &mut vec![msg("{\"n\":1}")], None);
+    assert!(text(step(&s, stream, generation)).contains("{\"n\":1}"));
+    // The client stops polling while events keep coming.
+    s.push_events(stream, &mut vec![msg("{\"n\":2}")], None);
+    tokio::time::advance(Duration::from_secs(29)).await;
+    s.sweep(Instant::now());
+    s.push_events(stream, &mut vec![msg("{\"n\":3}")], None);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    s.sweep(Instant::now());
+    let out = text(step(&s, stream, generation));
+    assert!(
+        out.contains("event: mcp-reattach/resumption-required"),
+        "{out}"
+    );
+    assert!(out.contains("retry: 1000"), "{out}");
+    assert!(
+        !out.contains("\"n\":2"),
+        "nothing more is pushed to a detached client"
+    );
+    // It resumes from its last event and gets the rest.
+    let here = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 2,
+    };
+    let Ok(Resume::Attached {
+        generation: g2,
+        replay,
+        ..
+    }) = s.resume(here, None)
+    else {
+        panic!("resumable")
+    };
+    assert_eq!(replay, 2);
+    let out = text(step(&s, stream, g2));
+    assert!(out.contains("\"n\":2") && out.contains("\"n\":3"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_keeps_up_is_never_detached() {
+    let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(1)));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    for i in 0..100 {
+        s.push_events(stream, &mut vec![msg(&format!("{{\"n\":{i}}}"))], None);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        s.sweep(Instant::now());
+        assert!(matches!(step(&s, stream, generation), Step::Data(..)));
+        assert!(matches!(step(&s, stream, generation), Step::Pending));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap() {
+    for (events, bytes) in [(4, 1 << 20), (1000, 400)] {
+        let s = session(cfg(|c| {
+            c.window_events = events;
+            c.window_bytes = bytes;
+        }));
+        let (stream, generation, _) =
+            s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+        s.detach(stream, generation);
+        let start = Cursor {
+            epoch: s.epoch,
+            stream,
+            seq: 1,
+        };
+        for i in 0..3 {
+            s.push_events(
+                stream,
+                &mut vec![msg(&format!(
+                    "{{\"n\":{i},\"pad\":\"{}\"}}",
+                    "p".repeat(40)
+                ))],
+                None,
+            );
+        }
+        let Ok(Resume::Attached {
+            replay: 3,
+            generation,
+            ..
+        }) = s.resume(start, None)
+        else {
+            panic!("resumable")
+        };
+        s.detach(stream, generation);
+        // The client may come back for them: the reader is held back, nothing is evicted.
+        let mut more: Vec<Event> = (3..10)
+            .map(|i| msg(&format!("{{\"n\":{i},\"pad\":\"{}\"}}", "p".repeat(40))))
+            .collect();
+        assert!(!s.push_events(stream, &mut more, None));
+        assert!(!more.is_empty(), "events wait in the reader");
+        assert!(matches!(s.resume(start, None), Ok(Resume::Attached { .. })));
+        s.detach(stream, current_generation(&s, stream));
+        // Once the stall budget has passed without the client, the window moves on.
+        tokio::time::advance(s.cfg.stall_timeout).await;
+        assert!(s.push_events(stream, &mut more, None));
+        assert_eq!(s.resume(start, None).unwrap_err(), ResumeError::Gap);
+        assert!(s.metrics.events_evicted_undelivered.get() > 0);
+        let (n, b) = s.window_usage();
+        assert!(n <= events && b <= bytes);
+        // A cursor at the newest retained event still resumes.
+        let last = Cursor {
+            epoch: s.epoch,
+            stream,
+            seq: 11,
+        };
+        assert!(matches!(
+            s.resume(last, None),
+            Ok(Resume::Attached { replay: 0, .. })
+        ));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn gap_answers_only_requests_not_answered_before_the_cursor() {
+    let s = session(cfg(|c| c.window_events = 2));
+    let (stream, generation, _) = s.open_stream(
+        StreamKind::Post,
+        vec!["1".into(), "\"b\"".into()],
+        false,
+        false,
+        None,
+        None,
+    );
+    s.detach(stream, generation);
+    s.push_events(
+        stream,
+        &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
+        None,
+    ); // seq 2
+    let after_first = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 2,
+    };
+    tokio::time::advance(s.cfg.stall_timeout).await;
+    for _ in 0..3 {
+        s.push_events(
+            stream,
+            &mut vec![msg(r#"{"jsonrpc":"2.0","method":"p"}"#)],
+            None,
+        );
+    }
+    let Ok(Resume::GapWithErrors { frames }) = s.resume(after_first, None) else {
+        panic!("gap")
+    };
+    let t = String::from_utf8(frames.to_vec()).unwrap();
+    assert!(t.contains("\"id\":\"b\""), "{t}");
+    assert!(
+        !t.contains("\"id\":1,"),
+        "request 1 was answered before the cursor: {t}"
+    );
+}
+
+#[test]
+fn ended_stream_metadata_is_bounded() {
+    let s = session(cfg(|_| {}));
+    for _ in 0..(MAX_ENDED_STREAMS + 50) {
+        let (stream, generation, _) =
+            s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+        s.push_events(
+            stream,
+            &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
+            None,
+        );
+        s.detach(stream, generation);
+        s.end_stream(stream, End::Complete);
+    }
+    let st = lock(&s.state);
+    assert_eq!(st.streams.len(), MAX_ENDED_STREAMS);
+    drop(st);
+    let forgotten = Cursor {
+        epoch: s.epoch,
+        stream: 0,
+        seq: 1,
+    };
+    assert_eq!(
+        s.resume(forgotten, None).unwrap_err(),
+        ResumeError::StreamExpired
+    );
+}
+
+fn current_generation(s: &Session, stream: u32) -> u64 {
+    lock(&s.state).streams[&stream]
+        .sub
+        .as_ref()
+        .expect("attached")
+        .generation
+}
+
+fn numbered(from: u64, to: u64, pad: usize) -> Vec<Event> {
+    (from..to)
+        .map(|i| msg(&format!("{{\"n\":{i},\"pad\":\"{}\"}}", "p".repeat(pad))))
+        .collect()
+}
+
+/// The `"n"` values of every `message` event in `text`, in order.
+fn ns(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| v["n"].as_u64())
+        .collect()
+}
+
+/// A waker that counts its wakes: stands in for the upstream reader's task.
+fn counting_waker() -> (Waker, Arc<std::sync::atomic::AtomicUsize>) {
+    struct W(Arc<std::sync::atomic::AtomicUsize>);
+    impl std::task::Wake for W {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    (Waker::from(Arc::new(W(n.clone()))), n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_reader_gets_everything_and_the_upstream_waits_for_it() {
+    let s = session(cfg(|c| {
+        c.window_events = 8;
+        c.stall_timeout = Duration::from_secs(30);
+    }));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let (reader, wakes) = counting_waker();
+    let mut pending = numbered(0, 200, 10);
+    let mut got = Vec::new();
+    let mut pauses = 0;
+    while !pending.is_empty() || got.len() < 200 {
+        if !pending.is_empty() && !s.push_events(stream, &mut pending, Some(&reader)) {
+            pauses += 1;
+        }
+        // The client reads one batch, slowly, but it always makes progress.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        s.sweep(Instant::now());
+        match step(&s, stream, generation) {
+            Step::Data(b, _) => got.extend(ns(&String::from_utf8_lossy(&b))),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        wakes.load(Ordering::SeqCst) > 0,
+        "the paused reader was woken"
+    );
+    assert_eq!(
+        got,
+        (0..200).collect::<Vec<_>>(),
+        "every event, once, in order"
+    );
+    assert!(pauses > 0, "the upstream was paused");
+    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+    assert_eq!(
+        s.metrics.slow_consumer_detaches.get(),
+        0,
+        "progress is not a stall"
+    );
+    let (n, _) = s.window_usage();
+    assert!(n <= 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn written_events_in_the_reserve_survive_a_cut() {
+    let s = session(cfg(|c| c.window_events = 8));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let mut pending = numbered(0, 4, 10);
+    assert!(s.push_events(stream, &mut pending, None));
+    // Written to the socket, then the connection dies before the client read it.
+    let Step::Data(b, 4) = step(&s, stream, generation) else {
+        panic!("one batch of the reserve's size")
+    };
+    assert_eq!(ns(&String::from_utf8_lossy(&b)), vec![0, 1, 2, 3]);
+    s.detach(stream, generation);
+    // The upstream fills the window; the written-but-unconfirmed events stay.
+    let mut more = numbered(4, 20, 10);
+    assert!(!s.push_events(stream, &mut more, None));
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 1,
+    };
+    let Ok(Resume::Attached {
+        generation: g2,
+        replay,
+        ..
+    }) = s.resume(opening, None)
+    else {
+        panic!("the in-flight events are still there")
+    };
+    assert_eq!(replay, 8);
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        if !more.is_empty() {
+            s.push_events(stream, &mut more, None);
+        }
+        if let Step::Data(b, _) = step(&s, stream, g2) {
+            got.extend(ns(&String::from_utf8_lossy(&b)));
+        }
+    }
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_streams_traffic_never_evicts_anothers_undelivered_events() {
+    let s = session(cfg(|c| c.window_events = 6));
+    let (a, ga, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let (b, gb, _) = s.open_stream(StreamKind::Post, vec!["2".into()], false, false, None, None);
+    let mut for_a = numbered(0, 3, 10);
+    assert!(s.push_events(a, &mut for_a, None));
+    s.detach(a, ga); // a's client is away, within its stall budget
+    let mut for_b = numbered(100, 110, 10);
+    assert!(
+        !s.push_events(b, &mut for_b, None),
+        "b waits rather than evict a's events"
+    );
+    // b's own client reads, so b moves on within the room a leaves it (b's written events
+    // leave the in-flight reserve as b writes more, or once delivered for a second).
+    let mut got_b = Vec::new();
+    for _ in 0..20 {
+        tokio::time::advance(Duration::from_millis(500)).await;
+        if let Step::Data(bytes, _) = step(&s, b, gb) {
+            got_b.extend(ns(&String::from_utf8_lossy(&bytes)));
+        }
+        if !for_b.is_empty() {
+            s.push_events(b, &mut for_b, None);
+        }
+    }
+    assert_eq!(got_b, (100..110).collect::<Vec<_>>());
+    let opening_a = Cursor {
+        epoch: s.epoch,
+        stream: a,
+        seq: 1,
+    };
+    assert!(matches!(
+        s.resume(opening_a, None),
+        Ok(Resume::Attached { replay: 3, .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oversized_event_waits_for_its_client_and_is_never_dropped_silently() {
+    let s = session(cfg(|c| c.window_bytes = 100));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let mut big = numbered(0, 3, 300);
+    assert!(!s.push_events(stream, &mut big, None), "one overflow slot");
+    assert_eq!(big.len(), 2);
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        if let Step::Data(b, _) = step(&s, stream, generation) {
+            got.extend(ns(&String::from_utf8_lossy(&b)));
+        }
+        if !big.is_empty() {
+            s.push_events(stream, &mut big, None);
+        }
+    }
+    assert_eq!(got, vec![0, 1, 2]);
+    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_client_is_detached_and_only_then_the_window_moves_on() {
+    let s = session(cfg(|c| {
+        c.window_events = 4;
+        c.stall_timeout = Duration::from_secs(30);
+    }));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let (reader, wakes) = counting_waker();
+    let mut pending = numbered(0, 10, 10);
+    assert!(!s.push_events(stream, &mut pending, Some(&reader)));
+    // The client never reads: no progress for the stall budget.
+    tokio::time::advance(Duration::from_secs(29)).await;
+    s.sweep(Instant::now());
+    assert!(!s.push_events(stream, &mut pending, Some(&reader)));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    s.sweep(Instant::now());
+    assert!(
+        wakes.load(Ordering::SeqCst) > 0,
+        "the sweep wakes the reader"
+    );
+    assert_eq!(s.metrics.slow_consumer_detaches.get(), 1);
+    assert!(s.push_events(stream, &mut pending, Some(&reader)));
+    let out = text(step(&s, stream, generation));
+    assert!(out.contains(EVENT_RESUMPTION_REQUIRED), "{out}");
+    assert!(s.metrics.events_evicted_undelivered.get() > 0);
+    // Its resume from where it was is an explicit gap, never a silent one.
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 1,
+    };
+    assert!(matches!(
+        s.resume(opening, None),
+        Ok(Resume::GapWithErrors { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_briefly_away_gets_everything_when_it_returns() {
+    let s = session(cfg(|c| {
+        c.window_events = 4;
+        c.stall_timeout = Duration::from_secs(30);
+    }));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    s.detach(stream, generation);
+    let mut pending = numbered(0, 10, 10);
+    assert!(!s.push_events(stream, &mut pending, None));
+    tokio::time::advance(Duration::from_millis(200)).await;
+    s.sweep(Instant::now());
+    assert!(!s.push_events(stream, &mut pending, None), "still held");
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 1,
+    };
+    let Ok(Resume::Attached { generation: g, .. }) = s.resume(opening, None) else {
+        panic!("resumable")
+    };
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        if let Step::Data(b, _) = step(&s, stream, g) {
+            got.extend(ns(&String::from_utf8_lossy(&b)));
+        }
+        if !pending.is_empty() {
+            s.push_events(stream, &mut pending, None);
+        }
+    }
+    assert_eq!(got, (0..10).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_retransmitted_request_is_a_resume_of_its_stream() {
+    let s = session(cfg(|_| {}));
+    let (stream, generation, _) =
+        s.open_stream(StreamKind::Post, vec!["7".into()], false, true, None, None);
+    s.push_events(stream, &mut numbered(0, 2, 0), None);
+    s.push_events(
+        stream,
+        &mut vec![msg(r#"{"jsonrpc":"2.0","id":7,"result":{"n":9}}"#)],
+        None,
+    );
+    s.detach(stream, generation);
+    let seen = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 2,
+    };
+    assert!(s.carries_any(&["7".into()]));
+    assert!(!s.carries_any(&["8".into()]));
+    assert!(s.retransmission(&["8".into()], Some(seen), None).is_none());
+    // With the stream's cursor: exactly what came after it.
+    let Some(Ok(Resume::Attached { replay: 2, .. })) =
+        s.retransmission(&["7".into()], Some(seen), None)
+    else {
+        panic!("resume after the cursor")
+    };
+    // Without a usable cursor: the stream from its start, nothing of it being lost.
+    let foreign = Cursor { epoch: 1, ..seen };
+    let Some(Ok(Resume::Attached { replay: 3, .. })) =
+        s.retransmission(&["7".into()], Some(foreign), None)
+    else {
+        panic!("resume from the start")
+    };
+}
+
+#[test]
+fn a_stale_standalone_cursor_reattaches_to_the_session() {
+    let s = session(cfg(|_| {}));
+    let (standalone, g, _) =
+        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    s.push_events(standalone, &mut numbered(0, 1, 0), None);
+    let Step::Data(..) = step(&s, standalone, g) else {
+        panic!()
+    };
+    s.end_stream(standalone, End::Complete);
+    let at = Cursor {
+        epoch: s.epoch,
+        stream: standalone,
+        seq: 2,
+    };
+    let err = s.resume(at, None).unwrap_err();
+    assert_eq!(err, ResumeError::StreamEnded);
+    let r = s.standalone_reattach(&at, err).expect("re-attach");
+    assert!(!r.lost);
+    // A POST stream's cursor keeps its 409.
+    let (post, _, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    s.end_stream(post, End::Complete);
+    let p = Cursor {
+        epoch: s.epoch,
+        stream: post,
+        seq: 3,
+    };
+    assert!(s
+        .standalone_reattach(&p, ResumeError::StreamEnded)
+        .is_none());
+    // The new standalone stream opens with an id-bearing control event saying so.
+    let (n, _, opening) =
+        s.open_stream(StreamKind::Standalone, vec![], false, false, Some(&r), None);
+    let opening = String::from_utf8(opening.unwrap().to_vec()).unwrap();
+    assert!(
+        opening.starts_with(&format!("id: {}\n", s.cursor(n, 4))),
+        "{opening}"
+    );
+    assert!(opening.contains(EVENT_RESUMED), "{opening}");
+    let lost = Reattach {
+        lost: true,
+        ..r.clone()
+    };
+    let (_, _, opening) = s.attach_standalone(false, Some(&lost), None).expect("held");
+    assert!(String::from_utf8_lossy(&opening.unwrap()).contains(EVENT_RESUMPTION_FAILED));
+}
+
+mod model {
+    //! Property: whatever the rates of the upstream and the client, and wherever the
+    //! connection is cut (losing the batch in flight), a client that comes back within the
+    //! stall budget receives every event exactly once, in order, and nothing is evicted
+    //! undelivered.
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Upstream(u8),
+        Read,
+        Cut,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1u8..6).prop_map(Op::Upstream),
+            4 => Just(Op::Read),
+            1 => Just(Op::Cut),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn never_evicts_what_a_returning_client_needs(
+            window_events in 2usize..10,
+            pad in 0usize..40,
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let s = session(cfg(|c| {
+                c.window_events = window_events;
+                c.window_bytes = 4096;
+            }));
+            let (stream, mut generation, _) =
+                s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+            let mut next = 0u64;
+            let mut reader: Vec<Event> = Vec::new();
+            let mut got: Vec<u64> = Vec::new();
+            // What the client has processed, and its cursor; the last batch is in flight
+            // until the next read confirms it.
+            let mut confirmed = (0usize, 1u64);
+            let mut in_flight = (0usize, 1u64);
+            let mut attached = true;
+            let last_id = |b: &Bytes| -> u64 {
+                let t = String::from_utf8_lossy(b);
+                let id = t.lines().filter_map(|l| l.strip_prefix("id: ")).next_back().unwrap().to_owned();
+                Cursor::parse(id.as_bytes()).unwrap().seq
+            };
+            let drain = |s: &Session, g: u64, got: &mut Vec<u64>, reader: &mut Vec<Event>| -> Option<(usize, u64)> {
+                let mut at = None;
+                for _ in 0..1000 {
+                    if !reader.is_empty() {
+                        s.push_events(stream, reader, None);
+                    }
+                    match step(s, stream, g) {
+                        Step::Data(b, _) => {
+                            got.extend(ns(&String::from_utf8_lossy(&b)));
+                            at = Some((got.len(), last_id(&b)));
+                        }
+                        _ => if reader.is_empty() { break },
+                    }
+                }
+                at
+            };
+            for op in ops {
+                match op {
+                    Op::Upstream(n) => {
+                        reader.extend(numbered(next, next + n as u64, pad));
+                        next += n as u64;
+                        s.push_events(stream, &mut reader, None);
+                    }
+                    Op::Read if attached => {
+                        if let Step::Data(b, _) = step(&s, stream, generation) {
+                            confirmed = in_flight;
+                            got.extend(ns(&String::from_utf8_lossy(&b)));
+                            in_flight = (got.len(), last_id(&b));
+                        }
+                    }
+                    Op::Read => {
+                        let at = Cursor { epoch: s.epoch, stream, seq: confirmed.1 };
+                        got.truncate(confirmed.0);
+                        match s.resume(at, None) {
+                            Ok(Resume::Attached { generation: g, .. }) => generation = g,
+                            other => prop_assert!(false, "resume within the budget: {:?}", other),
+                        }
+                        in_flight = confirmed;
+                        attached = true;
+                    }
+                    Op::Cut => {
+                        if attached {
+                            s.detach(stream, generation);
+                            attached = false;
+                        }
+                    }
+                }
+            }
+            if !attached {
+                let at = Cursor { epoch: s.epoch, stream, seq: confirmed.1 };
+                got.truncate(confirmed.0);
+                let Ok(Resume::Attached { generation: g, .. }) = s.resume(at, None) else {
+                    panic!("resume at the end")
+                };
+                generation = g;
+            }
+            drain(&s, generation, &mut got, &mut reader);
+            prop_assert_eq!(got, (0..next).collect::<Vec<_>>());
+            prop_assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+        }
+    }
+}
