@@ -13,6 +13,11 @@
 #   slow_progress(steps, interval_ms)        progress 1..steps (message "step i"), then "done <steps>"
 #   notify_standalone(count, interval_ms)    returns at once, then sends `count` log notifications
 #                                            {"seq": i, "of": count} on the standalone GET stream
+#   flood(count, size)                       `count` progress notifications with a message padded to
+#                                            ~`size` bytes, no delay between them, then "flooded <count>"
+#   counter()                                increments a per-process counter, sends 2 notifications
+#                                            (progress if the call has a progressToken, else log)
+#                                            ~100 ms apart, then returns "applied <counter>"
 
 import asyncio
 import logging
@@ -74,6 +79,47 @@ async def notify_standalone(count: int, interval_ms: int, ctx: Context) -> str:
     _background.add(task)
     task.add_done_callback(_background.discard)
     return f"scheduled {count}"
+
+
+@mcp.tool()
+async def flood(count: int, size: int, ctx: Context) -> str:
+    """Sends `count` progress notifications (message padded to ~`size` bytes) with no delay, then
+    returns `flooded <count>`."""
+    started = time.monotonic()
+    pad = "x" * max(0, size - 64)
+    for i in range(1, count + 1):
+        try:
+            await ctx.report_progress(i, count, f"flood {i} {pad}")
+        except Exception as exc:  # keep going: a disconnect is not a cancel
+            print(f"flood: progress {i} not sent: {exc}", file=sys.stderr, flush=True)
+    took = (time.monotonic() - started) * 1000
+    print(f"flood: {count} notifications of ~{size} bytes sent in {took:.0f} ms", file=sys.stderr, flush=True)
+    return f"flooded {count}"
+
+
+# The `counter` tool's count, shared by every session of this process.
+_counter = 0
+
+
+@mcp.tool()
+async def counter(ctx: Context) -> str:
+    """Increments a per-process counter, sends 2 notifications ~100 ms apart, then returns
+    `applied <counter>`."""
+    global _counter
+    _counter += 1
+    n = _counter
+    print(f"counter: applied {n} (JSON-RPC id {ctx.request_id!r})", file=sys.stderr, flush=True)
+    has_token = ctx.request_context.meta is not None and ctx.request_context.meta.progressToken is not None
+    for i in (1, 2):
+        try:
+            if has_token:
+                await ctx.report_progress(i, 2, f"applied {n}, step {i}")
+            else:
+                await ctx.info(f"applied {n}, step {i}")
+        except Exception as exc:
+            print(f"counter: notification {i} not sent: {exc}", file=sys.stderr, flush=True)
+        await asyncio.sleep(0.1)
+    return f"applied {n}"
 
 
 def announce_when_listening() -> None:

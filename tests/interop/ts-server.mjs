@@ -10,9 +10,23 @@
 //   port           defaults to 0 (an ephemeral port); always binds 127.0.0.1
 //
 // Prints `LISTENING <port>` on stdout once it accepts connections. Logs go to stderr.
-// Tools: slow_progress {steps, interval_ms} (progress 1..steps, then `done <steps>`) and
-// notify_standalone {count, interval_ms} (returns at once, then `count` log notifications
-// {seq: i, of: count} on the standalone GET stream).
+// Tools:
+//   slow_progress {steps, interval_ms}   progress 1..steps, `interval_ms` apart, then `done <steps>`
+//   notify_standalone {count, interval_ms, delay_ms?, tag?}
+//                                        returns at once; then, after `delay_ms` (default 0), sends
+//                                        `count` log notifications {seq: i, of: count, tag}, each
+//                                        `interval_ms` after the previous, on the standalone GET
+//                                        stream
+//   flood {count, size}                  `count` progress notifications with a `message` padded to
+//                                        ~`size` bytes, with no delay between them, then
+//                                        `flooded <count>` (flow control: tests/interop_reattach.rs)
+//   counter {}                           increments a per-process counter, sends 2 notifications
+//                                        (progress if the call has a progressToken, else log)
+//                                        ~100 ms apart, then returns `applied <counter>`
+//                                        (retransmission: it must run once per JSON-RPC request)
+//   close_standalone {}                  closes this session's standalone GET stream from the
+//                                        server side (transport.closeStandaloneSSEStream(), the
+//                                        2025-11-25 "SSE polling" close); returns `closed`
 // Routing follows the SDK example dist/esm/examples/server/simpleStreamableHttp.js, on node:http.
 
 import { randomUUID } from 'node:crypto';
@@ -73,22 +87,26 @@ function buildServer() {
         'notify_standalone',
         {
             description:
-                'Returns at once; then sends `count` log notifications {seq: i, of: count}, `interval_ms` apart, on the standalone GET stream',
+                'Returns at once; then, after `delay_ms`, sends `count` log notifications {seq: i, of: count, tag}, `interval_ms` apart, on the standalone GET stream',
             inputSchema: {
                 count: z.number().int().min(0),
-                interval_ms: z.number().int().min(0)
+                interval_ms: z.number().int().min(0),
+                delay_ms: z.number().int().min(0).optional(),
+                tag: z.string().optional()
             }
         },
-        async ({ count, interval_ms }) => {
+        async ({ count, interval_ms, delay_ms, tag }) => {
             (async () => {
+                await sleep(delay_ms ?? 0);
                 for (let i = 1; i <= count; i++) {
                     await sleep(interval_ms);
-                    log(`notify_standalone ${i}/${count}`);
+                    log(`notify_standalone ${tag ?? ''} ${i}/${count}`);
+                    const data = tag === undefined ? { seq: i, of: count } : { seq: i, of: count, tag };
                     try {
                         // No relatedRequestId: the notification goes to the standalone GET stream.
                         await server.server.notification({
                             method: 'notifications/message',
-                            params: { level: 'info', logger: 'interop', data: { seq: i, of: count } }
+                            params: { level: 'info', logger: 'interop', data }
                         });
                     } catch (err) {
                         log(`notification ${i} not sent: ${err?.message ?? err}`);
@@ -98,8 +116,84 @@ function buildServer() {
             return { content: [{ type: 'text', text: `scheduled ${count}` }] };
         }
     );
+    server.registerTool(
+        'flood',
+        {
+            description:
+                'Sends `count` progress notifications with a message padded to ~`size` bytes, with no delay between them, then returns `flooded <count>`',
+            inputSchema: {
+                count: z.number().int().min(0),
+                size: z.number().int().min(0)
+            }
+        },
+        async ({ count, size }, extra) => {
+            const progressToken = extra._meta?.progressToken;
+            const started = Date.now();
+            if (progressToken !== undefined) {
+                const pad = 'x'.repeat(Math.max(0, size - 64));
+                for (let i = 1; i <= count; i++) {
+                    try {
+                        // Awaiting only hands the event to the transport (it has no backpressure).
+                        await extra.sendNotification({
+                            method: 'notifications/progress',
+                            params: { progressToken, progress: i, total: count, message: `flood ${i} ${pad}` }
+                        });
+                    } catch (err) {
+                        log(`flood: progress ${i} not sent: ${err?.message ?? err}`);
+                    }
+                }
+            }
+            log(`flood: ${count} notifications of ~${size} bytes handed to the transport in ${Date.now() - started} ms`);
+            return { content: [{ type: 'text', text: `flooded ${count}` }] };
+        }
+    );
+    server.registerTool(
+        'counter',
+        {
+            description:
+                'Increments a per-process counter, sends 2 notifications ~100 ms apart, then returns `applied <counter>`',
+            inputSchema: {}
+        },
+        async (_args, extra) => {
+            const n = ++counterValue;
+            log(`counter: applied ${n} (JSON-RPC id ${JSON.stringify(extra.requestId)})`);
+            const progressToken = extra._meta?.progressToken;
+            for (let i = 1; i <= 2; i++) {
+                try {
+                    await extra.sendNotification(
+                        progressToken !== undefined
+                            ? { method: 'notifications/progress', params: { progressToken, progress: i, total: 2, message: `applied ${n}, step ${i}` } }
+                            : { method: 'notifications/message', params: { level: 'info', logger: 'counter', data: { applied: n, step: i } } }
+                    );
+                } catch (err) {
+                    log(`counter: notification ${i} not sent: ${err?.message ?? err}`);
+                }
+                await sleep(100);
+            }
+            return { content: [{ type: 'text', text: `applied ${n}` }] };
+        }
+    );
+    server.registerTool(
+        'close_standalone',
+        {
+            description: "Closes this session's standalone GET SSE stream from the server side, then returns `closed`",
+            inputSchema: {}
+        },
+        async () => {
+            // server.server is the Protocol instance; its transport is this session's
+            // StreamableHTTPServerTransport (SDK >= 1.2x has closeStandaloneSSEStream()).
+            const transport = server.server.transport;
+            const open = transport?._webStandardTransport?._streamMapping?.has('_GET_stream');
+            log(`close_standalone: standalone stream ${open === undefined ? 'state unknown' : open ? 'open' : 'NOT open'}; closing it`);
+            transport?.closeStandaloneSSEStream();
+            return { content: [{ type: 'text', text: 'closed' }] };
+        }
+    );
     return server;
 }
+
+/** The `counter` tool's count, shared by every session of this process. */
+let counterValue = 0;
 
 /**
  * A minimal EventStore for `sse-resumable` (one per session). Ids are `<streamId>.<seq>` with a

@@ -2,7 +2,9 @@
 //!
 //! - [`Relay`]: a loopback TCP relay with fault injection (cut every live connection, refuse
 //!   new connections for a while), running on its own small runtime so it keeps working
-//!   whatever the test's runtime is doing.
+//!   whatever the test's runtime is doing. Optionally it throttles the target→client direction
+//!   ([`Relay::start_limited`]: a slow client link) or records what clients send
+//!   ([`Relay::start_recording`]: a tap in front of an upstream).
 //! - [`ensure_npm_deps`]: installs `tests/interop/node_modules` with `npm ci` once (per
 //!   process, and guarded across processes by a lock directory), because CI starts from a
 //!   clean clone.
@@ -23,7 +25,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 // ---------------------------------------------------------------------------------------------
@@ -42,13 +45,83 @@ pub struct Relay {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
+/// How a [`Relay`] forwards bytes (see [`Relay::start_with`]). The default is a plain relay.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RelayOptions {
+    /// Caps the target→client direction of all connections together at this many bytes per
+    /// second: a token bucket (one [`LIMITED_CHUNK`] of burst) that the relay must hold tokens
+    /// from before it even reads from the target, with small socket buffers on both sides, so
+    /// the target feels the slow link through TCP flow control, as it would on a real one.
+    pub down_bytes_per_sec: Option<u64>,
+    /// Keeps a copy of every byte clients send to the target ([`Relay::recorded_up`]).
+    pub record_up: bool,
+}
+
+/// Largest read (and the bucket's burst) of a rate-limited relay.
+pub const LIMITED_CHUNK: usize = 16 * 1024;
+
+/// Socket buffer size a rate-limited relay asks for (the kernel doubles it): the receive
+/// buffer towards the target and the send buffer towards the client. Small, so that what the
+/// relay has not yet forwarded stays in the target's socket, not in the relay's.
+const LIMITED_SOCKET_BUFFER: u32 = 32 * 1024;
+
 struct RelayShared {
+    options: RelayOptions,
     accepted: AtomicUsize,
     refused: AtomicUsize,
     cuts: AtomicUsize,
     next_id: AtomicU64,
     refuse_until: Mutex<Option<Instant>>,
     conns: Mutex<HashMap<u64, ConnHandle>>,
+    /// Bytes forwarded target→client, all connections.
+    down_bytes: AtomicU64,
+    /// Bytes forwarded client→target, all connections.
+    up_bytes: AtomicU64,
+    /// Token bucket of the target→client direction (rate-limited relays only).
+    bucket: Mutex<TokenBucket>,
+    /// With `record_up`: every connection's client→target bytes, by connection id.
+    recorded: Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+/// A token bucket: `rate` tokens (bytes) per second, at most `capacity` stored.
+struct TokenBucket {
+    rate: f64,
+    capacity: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new(rate: u64, capacity: usize) -> TokenBucket {
+        TokenBucket {
+            rate: rate.max(1) as f64,
+            capacity: capacity as f64,
+            tokens: capacity as f64,
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes up to `want` tokens if at least `min` are available (Ok(taken)); otherwise
+    /// Err(how long until `min` are).
+    fn take(&mut self, want: usize, min: usize) -> Result<usize, Duration> {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.capacity);
+        self.last = now;
+        let min = (min as f64).min(self.capacity);
+        if self.tokens >= min {
+            let n = (self.tokens.floor() as usize).min(want);
+            self.tokens -= n as f64;
+            Ok(n)
+        } else {
+            Err(Duration::from_secs_f64((min - self.tokens) / self.rate))
+        }
+    }
+
+    /// Gives back tokens taken but not used (the read returned fewer bytes).
+    fn give_back(&mut self, n: usize) {
+        self.tokens = (self.tokens + n as f64).min(self.capacity);
+    }
 }
 
 struct ConnHandle {
@@ -61,28 +134,71 @@ struct ConnHandle {
 impl Relay {
     /// Starts a relay listening on `127.0.0.1:0` that forwards to `target`.
     pub fn start(target: SocketAddr) -> Relay {
+        Relay::start_with(target, RelayOptions::default())
+    }
+
+    /// A relay whose target→client direction is capped at `bytes_per_sec` (all connections
+    /// together): a slow client link. See [`RelayOptions::down_bytes_per_sec`].
+    pub fn start_limited(target: SocketAddr, bytes_per_sec: u64) -> Relay {
+        Relay::start_with(
+            target,
+            RelayOptions {
+                down_bytes_per_sec: Some(bytes_per_sec),
+                ..RelayOptions::default()
+            },
+        )
+    }
+
+    /// A relay that records every byte its clients send to `target` (put it in front of an
+    /// upstream to see exactly which requests reached it; [`Relay::recorded_up`]).
+    pub fn start_recording(target: SocketAddr) -> Relay {
+        Relay::start_with(
+            target,
+            RelayOptions {
+                record_up: true,
+                ..RelayOptions::default()
+            },
+        )
+    }
+
+    /// Starts a relay listening on `127.0.0.1:0` that forwards to `target` as `options` say.
+    pub fn start_with(target: SocketAddr, options: RelayOptions) -> Relay {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("test-relay")
             .enable_all()
             .build()
             .expect("build relay runtime");
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
-        std_listener
-            .set_nonblocking(true)
-            .expect("relay nonblocking");
-        let addr = std_listener.local_addr().expect("relay addr");
         let listener = {
             let _guard = runtime.enter();
-            TcpListener::from_std(std_listener).expect("relay listener")
+            let socket = TcpSocket::new_v4().expect("relay socket");
+            if options.down_bytes_per_sec.is_some() {
+                // Accepted sockets inherit it: the relay's writes to its clients stay small.
+                socket
+                    .set_send_buffer_size(LIMITED_SOCKET_BUFFER)
+                    .expect("relay send buffer");
+            }
+            socket
+                .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .expect("bind relay");
+            socket.listen(1024).expect("relay listen")
         };
+        let addr = listener.local_addr().expect("relay addr");
         let shared = Arc::new(RelayShared {
+            options,
             accepted: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
             cuts: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             refuse_until: Mutex::new(None),
             conns: Mutex::new(HashMap::new()),
+            down_bytes: AtomicU64::new(0),
+            up_bytes: AtomicU64::new(0),
+            bucket: Mutex::new(TokenBucket::new(
+                options.down_bytes_per_sec.unwrap_or(1),
+                LIMITED_CHUNK,
+            )),
+            recorded: Mutex::new(Vec::new()),
         });
         runtime.spawn(accept_loop(listener, target, shared.clone()));
         Relay {
@@ -163,6 +279,91 @@ impl Relay {
     pub fn live(&self) -> usize {
         self.shared.conns.lock().unwrap().len()
     }
+
+    /// Bytes forwarded target→client so far (all connections).
+    pub fn down_bytes(&self) -> u64 {
+        self.shared.down_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Bytes forwarded client→target so far (all connections).
+    pub fn up_bytes(&self) -> u64 {
+        self.shared.up_bytes.load(Ordering::SeqCst)
+    }
+
+    /// With [`RelayOptions::record_up`]: what each connection's client sent to the target so
+    /// far (lossy UTF-8), in connection order. Empty otherwise.
+    pub fn recorded_up(&self) -> Vec<String> {
+        let mut conns = self.shared.recorded.lock().unwrap().clone();
+        conns.sort_by_key(|(id, _)| *id);
+        conns
+            .into_iter()
+            .map(|(_, bytes)| String::from_utf8_lossy(&bytes).into_owned())
+            .collect()
+    }
+
+    /// With [`RelayOptions::record_up`]: the head (request line and headers) of every HTTP/1.1
+    /// request clients sent through the relay, in order per connection. Parses the recorded
+    /// bytes, skipping bodies by `Content-Length` or chunked framing.
+    pub fn recorded_request_heads(&self) -> Vec<String> {
+        self.recorded_up()
+            .iter()
+            .flat_map(|conn| split_request_heads(conn.as_bytes()))
+            .collect()
+    }
+}
+
+/// The heads of the HTTP/1.1 requests in `bytes` (one connection's client→server bytes).
+fn split_request_heads(mut bytes: &[u8]) -> Vec<String> {
+    let mut heads = Vec::new();
+    while let Some(end) = find(bytes, b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&bytes[..end]).into_owned();
+        bytes = &bytes[end + 4..];
+        let header = |name: &str| {
+            head.lines().skip(1).find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.trim()
+                    .eq_ignore_ascii_case(name)
+                    .then(|| v.trim().to_string())
+            })
+        };
+        let chunked = header("transfer-encoding").is_some_and(|v| v.contains("chunked"));
+        let length: usize = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        heads.push(head);
+        if chunked {
+            // Chunks: `<hex size>[;ext]\r\n<data>\r\n`, ending with a 0-size chunk and a blank line.
+            loop {
+                let Some(line_end) = find(bytes, b"\r\n") else {
+                    return heads;
+                };
+                let size_text = String::from_utf8_lossy(&bytes[..line_end]).into_owned();
+                let size =
+                    usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+                        .unwrap_or(0);
+                bytes = &bytes[line_end + 2..];
+                if size == 0 {
+                    // Trailers (none expected) end with a blank line.
+                    match find(bytes, b"\r\n") {
+                        Some(e) => bytes = &bytes[e + 2..],
+                        None => return heads,
+                    }
+                    break;
+                }
+                if bytes.len() < size + 2 {
+                    return heads;
+                }
+                bytes = &bytes[size + 2..];
+            }
+        } else {
+            bytes = &bytes[length.min(bytes.len())..];
+        }
+    }
+    heads
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 impl Drop for Relay {
@@ -232,8 +433,18 @@ async fn relay_conn(
     done_tx: std_mpsc::Sender<()>,
 ) {
     let _ = client.set_nodelay(true);
+    let limited = shared.options.down_bytes_per_sec.is_some();
+    let connect = async move {
+        let socket = TcpSocket::new_v4()?;
+        if limited {
+            // A small receive window towards the target: what the relay does not read yet
+            // stays in the target's send buffer (it must feel the slow link).
+            socket.set_recv_buffer_size(LIMITED_SOCKET_BUFFER)?;
+        }
+        socket.connect(target).await
+    };
     let upstream = tokio::select! {
-        r = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)) => r,
+        r = tokio::time::timeout(Duration::from_secs(5), connect) => r,
         _ = &mut cut_rx => {
             let _ = client.set_zero_linger();
             drop(client);
@@ -257,9 +468,22 @@ async fn relay_conn(
         }
     };
     let _ = upstream.set_nodelay(true);
-    let cut = tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => false,
-        _ = &mut cut_rx => true,
+    let plain = shared.options.down_bytes_per_sec.is_none() && !shared.options.record_up;
+    let cut = if plain {
+        // Exactly what the relay always did, for the tests that only inject faults.
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => false,
+            _ = &mut cut_rx => true,
+        }
+    } else {
+        let (mut client_r, mut client_w) = client.split();
+        let (mut upstream_r, mut upstream_w) = upstream.split();
+        let up = pump_up(&mut client_r, &mut upstream_w, id, &shared);
+        let down = pump_down(&mut upstream_r, &mut client_w, &shared);
+        tokio::select! {
+            _ = async { tokio::try_join!(up, down) } => false,
+            _ = &mut cut_rx => true,
+        }
     };
     if cut {
         let _ = client.set_zero_linger();
@@ -270,6 +494,68 @@ async fn relay_conn(
     drop(client);
     drop(upstream);
     drop(done_tx);
+}
+
+/// Copies client→target until EOF (then half-closes the target side), recording the bytes
+/// when the relay records.
+async fn pump_up(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
+    id: u64,
+    shared: &RelayShared,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        if shared.options.record_up {
+            let mut recorded = shared.recorded.lock().unwrap();
+            match recorded.iter_mut().find(|(c, _)| *c == id) {
+                Some((_, bytes)) => bytes.extend_from_slice(&buf[..n]),
+                None => recorded.push((id, buf[..n].to_vec())),
+            }
+        }
+        to.write_all(&buf[..n]).await?;
+        shared.up_bytes.fetch_add(n as u64, Ordering::SeqCst);
+    }
+}
+
+/// Copies target→client until EOF (then half-closes the client side). A rate-limited relay
+/// takes tokens from the shared bucket before each read and reads no more than it holds.
+async fn pump_down(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
+    shared: &RelayShared,
+) -> std::io::Result<()> {
+    let limited = shared.options.down_bytes_per_sec.is_some();
+    let mut buf = vec![0u8; if limited { LIMITED_CHUNK } else { 64 * 1024 }];
+    loop {
+        let allowed = if limited {
+            // At least 4 KiB per read: sleeps of a few ms, not a busy loop of tiny reads.
+            loop {
+                let taken = shared.bucket.lock().unwrap().take(buf.len(), 4096);
+                match taken {
+                    Ok(n) => break n,
+                    Err(wait) => tokio::time::sleep(wait.max(Duration::from_millis(1))).await,
+                }
+            }
+        } else {
+            buf.len()
+        };
+        let n = from.read(&mut buf[..allowed]).await;
+        if limited {
+            let used = n.as_ref().map_or(0, |n| *n);
+            shared.bucket.lock().unwrap().give_back(allowed - used);
+        }
+        let n = n?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        to.write_all(&buf[..n]).await?;
+        shared.down_bytes.fetch_add(n as u64, Ordering::SeqCst);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
