@@ -28,7 +28,12 @@ struct Args {
     /// Events per `write` for saturating streams whose request names no `burst`.
     #[arg(long, default_value_t = 1)]
     burst: u64,
+    /// SO_SNDBUF of each connection in KiB (0: the kernel's autotuning).
+    #[arg(long, default_value_t = 0)]
+    sndbuf_kib: usize,
 }
+
+static SNDBUF: AtomicU64 = AtomicU64::new(0);
 
 /// `--burst`, the default for requests that name none.
 static DEFAULT_BURST: AtomicU64 = AtomicU64::new(1);
@@ -58,6 +63,7 @@ struct Req {
 fn main() {
     let args = Args::parse();
     DEFAULT_BURST.store(args.burst.max(1), Ordering::Relaxed);
+    SNDBUF.store(args.sndbuf_kib as u64 * 1024, Ordering::Relaxed);
     // Precise sleeps for paced streams (the default timer slack is 50 µs).
     // SAFETY: prctl with PR_SET_TIMERSLACK takes an integer argument.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
@@ -76,6 +82,20 @@ fn main() {
 
 fn serve(mut s: TcpStream) -> io::Result<()> {
     s.set_nodelay(true)?;
+    let sndbuf = SNDBUF.load(Ordering::Relaxed) as libc::c_int;
+    if sndbuf > 0 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setsockopt on our own socket with a c_int option value.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&sndbuf as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
     let mut buf = Vec::with_capacity(8192);
     loop {
         let Some(req) = read_request(&mut s, &mut buf)? else {
