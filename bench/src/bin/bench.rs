@@ -15,6 +15,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use mcp_reattach_bench::checks::check_of;
 use mcp_reattach_bench::procfs;
 use serde_json::{json, Value};
 
@@ -28,10 +29,26 @@ struct Args {
     /// Rounds for the memory scenarios (slow to set up; default 2, quick 1).
     #[arg(long)]
     memory_rounds: Option<usize>,
-    /// Comma-separated scenario keys to run (default: all). Keys: json, json-paced, sse,
-    /// paced-1, paced-50, idle, window, storm.
+    /// Comma-separated scenario keys to run (default: all). Keys: json, json-paced,
+    /// sse-200-1, sse-200-8, sse-16k-1, sse-16k-8 (saturating, the mock writes bursts of
+    /// events), the same with `-single` (one `write` per event), paced-1, paced-50,
+    /// idle-N, window-N, storm. Groups: `saturating` (the four burst scenarios),
+    /// `sse-single` (the four single ones), `sse` (all eight), `idle`, `window`.
     #[arg(long)]
     only: Option<String>,
+    /// Comma-separated arms to run (default: all): direct, naive, nginx, mcp-reattach.
+    #[arg(long)]
+    arms: Option<String>,
+    /// SO_SNDBUF of the mock's connections in the SSE scenarios, KiB (the kernel doubles it);
+    /// 0 (default) leaves the kernel's autotuning, as a real server has. 512 makes direct
+    /// 16 KiB × 8 about twice as fast (less in flight, warm in cache), but it also hides the
+    /// gateway's missing backpressure: the mock can no longer get megabytes ahead, and the
+    /// sse-16k runs that end in gaps with autotuning pass.
+    #[arg(long, default_value_t = 0)]
+    mock_sndbuf_kib: u32,
+    /// Duration of each saturating SSE run in ms (default 2000, quick 1000).
+    #[arg(long)]
+    sse_ms: Option<u64>,
     /// The gateway binary.
     #[arg(long, default_value = "target/release/mcp-reattach")]
     gateway: PathBuf,
@@ -122,6 +139,9 @@ struct Record {
     round: usize,
     metrics: BTreeMap<String, f64>,
     ok: bool,
+    /// Why the run failed, each `<check>: <detail>` (check: gap, control event, sequence
+    /// break, id order, missing result, short stream, bad replay, timeout, error).
+    failures: Vec<String>,
     note: String,
     raw: Value,
 }
@@ -147,6 +167,7 @@ fn main() {
                 round: r["round"].as_u64().unwrap_or(1) as usize - 1,
                 metrics: serde_json::from_value(r["metrics"].clone()).unwrap_or_default(),
                 ok: r["ok"].as_bool().unwrap_or(false),
+                failures: serde_json::from_value(r["failures"].clone()).unwrap_or_default(),
                 note: r["note"].as_str().unwrap_or("").to_owned(),
                 raw: r["load"].clone(),
             })
@@ -159,7 +180,7 @@ fn main() {
             &a,
             &scenarios,
             &summary,
-            &goals,
+            &records,
             &v["machine"],
             &table,
             v["rounds"].as_u64().unwrap_or(0) as usize,
@@ -209,6 +230,11 @@ fn main() {
                 .iter()
                 .copied()
                 .filter(|&arm| arm != Arm::Nginx || nginx.is_some())
+                .filter(|&arm| {
+                    a.arms
+                        .as_deref()
+                        .is_none_or(|l| l.split(',').any(|n| n.trim() == arm.name()))
+                })
                 .collect();
             let n = arms.len().max(1);
             arms.rotate_left((round + si) % n);
@@ -225,6 +251,14 @@ fn main() {
                     if rec.ok { "ok " } else { "FAIL" },
                     brief(&rec)
                 );
+                for f in &rec.failures {
+                    eprintln!(
+                        "        FAILED {} {} round {}: {f}",
+                        sc.key,
+                        arm.name(),
+                        round + 1
+                    );
+                }
                 records.push(rec);
             }
         }
@@ -244,7 +278,7 @@ fn main() {
         "goals": goals,
         "runs": records.iter().map(|r| json!({
             "scenario": r.scenario, "arm": r.arm.name(), "round": r.round + 1,
-            "ok": r.ok, "note": r.note, "metrics": r.metrics, "load": r.raw,
+            "ok": r.ok, "failures": r.failures, "note": r.note, "metrics": r.metrics, "load": r.raw,
         })).collect::<Vec<_>>(),
     });
     if let Some(p) = a.json_out.parent() {
@@ -254,7 +288,7 @@ fn main() {
     println!("JSON: {}", a.json_out.display());
     if !a.no_doc {
         let md = markdown(
-            &a, &scenarios, &summary, &goals, &machine, &table, rounds, mem_rounds, total,
+            &a, &scenarios, &summary, &records, &machine, &table, rounds, mem_rounds, total,
         );
         std::fs::write(&a.out, md).unwrap();
         println!("wrote {}", a.out.display());
@@ -280,6 +314,10 @@ fn brief(r: &Record) -> String {
         .collect();
     if !r.note.is_empty() {
         s.push(r.note.clone());
+    }
+    if !r.failures.is_empty() {
+        let checks: Vec<&str> = r.failures.iter().map(|f| check_of(f)).collect();
+        s.push(format!("failed: {}", checks.join(", ")));
     }
     s.join(" ")
 }
@@ -323,34 +361,48 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             timeout: Duration::from_secs(60),
         },
     ];
-    for (size, label) in [(200, "200 B"), (16384, "16 KiB")] {
-        for streams in [1, 8] {
-            out.push(Scenario {
-                key: format!(
-                    "sse-{}-{}",
-                    if size == 200 { "200" } else { "16k" },
-                    streams
-                ),
-                group: "sse",
-                title: format!("SSE saturating, {label} events, {streams} stream(s)"),
-                arms: ALL.to_vec(),
-                load: s(&[
-                    "sse",
-                    "--streams",
-                    &streams.to_string(),
-                    "--size",
-                    &size.to_string(),
-                    "--duration-ms",
-                    &dur,
-                    "--warmup-ms",
-                    "0",
-                ]),
-                kind: Kind::Run,
-                gateway_flags: vec![],
-                sessions: 0,
-                window_events: 0,
-                timeout: Duration::from_secs(120),
-            });
+    let sse_dur = a.sse_ms.map_or(dur.clone(), |ms| ms.to_string());
+    // Saturating SSE: the mock writes bursts of events (one `write` each), so it outruns
+    // every proxy (the `direct / fastest proxy` goal checks it); the `-single` variants
+    // write one event per `write` (the mock is then about as fast as the hops).
+    for single in [false, true] {
+        for (size, label) in [(200, "200 B"), (16384, "16 KiB")] {
+            for streams in [1, 8] {
+                let burst = if single { 1 } else { sse_burst(size) };
+                out.push(Scenario {
+                    key: format!(
+                        "sse-{}-{}{}",
+                        if size == 200 { "200" } else { "16k" },
+                        streams,
+                        if single { "-single" } else { "" }
+                    ),
+                    group: "sse",
+                    title: if single {
+                        format!("SSE saturating, {label} events, {streams} stream(s), one write per event")
+                    } else {
+                        format!("SSE saturating, {label} events, {streams} stream(s), {burst} events per upstream write")
+                    },
+                    arms: ALL.to_vec(),
+                    load: s(&[
+                        "sse",
+                        "--streams",
+                        &streams.to_string(),
+                        "--size",
+                        &size.to_string(),
+                        "--duration-ms",
+                        &sse_dur,
+                        "--warmup-ms",
+                        "0",
+                        "--burst",
+                        &burst.to_string(),
+                    ]),
+                    kind: Kind::Run,
+                    gateway_flags: vec![],
+                    sessions: 0,
+                    window_events: 0,
+                    timeout: Duration::from_secs(120),
+                });
+            }
         }
     }
     out.push(Scenario {
@@ -453,12 +505,22 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             keys.iter().any(|k| {
                 s.key == *k
                     || (*k == "sse" && s.group == "sse")
+                    || (*k == "saturating" && SATURATING.contains(&s.key.as_str()))
+                    || (*k == "sse-single" && s.group == "sse" && s.key.ends_with("-single"))
                     || (*k == "idle" && s.key.starts_with("idle"))
                     || (*k == "window" && s.key.starts_with("window"))
             })
         });
     }
     out
+}
+
+/// The saturating SSE scenarios whose mock writes bursts (the goals' scenarios).
+const SATURATING: [&str; 4] = ["sse-200-1", "sse-200-8", "sse-16k-1", "sse-16k-8"];
+
+/// Events per upstream `write` in the saturating scenarios: 64 KiB of event data per write.
+fn sse_burst(size: usize) -> u64 {
+    65536usize.div_ceil(size.max(1)) as u64
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -549,7 +611,7 @@ impl Drop for Proc {
     }
 }
 
-fn start_mock(a: &Args, pin: bool) -> (Proc, SocketAddr) {
+fn start_mock(a: &Args, pin: bool, extra: &[String]) -> (Proc, SocketAddr) {
     let mock_args = Args {
         nice: a.mock_nice,
         ..a.clone()
@@ -557,6 +619,7 @@ fn start_mock(a: &Args, pin: bool) -> (Proc, SocketAddr) {
     let mut c = pinned_if(&mock_args, pin, 0, &a.bin.join("mock-upstream"));
     c.arg("--listen")
         .arg("127.0.0.1:0")
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut child = c.spawn().expect("start mock-upstream");
@@ -695,15 +758,21 @@ fn run_one(
         round,
         metrics: BTreeMap::new(),
         ok: false,
+        failures: Vec::new(),
         note: String::new(),
         raw: Value::Null,
     };
     let pin = !a.no_pin && (sc.group != "paced" || a.pin_paced);
-    let (mock, upstream) = start_mock(a, pin);
+    let mock_flags = if sc.group == "sse" && a.mock_sndbuf_kib > 0 {
+        vec!["--sndbuf-kib".to_owned(), a.mock_sndbuf_kib.to_string()]
+    } else {
+        vec![]
+    };
+    let (mock, upstream) = start_mock(a, pin, &mock_flags);
     let (proxy, target) = match start_proxy(a, tmp, arm, upstream, &sc.gateway_flags, nginx, pin) {
         Ok(x) => x,
         Err(e) => {
-            rec.note = e;
+            rec.failures.push(format!("error: {e}"));
             return rec;
         }
     };
@@ -724,12 +793,19 @@ fn run_one(
     let mut child = match load.spawn() {
         Ok(c) => c,
         Err(e) => {
-            rec.note = format!("load: {e}");
+            rec.failures.push(format!("error: load: {e}"));
             return rec;
         }
     };
     let mut stdin: Option<ChildStdin> = child.stdin.take();
     let stdout = child.stdout.take().unwrap();
+    // The load client's stderr (its failure reasons, any panic) goes to ours, indented.
+    let stderr = child.stderr.take().unwrap();
+    let err_fwd = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("        {line}");
+        }
+    });
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -763,12 +839,16 @@ fn run_one(
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
-                rec.note = format!("timed out after {:?}", sc.timeout);
+                rec.failures.push(format!(
+                    "timeout: the load client was killed after {:?}",
+                    sc.timeout
+                ));
                 break;
             }
         }
     }
     let _ = child.wait();
+    let _ = err_fwd.join();
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = cpu_held.unwrap_or_else(|| procfs::cpu_seconds(&pids));
     let rss1 = rss_held.unwrap_or_else(|| procfs::rss_kib(&pids));
@@ -780,15 +860,28 @@ fn run_one(
         .unwrap_or(Value::Null);
     let raw = if raw.is_null() { ready_json } else { raw };
     if raw.is_null() {
-        if rec.note.is_empty() {
-            rec.note = "load client printed no result".into();
+        if rec.failures.is_empty() {
+            rec.failures
+                .push("error: the load client printed no result".into());
         }
         return rec;
     }
-    rec.ok = raw["checks"]["ok"].as_bool().unwrap_or(false) && rec.note.is_empty();
-    if !rec.ok && rec.note.is_empty() {
-        rec.note = format!("checks: {}", raw["checks"]);
+    if raw["checks"]["ok"].as_bool() != Some(true) {
+        let reasons: Vec<String> = raw["checks"]["failures"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(str::to_owned))
+            .collect();
+        if reasons.is_empty() {
+            let e = raw["error"]
+                .as_str()
+                .map_or_else(|| format!("checks {}", raw["checks"]), str::to_owned);
+            rec.failures.push(format!("error: {e}"));
+        }
+        rec.failures.extend(reasons);
     }
+    rec.ok = rec.failures.is_empty();
     let m = &mut rec.metrics;
     let cpu = cpu1 - cpu0;
     let has_proxy = arm != Arm::Direct;
@@ -937,8 +1030,41 @@ fn med(s: &Value, sc: &str, arm: Arm, metric: &str) -> Option<f64> {
 /// the frame is 250 B: "id: " + 22-char id + "\n" + "event: message\n" + "data: " + 200 + "\n\n".)
 const WINDOW_PAYLOAD_BYTES: f64 = 200.0;
 
+/// Median of `metric` over every run of the arm, failed ones included.
+fn med_all(recs: &[Record], sc: &str, arm: Arm, metric: &str) -> Option<f64> {
+    let mut v: Vec<f64> = recs
+        .iter()
+        .filter(|r| r.scenario == sc && r.arm == arm)
+        .filter_map(|r| r.metrics.get(metric).copied())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .collect();
+    (!v.is_empty()).then(|| median(&mut v))
+}
+
 fn goals(s: &Value, recs: &[Record]) -> Value {
     let mut g = Vec::new();
+    // Precondition of every saturating comparison: the upstream (mock + client, the direct
+    // arm) outruns the fastest hop by a wide margin, or the ratios measure the mock. Failed
+    // runs count here (a run that ended in a gap still measured how fast the hop moved).
+    for sc in SATURATING {
+        let d = med_all(recs, sc, Arm::Direct, "events_per_s");
+        let fastest = PROXIES
+            .into_iter()
+            .filter_map(|a| med_all(recs, sc, a, "events_per_s").map(|v| (a, v)))
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        if d.is_none() && fastest.is_none() {
+            continue;
+        }
+        let v = d.zip(fastest).map(|(d, (_, f))| d / f);
+        g.push(json!({
+            "goal": format!(
+                "{sc}: events/s direct / fastest proxy{}",
+                fastest.map_or(String::new(), |(a, _)| format!(" ({})", a.name()))
+            ),
+            "value": v, "target": "≥ 3.00",
+            "met": v.map_or(json!("n/a"), |v| json!(v >= 3.0)),
+        }));
+    }
     // Runs whose checks failed are left out of the medians; say so next to the goal.
     let failed_note = |sc: &str| {
         let rs: Vec<&Record> = recs
@@ -1060,12 +1186,31 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         st.map(|v| v <= 5000.0),
     );
     let failed = recs.iter().filter(|r| !r.ok).count();
-    push(
-        "runs with failed checks".into(),
-        Some(failed as f64),
-        "0".into(),
-        Some(failed == 0),
-    );
+    // By check (a run can fail more than one).
+    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in recs.iter().filter(|r| !r.ok) {
+        let mut cs: Vec<&str> = r.failures.iter().map(|f| check_of(f)).collect();
+        if cs.is_empty() {
+            cs.push("error");
+        }
+        cs.dedup();
+        for c in cs {
+            *by.entry(c).or_default() += 1;
+        }
+    }
+    let by = by
+        .iter()
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    g.push(json!({
+        "goal": if failed > 0 {
+            format!("runs with failed checks (of {}; by check: {by})", recs.len())
+        } else {
+            format!("runs with failed checks (of {})", recs.len())
+        },
+        "value": failed as f64, "target": "0", "met": failed == 0,
+    }));
     Value::Array(g)
 }
 
@@ -1074,10 +1219,10 @@ fn fmt(v: f64) -> String {
         return "–".into();
     }
     let a = v.abs();
-    if a >= 100_000.0 {
+    if a >= 1_000_000.0 {
+        format!("{:.2}M", v / 1e6)
+    } else if a >= 100_000.0 {
         format!("{:.0}k", v / 1000.0)
-    } else if a >= 1000.0 {
-        format!("{v:.0}")
     } else if a >= 100.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
@@ -1160,6 +1305,33 @@ fn arm_table(s: &Value, sc: &Scenario, cols: &[(&str, &str)]) -> String {
     t
 }
 
+/// Every failed run and why (the load client's checks, or timeout / error).
+fn failed_runs(runs: &[Record]) -> String {
+    let failed: Vec<&Record> = runs.iter().filter(|r| !r.ok).collect();
+    if failed.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from(
+        "### Failed runs\n\n| scenario | arm | round | failed check(s) |\n|---|---|---|---|\n",
+    );
+    for r in failed {
+        let why = if r.failures.is_empty() {
+            "error: (no reason recorded)".to_owned()
+        } else {
+            r.failures.join("; ")
+        };
+        t.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            r.scenario,
+            r.arm.name(),
+            r.round + 1,
+            why.replace('|', "\\|")
+        ));
+    }
+    t.push('\n');
+    t
+}
+
 fn machine_info(a: &Args) -> Value {
     let sh = |c: &str| {
         Command::new("sh")
@@ -1191,7 +1363,7 @@ fn markdown(
     a: &Args,
     scs: &[Scenario],
     s: &Value,
-    _goals: &Value,
+    runs: &[Record],
     m: &Value,
     table: &str,
     rounds: usize,
@@ -1221,6 +1393,7 @@ fn markdown(
     o.push_str("## Goals (ratios within this run)\n\n");
     o.push_str(table);
     o.push('\n');
+    o.push_str(&failed_runs(runs));
     o.push_str("## Results per scenario\n\n");
     for sc in scs {
         o.push_str(&format!("### {} (`{}`)\n\n", sc.title, sc.key));
@@ -1279,7 +1452,12 @@ fn markdown(
         o.push_str(&arm_table(s, sc, &cols));
         o.push('\n');
     }
-    o.push_str(METHOD);
+    o.push_str(
+        &METHOD
+            .replace("{BURST_200}", &sse_burst(200).to_string())
+            .replace("{BURST_16K}", &sse_burst(16384).to_string())
+            .replace("{SNDBUF}", &a.mock_sndbuf_kib.to_string()),
+    );
     // Hand-written profiles and findings (each stamped with the commit it was taken on).
     if let Ok(notes) = std::fs::read_to_string("bench/notes.md") {
         o.push('\n');
@@ -1311,13 +1489,34 @@ const METHOD: &str = r#"## Method
 - **Mock upstream** (`bench/src/bin/mock-upstream.rs`): a legacy-era Streamable HTTP server
   (protocol 2025-06-18, so no priming events) that hands out `Mcp-Session-Id`s, sets no event
   ids and keeps no event store, like most deployed servers. One blocking thread per connection;
-  each SSE event is one HTTP chunk and one `write`, stamped with CLOCK_MONOTONIC just before it
-  (the same clock the load client reads after each `read`). Events carry a per-stream sequence
-  number; data sizes are exact (200 B or 16 KiB, the final result padded too).
+  each SSE event is one HTTP chunk carrying a per-stream sequence number and a CLOCK_MONOTONIC
+  send stamp (the clock the load client reads after each `read`); data sizes are exact (200 B
+  or 16 KiB, the final result padded too). In the saturating scenarios the mock writes like a
+  busy server: it formats a *burst* of events (64 KiB: {BURST_200} of 200 B, {BURST_16K} of 16 KiB; still
+  one chunk each, all stamped just before the write) into one buffer and issues one `write`;
+  the `-single` variants write one event per `write`. Paced streams write each event on its own.
+  The mock's send buffers autotune, as a real server's do (`--mock-sndbuf-kib`, {SNDBUF} KiB in
+  this job; 0 = autotuning). A 512 KiB buffer makes direct 16 KiB × 8 about twice as
+  fast, but it also hides a gateway that does not push back on its upstream: the mock can no
+  longer get megabytes ahead, and 16 KiB runs that end in gaps with autotuning pass.
+- **Upstream-speed precondition.** A ratio between hops means something only if the upstream
+  (mock + load client, i.e. the `direct` arm) is much faster than every hop; otherwise every
+  arm measures the mock. The goal row `direct / fastest proxy events/s` (target ≥ 3, failed
+  runs included) states it for each saturating scenario in every job. With one `write` per
+  event the mock is about as fast as the hops (direct ≈ 60–70 k events/s at 200 B), which is
+  why the `-single` variants are not used for goals.
 - **Load client** (`bench/src/bin/load.rs`): its own HTTP/1.1 client, chunked decoder and SSE
-  parser; hdrhistogram. It checks sequence continuity, strictly increasing gateway ids
-  (`<epoch>.<stream>.<seq>`) and gateway control events; a run with a failed check is marked
-  failed. *Saturating* SSE: the mock writes as fast as its socket takes them for the duration;
+  parser; hdrhistogram. Saturating streams read up to 64 KiB per `read`; the chunked decoder
+  hands the body to the SSE parser in place, which finds line ends with `memchr`
+  and copies only an event split across reads; no allocation per event. It checks sequence
+  continuity, strictly increasing gateway ids (`<epoch>.<stream>.<seq>`), one final result per
+  stream, and gateway control events. A run fails on any of: **gap** (the gateway's
+  `mcp-reattach/resumption-failed` event or a JSON-RPC error -32010), **control event** (any
+  other gateway event or unexpected message), **sequence break**, **id order**, **missing
+  result**, **error** (I/O, HTTP status), or **timeout** (the orchestrator killed the load
+  client). The reasons are printed on stderr as the run ends, listed under *Failed runs*, and
+  counted in the goal row *runs with failed checks*; failed runs are left out of the medians.
+  *Saturating* SSE: the mock writes as fast as its socket takes them for the duration;
   events/s counts from the first to the last event received. *Paced*: the mock sleeps to each
   event's due time (1 ns timer slack); latency = receive − send stamp; *added* latency = the
   arm's percentile − direct's, same round. JSON: `ping` POSTs with the session header on
@@ -1338,6 +1537,7 @@ const METHOD: &str = r#"## Method
 - **Reconnect storm.** Each session reads 200 events on its standalone GET stream and detaches;
   then every session, at once, connects and resumes with the `Last-Event-ID` that has 100
   events after it. Per session: time from `connect` to the 100th replayed event.
-- **Run it.** `bench/run` (full, ~10 min) or `bench/run --quick` (smoke, ~1 min). `bench/run
-  --only sse,paced-1` runs a subset. Raw per-run numbers are in `bench/target/results.json`.
+- **Run it.** `bench/run` (full) or `bench/run --quick` (smoke). `bench/run --only
+  saturating,paced-1` runs a subset (`saturating`: the four burst scenarios; `sse-single`: the
+  one-write-per-event ones; `sse`: both). Raw per-run numbers are in `bench/target/results.json`.
 "#;

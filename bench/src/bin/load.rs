@@ -25,7 +25,7 @@ use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use mcp_reattach_bench::clock::now_ns;
 use mcp_reattach_bench::http::{self, BodyState, Conn, Head};
-use mcp_reattach_bench::{payload, sse};
+use mcp_reattach_bench::{checks, payload, sse};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -59,6 +59,15 @@ enum Mode {
         /// Random start phase within one period for each stream (paced mode).
         #[arg(long)]
         random_phase: bool,
+        /// Saturating mode: the mock formats this many events into one buffer and writes
+        /// them with one `write` (each still its own HTTP chunk, seq and send stamp), as a
+        /// busy server does. 1 = one `write` per event.
+        #[arg(long, default_value_t = 1)]
+        burst: u64,
+        /// KiB asked of the kernel per `read` on each stream (larger reads thrash the cache
+        /// with 8 streams).
+        #[arg(long, default_value_t = 64)]
+        read_kib: usize,
     },
     Json {
         #[arg(long, default_value_t = 8)]
@@ -128,6 +137,15 @@ fn main() {
         } if rate > 0.0 => json_paced(&cli.target, &cli.path, conns, rate, duration_ms, warmup_ms),
         _ => local.block_on(&rt, run(cli)),
     };
+    // Why a run failed, on stderr (the orchestrator forwards it), besides the JSON.
+    if out["checks"]["ok"].as_bool() == Some(false) {
+        for f in out["checks"]["failures"].as_array().into_iter().flatten() {
+            eprintln!("load: FAILED {}", f.as_str().unwrap_or_default());
+        }
+    }
+    if let Some(e) = out["error"].as_str() {
+        eprintln!("load: FAILED error: {e}");
+    }
     println!("{out}");
 }
 
@@ -143,18 +161,24 @@ async fn run(cli: Cli) -> Value {
             events,
             warmup_ms,
             random_phase,
+            burst,
+            read_kib,
         } => {
             let duration_ms = if events > 0 { 0 } else { duration_ms };
             sse_mode(
                 t,
                 p,
-                streams,
-                size,
-                rate,
-                duration_ms,
-                events,
-                warmup_ms,
-                random_phase,
+                SseOpts {
+                    streams,
+                    size,
+                    rate,
+                    duration_ms,
+                    events,
+                    warmup_ms,
+                    random_phase,
+                    burst,
+                    read_kib,
+                },
             )
             .await
         }
@@ -262,109 +286,121 @@ struct ReadOpts<'a> {
     keep_ids: bool,
 }
 
-/// Reads an SSE body to its end (or `stop_after` events), checking as it goes.
+/// Reads an SSE body to its end (or `stop_after` events), checking as it goes. The body is
+/// parsed where it lies in the connection's read buffer (no copy, no allocation per event).
 async fn read_sse(
     c: &mut Conn,
     head: &Head,
     start_seq: u64,
-    mut o: ReadOpts<'_>,
+    o: ReadOpts<'_>,
 ) -> std::io::Result<StreamStats> {
-    let mut st = StreamStats {
-        next_seq: start_seq,
-        kept_ids: o.keep_ids.then(Vec::new),
-        ..StreamStats::default()
+    let mut r = Reader {
+        st: StreamStats {
+            next_seq: start_seq,
+            kept_ids: o.keep_ids.then(Vec::new),
+            ..StreamStats::default()
+        },
+        o,
+        stop: false,
     };
     let mut body = BodyState::new(head.body);
-    let mut buf: Vec<u8> = Vec::with_capacity(128 * 1024);
-    let mut pos = 0usize;
+    let mut parser = sse::Parser::new();
     loop {
-        let more = c.read_body_some(&mut body, &mut buf).await?;
-        let now = c.last_read_ns;
-        let mut stop = false;
-        sse::parse(&buf, &mut pos, |ev| {
-            if ev.comment_only {
-                return;
-            }
-            let kind = ev.event.unwrap_or(b"message");
-            let upstream_event = kind == b"message" && ev.data.and_then(payload::parse).is_some();
-            if let Some(id) = ev.id {
-                st.ids += 1;
-                // Ids of upstream events must strictly increase. The gateway's own events
-                // (resumed, failures and their JSON-RPC errors) carry the client's cursor.
-                if upstream_event {
-                    match sse::id_seq(id) {
-                        Some(s) => {
-                            if st.last_id_seq.is_some_and(|l| s <= l) {
-                                st.id_errors += 1;
-                            }
-                            st.last_id_seq = Some(s);
-                        }
-                        None => st.id_errors += 1,
-                    }
-                }
-            }
-            if kind != b"message" {
-                let k = String::from_utf8_lossy(kind).into_owned();
-                if k == "mcp-reattach/resumed" {
-                    if let Some(v) = ev
-                        .data
-                        .and_then(|d| serde_json::from_slice::<Value>(d).ok())
-                    {
-                        st.replay = v.get("replay").and_then(Value::as_u64);
-                    }
-                }
-                st.control.push(k);
-                return;
-            }
-            let Some(data) = ev.data else { return };
-            let Some((seq, ts, is_result)) = payload::parse(data) else {
-                // A gateway-written JSON-RPC error (gap, upstream failure).
-                st.control.push(format!(
-                    "message:{}",
-                    String::from_utf8_lossy(&data[..data.len().min(120)])
-                ));
-                return;
-            };
-            if st.events == 0 {
-                st.first_ns = now;
-            }
-            st.last_ns = now;
-            st.data_bytes += data.len() as u64;
-            if is_result {
-                st.result = true;
-            } else {
-                st.events += 1;
-                if seq != st.next_seq {
-                    st.seq_errors += 1;
-                }
-                st.next_seq = seq + 1;
-            }
-            if let (Some(k), Some(id)) = (st.kept_ids.as_mut(), ev.id) {
-                k.push(String::from_utf8_lossy(id).into_owned());
-            }
-            if ts >= o.record_from {
-                if let Some(h) = o.hist.as_deref_mut() {
-                    let _ = h.record(now.saturating_sub(ts).max(1));
-                }
-            }
-            if o.stop_after.is_some_and(|n| st.events >= n) {
-                stop = true;
-            }
-        });
-        if pos > 0 && (pos == buf.len() || pos > 64 * 1024) {
-            buf.drain(..pos);
-            pos = 0;
-        }
-        if stop || !more {
-            return Ok(st);
+        let more = c
+            .read_body_with(&mut body, &mut |d: &[u8], now: u64| {
+                parser.feed(d, &mut |ev| r.on_event(ev, now))
+            })
+            .await?;
+        if !more || r.stop {
+            return Ok(r.st);
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn sse_mode(
-    target: SocketAddr,
-    path: String,
+/// The checks of [`read_sse`], event by event.
+struct Reader<'a> {
+    st: StreamStats,
+    o: ReadOpts<'a>,
+    /// `stop_after` reached: later events are ignored.
+    stop: bool,
+}
+
+impl Reader<'_> {
+    fn on_event(&mut self, ev: sse::Ev<'_>, now: u64) {
+        if ev.comment_only || self.stop {
+            return;
+        }
+        let st = &mut self.st;
+        let kind = ev.event.unwrap_or(b"message");
+        let parsed = if kind == b"message" {
+            ev.data.and_then(payload::parse)
+        } else {
+            None
+        };
+        if let Some(id) = ev.id {
+            st.ids += 1;
+            // Ids of upstream events must strictly increase. The gateway's own events
+            // (resumed, failures and their JSON-RPC errors) carry the client's cursor.
+            if parsed.is_some() {
+                match sse::id_seq(id) {
+                    Some(s) => {
+                        if st.last_id_seq.is_some_and(|l| s <= l) {
+                            st.id_errors += 1;
+                        }
+                        st.last_id_seq = Some(s);
+                    }
+                    None => st.id_errors += 1,
+                }
+            }
+        }
+        if kind != b"message" {
+            let k = String::from_utf8_lossy(kind).into_owned();
+            if k == "mcp-reattach/resumed" {
+                if let Some(v) = ev
+                    .data
+                    .and_then(|d| serde_json::from_slice::<Value>(d).ok())
+                {
+                    st.replay = v.get("replay").and_then(Value::as_u64);
+                }
+            }
+            st.control.push(k);
+            return;
+        }
+        let Some(data) = ev.data else { return };
+        let Some((seq, ts, is_result)) = parsed else {
+            // A gateway-written JSON-RPC error (gap, upstream failure) or something else.
+            st.control.push(checks::message_key(data));
+            return;
+        };
+        if st.events == 0 {
+            st.first_ns = now;
+        }
+        st.last_ns = now;
+        st.data_bytes += data.len() as u64;
+        if is_result {
+            st.result = true;
+        } else {
+            st.events += 1;
+            if seq != st.next_seq {
+                st.seq_errors += 1;
+            }
+            st.next_seq = seq + 1;
+        }
+        if let (Some(k), Some(id)) = (st.kept_ids.as_mut(), ev.id) {
+            k.push(String::from_utf8_lossy(id).into_owned());
+        }
+        if ts >= self.o.record_from {
+            if let Some(h) = self.o.hist.as_deref_mut() {
+                let _ = h.record(now.saturating_sub(ts).max(1));
+            }
+        }
+        if self.o.stop_after.is_some_and(|n| st.events >= n) {
+            self.stop = true;
+        }
+    }
+}
+
+struct SseOpts {
     streams: usize,
     size: usize,
     rate: f64,
@@ -372,7 +408,22 @@ async fn sse_mode(
     events: u64,
     warmup_ms: u64,
     random_phase: bool,
-) -> Value {
+    burst: u64,
+    read_kib: usize,
+}
+
+async fn sse_mode(target: SocketAddr, path: String, o: SseOpts) -> Value {
+    let SseOpts {
+        streams,
+        size,
+        rate,
+        duration_ms,
+        events,
+        warmup_ms,
+        random_phase,
+        burst,
+        read_kib,
+    } = o;
     // Sessions first, so every stream starts together.
     let mut conns = Vec::new();
     for _ in 0..streams {
@@ -397,13 +448,14 @@ async fn sse_mode(
         };
         let body = rpc(
             "tools/call",
-            json!({"name":"stream","arguments":{"events":events,"size":size,"rate":rate,"phase_us":phase_us,"duration_ms":duration_ms}}),
+            json!({"name":"stream","arguments":{"events":events,"size":size,"rate":rate,"phase_us":phase_us,"duration_ms":duration_ms,"burst":burst}}),
         );
         let req = http::request("POST", &path, &target, Some(&sid), &[], &body);
         let del = http::request("DELETE", &path, &target, Some(&sid), &[], b"");
         let hist = hist.clone();
         tasks.push(tokio::task::spawn_local(async move {
             let mut c = c;
+            c.set_read_size(read_kib * 1024);
             c.send(&req).await?;
             let head = c.read_head().await?;
             if head.status != 200 {
@@ -438,13 +490,22 @@ async fn sse_mode(
     let secs = (agg.last_ns.saturating_sub(agg.first_ns)) as f64 / 1e9;
     let h = hist.borrow();
     json!({
-        "mode": "sse", "streams": streams, "size": size, "rate_per_stream": rate,
+        "mode": "sse", "streams": streams, "size": size, "rate_per_stream": rate, "burst": burst,
         "events": agg.events, "data_bytes": agg.data_bytes, "seconds": secs,
         "events_per_s": if secs > 0.0 { agg.events as f64 / secs } else { 0.0 },
         "data_mb_per_s": if secs > 0.0 { agg.data_bytes as f64 / secs / 1e6 } else { 0.0 },
         "latency": pct_us(&h),
         "checks": agg.checks(streams),
     })
+}
+
+/// Marks a checks object failed with one more reason.
+fn fail(checks: &mut Value, reason: String) {
+    checks["ok"] = json!(false);
+    match checks["failures"].as_array_mut() {
+        Some(a) => a.push(json!(reason)),
+        None => checks["failures"] = json!([reason]),
+    }
 }
 
 #[derive(Default)]
@@ -476,23 +537,24 @@ impl Agg {
         self.ids += st.ids;
         self.results += u64::from(st.result);
         for c in &st.control {
-            let key = if c.starts_with("message:") {
-                "gateway-error-message".to_owned()
-            } else {
-                c.clone()
-            };
-            *self.control.entry(key).or_default() += 1;
+            *self.control.entry(c.clone()).or_default() += 1;
         }
     }
 
+    /// The checks object of the output: `ok`, `failures` (each `<check>: <detail>`, see
+    /// `checks::failures`) and the counts behind them.
     fn checks(&self, expected_results: usize) -> Value {
-        let ok = self.seq_errors == 0
-            && self.id_errors == 0
-            && self.errors.is_empty()
-            && self.results as usize == expected_results
-            && self.control.is_empty();
+        let failures = checks::failures(&checks::Seen {
+            seq_errors: self.seq_errors,
+            id_errors: self.id_errors,
+            results: self.results,
+            expected_results: expected_results as u64,
+            control: Some(&self.control),
+            errors: &self.errors,
+        });
         json!({
-            "ok": ok, "seq_errors": self.seq_errors, "id_errors": self.id_errors,
+            "ok": failures.is_empty(), "failures": failures,
+            "seq_errors": self.seq_errors, "id_errors": self.id_errors,
             "ids_seen": self.ids, "results": self.results, "control_events": self.control,
             "errors": self.errors.iter().take(5).collect::<Vec<_>>(), "error_count": self.errors.len(),
         })
@@ -569,7 +631,8 @@ async fn json_saturate(
     json!({
         "mode": "json", "conns": conns, "requests": n, "seconds": secs,
         "requests_per_s": n as f64 / secs, "latency": pct_us(&hist.borrow()),
-        "checks": {"ok": errors == 0, "errors": errors},
+        "checks": {"ok": errors == 0, "errors": errors,
+            "failures": if errors > 0 { vec![format!("error: {errors} request(s) failed")] } else { vec![] }},
     })
 }
 
@@ -651,7 +714,10 @@ fn json_paced(
     json!({
         "mode": "json-paced", "conns": conns, "rate": rate, "requests": all.len(),
         "latency": pct_us(&all),
-        "checks": {"ok": errors == 0 && errs.is_empty(), "errors": errors, "late_sends": late, "failures": errs},
+        "checks": {"ok": errors == 0 && errs.is_empty(), "errors": errors, "late_sends": late,
+            "failures": errs.iter().map(|e| format!("error: {e}"))
+                .chain((errors > 0).then(|| format!("error: {errors} request(s) failed")))
+                .collect::<Vec<_>>()},
     })
 }
 
@@ -763,7 +829,10 @@ async fn idle_mode(target: SocketAddr, path: String, sessions: usize, concurrenc
         .take(5)
         .collect();
     let v = json!({"mode":"idle","sessions":sessions,"held":ok,"setup_s": (now_ns()-t0) as f64/1e9,
-        "checks":{"ok": ok == sessions, "errors": errs}});
+    "checks":{"ok": ok == sessions, "errors": errs,
+        "failures": if ok == sessions { vec![] } else {
+            vec![format!("error: {} of {sessions} sessions not held ({})", sessions - ok, errs.join("; "))]
+        }}});
     ready(&v);
     hold_until_stdin_closes().await;
     drop(held);
@@ -834,7 +903,10 @@ async fn window_mode(
     let mut checks = agg.checks(sessions);
     checks["short_streams"] = json!(short);
     if short > 0 {
-        checks["ok"] = json!(false);
+        fail(
+            &mut checks,
+            format!("short stream: {short} stream(s) ended early"),
+        );
     }
     let v = json!({"mode":"window","sessions":sessions,"events_per_session":events,"size":size,
         "events":agg.events,"ids_seen":agg.ids,"setup_s":(now_ns()-t0) as f64/1e9,"checks":checks});
@@ -982,7 +1054,10 @@ async fn storm_mode(
     let mut checks = agg.checks(sessions);
     checks["bad_replay"] = json!(bad_replay);
     if bad_replay > 0 {
-        checks["ok"] = json!(false);
+        fail(
+            &mut checks,
+            format!("bad replay: {bad_replay} resume(s) without exactly {back} replayed events"),
+        );
     }
     json!({"mode":"storm","sessions":sessions,"back":back,"replayed_events":agg.events,
         "time_to_last_ms": if last > first { (last - first) as f64 / 1e6 } else { 0.0 },

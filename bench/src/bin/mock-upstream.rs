@@ -1,12 +1,16 @@
 //! Mock MCP upstream (Streamable HTTP, legacy era, no event ids, no event store), one
-//! blocking thread per connection so each SSE event is exactly one `write` stamped just
-//! before it, like a real server that writes each event as it is produced.
+//! blocking thread per connection. Each SSE event is its own HTTP chunk, stamped with
+//! CLOCK_MONOTONIC when it is written. By default each event is one `write`, like a server
+//! that writes each event as it is produced; with `burst` N > 1 a saturating stream formats
+//! N events (N chunks) into one buffer and issues one `write` for them, like a busy server
+//! whose writer has a backlog — so the mock can outrun any proxy.
 //!
 //! POST `initialize` → JSON result + a new `Mcp-Session-Id`; notifications → 202;
 //! `ping` → a small JSON result; `tools/call` with `arguments` `{events, size, rate,
-//! phase_us, duration_ms}` → an SSE stream of progress events (`seq`, `ts` = CLOCK_MONOTONIC
-//! ns at send) then the padded result; GET with the same parameters in the query → the
-//! standalone SSE stream, held open after its events until the peer closes; DELETE → 200.
+//! phase_us, duration_ms, burst}` → an SSE stream of progress events (`seq`, `ts` =
+//! CLOCK_MONOTONIC ns at send) then the padded result; GET with the same parameters in the
+//! query → the standalone SSE stream, held open after its events until the peer closes;
+//! DELETE → 200.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,7 +25,18 @@ use mcp_reattach_bench::payload;
 struct Args {
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
+    /// Events per `write` for saturating streams whose request names no `burst`.
+    #[arg(long, default_value_t = 1)]
+    burst: u64,
+    /// SO_SNDBUF of each connection in KiB (0: the kernel's autotuning).
+    #[arg(long, default_value_t = 0)]
+    sndbuf_kib: usize,
 }
+
+static SNDBUF: AtomicU64 = AtomicU64::new(0);
+
+/// `--burst`, the default for requests that name none.
+static DEFAULT_BURST: AtomicU64 = AtomicU64::new(1);
 
 static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -33,6 +48,9 @@ struct StreamSpec {
     rate: f64,
     phase_us: u64,
     duration_ms: u64,
+    /// Saturating streams: events formatted into one buffer and written with one `write`
+    /// (all stamped just before it). Paced streams write each event on its own.
+    burst: u64,
 }
 
 struct Req {
@@ -44,6 +62,8 @@ struct Req {
 
 fn main() {
     let args = Args::parse();
+    DEFAULT_BURST.store(args.burst.max(1), Ordering::Relaxed);
+    SNDBUF.store(args.sndbuf_kib as u64 * 1024, Ordering::Relaxed);
     // Precise sleeps for paced streams (the default timer slack is 50 µs).
     // SAFETY: prctl with PR_SET_TIMERSLACK takes an integer argument.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
@@ -62,6 +82,20 @@ fn main() {
 
 fn serve(mut s: TcpStream) -> io::Result<()> {
     s.set_nodelay(true)?;
+    let sndbuf = SNDBUF.load(Ordering::Relaxed) as libc::c_int;
+    if sndbuf > 0 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setsockopt on our own socket with a c_int option value.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&sndbuf as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
     let mut buf = Vec::with_capacity(8192);
     loop {
         let Some(req) = read_request(&mut s, &mut buf)? else {
@@ -113,6 +147,10 @@ fn post(s: &mut TcpStream, req: &Req) -> io::Result<()> {
                 rate: a.get("rate").and_then(|x| x.as_f64()).unwrap_or(0.0),
                 phase_us: a.get("phase_us").and_then(|x| x.as_u64()).unwrap_or(0),
                 duration_ms: a.get("duration_ms").and_then(|x| x.as_u64()).unwrap_or(0),
+                burst: a
+                    .get("burst")
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or_else(|| DEFAULT_BURST.load(Ordering::Relaxed)),
             };
             sse_head(s, req.session.as_deref())?;
             stream_events(s, spec, Some(&id))?;
@@ -128,6 +166,7 @@ fn post(s: &mut TcpStream, req: &Req) -> io::Result<()> {
 fn spec_from_query(path: &str) -> StreamSpec {
     let mut spec = StreamSpec {
         size: 200,
+        burst: DEFAULT_BURST.load(Ordering::Relaxed),
         ..StreamSpec::default()
     };
     let Some((_, q)) = path.split_once('?') else {
@@ -143,6 +182,7 @@ fn spec_from_query(path: &str) -> StreamSpec {
             "rate" => spec.rate = v.parse().unwrap_or(0.0),
             "phase_us" => spec.phase_us = v.parse().unwrap_or(0),
             "duration_ms" => spec.duration_ms = v.parse().unwrap_or(0),
+            "burst" => spec.burst = v.parse().unwrap_or(1),
             _ => {}
         }
     }
@@ -165,8 +205,9 @@ fn sleep_until(deadline: u64) {
     }
 }
 
-/// Writes the stream's events, one chunk and one `write` per event; then the result when
-/// `result_id` is set. Stops after `events` (if non-zero) or `duration_ms` (if non-zero).
+/// Writes the stream's events, one chunk per event and one `write` per event (paced, or
+/// `burst` 1) or per `burst` events (saturating); then the result when `result_id` is set.
+/// Stops after `events` (if non-zero) or `duration_ms` (if non-zero).
 fn stream_events(s: &mut TcpStream, spec: StreamSpec, result_id: Option<&str>) -> io::Result<()> {
     let start = now_ns() + spec.phase_us * 1000;
     let period = if spec.rate > 0.0 {
@@ -174,9 +215,9 @@ fn stream_events(s: &mut TcpStream, spec: StreamSpec, result_id: Option<&str>) -
     } else {
         0
     };
+    let burst = if period > 0 { 1 } else { spec.burst.max(1) };
     let end = (spec.duration_ms > 0).then(|| now_ns() + spec.duration_ms * 1_000_000);
-    let mut data = Vec::with_capacity(spec.size + 256);
-    let mut chunk = Vec::with_capacity(spec.size + 256);
+    let mut out = Vec::with_capacity((spec.size + 128) * burst.min(1024) as usize);
     let mut seq = 0u64;
     loop {
         if spec.events > 0 && seq >= spec.events {
@@ -198,28 +239,65 @@ fn stream_events(s: &mut TcpStream, spec: StreamSpec, result_id: Option<&str>) -
         if end.is_some_and(|e| ts >= e) {
             break;
         }
-        data.clear();
-        payload::event(seq, ts, spec.size, &mut data);
-        frame(&data, &mut chunk);
-        s.write_all(&chunk)?;
-        seq += 1;
+        let n = if spec.events > 0 {
+            burst.min(spec.events - seq)
+        } else {
+            burst
+        };
+        out.clear();
+        let mut tsb = [0u8; 20];
+        let ts = payload::dec(ts, &mut tsb);
+        for _ in 0..n {
+            event_chunk(seq, ts, spec.size, &mut out);
+            seq += 1;
+        }
+        s.write_all(&out)?;
     }
     if let Some(id) = result_id {
-        data.clear();
+        let mut data = Vec::with_capacity(spec.size + 128);
         payload::result(id, seq, now_ns(), spec.size, &mut data);
-        frame(&data, &mut chunk);
-        s.write_all(&chunk)?;
+        out.clear();
+        frame(&data, &mut out);
+        s.write_all(&out)?;
     }
     Ok(())
 }
 
+const EVENT_PREFIX: &[u8] = b"event: message\ndata: ";
+
+/// Appends one progress event as one HTTP chunk (`fmt`-free: millions per second); `ts` is
+/// the send stamp in decimal.
+fn event_chunk(seq: u64, ts: &[u8], size: usize, out: &mut Vec<u8>) {
+    let mut sb = [0u8; 20];
+    let seq = payload::dec(seq, &mut sb);
+    let len = EVENT_PREFIX.len() + payload::event_len_dec(seq, ts, size) + 2;
+    push_hex(out, len);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(EVENT_PREFIX);
+    payload::event_dec(seq, ts, size, out);
+    out.extend_from_slice(b"\n\n\r\n");
+}
+
+fn push_hex(out: &mut Vec<u8>, mut n: usize) {
+    let mut tmp = [0u8; 16];
+    let mut i = tmp.len();
+    loop {
+        i -= 1;
+        tmp[i] = b"0123456789abcdef"[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&tmp[i..]);
+}
+
 /// One SSE event as one HTTP chunk.
 fn frame(data: &[u8], chunk: &mut Vec<u8>) {
-    const PREFIX: &[u8] = b"event: message\ndata: ";
-    let len = PREFIX.len() + data.len() + 2;
-    chunk.clear();
-    chunk.extend_from_slice(format!("{len:x}\r\n").as_bytes());
-    chunk.extend_from_slice(PREFIX);
+    let len = EVENT_PREFIX.len() + data.len() + 2;
+    push_hex(chunk, len);
+    chunk.extend_from_slice(b"\r\n");
+    chunk.extend_from_slice(EVENT_PREFIX);
     chunk.extend_from_slice(data);
     chunk.extend_from_slice(b"\n\n\r\n");
 }
