@@ -17,8 +17,9 @@
 //! 1. a progress-streaming call completes with every notification and the result exactly once,
 //!    in order: (a) through 1 cut, (b) through 3 cuts, (c) through a cut and ~1.3 s of refused
 //!    reconnects;
-//! 2. a gap (window of 4 events, a disconnect the upstream overflows): the pending call ends within
-//!    seconds with the gateway's -32010 error, and nothing is delivered twice;
+//! 2. a gap (window of 4 events, a disconnect longer than the 400 ms stall budget, which the
+//!    upstream overflows): the pending call ends within seconds with the gateway's -32010
+//!    error, and nothing is delivered twice;
 //! 3. notifications on the standalone GET stream survive a cut;
 //! 4. DELETE ends the session: the client's resume gets 404 (`unknown-session`);
 //! 5. concurrent calls on one session, cut twice: no event of one call's stream ever shows up on
@@ -461,8 +462,12 @@ async fn run_pairs(
 
 fn with_gateway(_: &mut mcp_reattach::Config) {}
 
+/// A window of 4 events and a stall budget shorter than the scenario's outage: the client is
+/// away longer than the gateway holds the upstream back for it, so the window moves on.
 fn tiny_window(c: &mut mcp_reattach::Config) {
     c.window_events = 4;
+    c.stall_timeout = Duration::from_millis(400);
+    c.sweep_interval = Duration::from_millis(50);
 }
 
 /// Collects per-pair failures so one test reports every pair at once.

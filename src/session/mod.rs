@@ -739,11 +739,13 @@ impl Session {
         }
         let generation = st.next_generation;
         st.next_generation += 1;
-        // Live: nothing already emitted is replayed; what is not yet delivered is not lost
-        // either, since it stays in the window (guarded) for a resume of the older client.
+        // Live: nothing already emitted is replayed. The new client is the stream's client
+        // now and asked for no history, so nothing before `at` is held back for anyone any
+        // more (the older client's resume still works while the window holds its events).
         let at = s.last_seq;
         self.metrics.streams_attached.inc();
         s.stall_since = None;
+        s.acked = s.acked.max(at);
         if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill)) {
             if let Some(w) = old.waker {
                 w.wake();

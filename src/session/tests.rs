@@ -695,3 +695,19 @@ mod model {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_live_attach_releases_what_the_replaced_client_left_unsent() {
+    let s = session(cfg(|c| c.window_events = 4));
+    let (standalone, g, _) =
+        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    assert!(s.push_events(standalone, &mut numbered(0, 3, 0), None));
+    s.detach(standalone, g);
+    // A new GET without Last-Event-ID: the stream's client now, asking for no history.
+    s.attach_standalone(false, None, None).expect("held");
+    let (post, _, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    assert!(
+        s.push_events(post, &mut numbered(10, 13, 0), None),
+        "the replaced client's unsent events no longer hold the window"
+    );
+}

@@ -46,6 +46,15 @@ impl SseWriter {
             .expect("gateway dropped the upstream stream");
     }
 
+    /// Like [`SseWriter::message`], for a stream whose connection may already be gone
+    /// (after an injected fault): whether the bytes were handed to the body.
+    pub async fn try_message(&self, json: &str) -> bool {
+        self.tx
+            .send(format!("event: message\ndata: {json}\n\n").into())
+            .await
+            .is_ok()
+    }
+
     /// Sends one `event: message` with JSON `data` and no id.
     pub async fn message(&self, json: &str) {
         self.send(format!("event: message\ndata: {json}\n\n")).await;
