@@ -16,9 +16,9 @@
 //!    notifications, 1..=3000 in order, none twice; and the gateway slowed the upstream down
 //!    instead of dropping events: `mcp_reattach_events_evicted_undelivered_total` is 0 and
 //!    `mcp_reattach_upstream_pauses_total` > 0 (a missing metric is a failure).
-//!    *Today*: the gateway reads the upstream at full speed, the live client falls behind the
-//!    window, and the call ends with the gateway's -32010 gap error after ~1100-1500
-//!    notifications (and neither metric exists).
+//!    *Before the fix (4194148)*: the gateway read the upstream at full speed, the live client
+//!    fell behind the window, and the call ended with the gateway's -32010 gap error after
+//!    ~1100-1500 notifications (and neither metric existed).
 //!
 //! 2. **POST retransmission** (raw HTTP at protocol 2025-11-25, a recording [`Relay`] between
 //!    the gateway and the upstream):
@@ -38,8 +38,9 @@
 //!    `Last-Event-ID` must not run the tool again either (id 9 returns `applied 3`); the reply is
 //!    either the original stream replayed (`mcp-reattach/resumed`, then id 8's result) or a
 //!    JSON-RPC error naming the duplicate id; the summary says which.
-//!    *Today*: both retransmissions are forwarded (with the gateway's `Last-Event-ID`) and run
-//!    the tool again: id 7's retransmission gets a fresh `applied 2`, id 8 gets `applied 3`, …
+//!    *Before the fix*: both retransmissions were forwarded (with the gateway's
+//!    `Last-Event-ID`) and ran the tool again: id 7's retransmission got a fresh `applied 2`,
+//!    id 8 got `applied 3`, …
 //!
 //! 3. **Standalone stream closed by the server** (TypeScript SDK client and server):
 //!
@@ -52,11 +53,11 @@
 //!    and at once `notify_standalone` with a 2 s delay, so B1..B3 are sent on the standalone
 //!    stream after the client had time to reconnect (the SDK does it by itself: GET +
 //!    `Last-Event-ID` after 1 s). Expected: B1..B3 each exactly once, A not twice.
-//!    *Today*: the gateway answers the reconnect with 409 (`stream-ended`), twice, the SDK gives
-//!    up, nobody re-opens the upstream's standalone stream and B is lost.
+//!    *Before the fix*: the gateway answered the reconnect with 409 (`stream-ended`), twice,
+//!    the SDK gave up, nobody re-opened the upstream's standalone stream and B was lost.
 //!
-//! Against the current gateway these tests fail as described; the rewritten core makes them
-//! pass. Controls (`control_*`: the same client and upstream without the gateway) pass today and
+//! Against the gateway before issue 9 these tests failed as described (checked when they were
+//! written); they pass now. Controls (`control_*`: the same client and upstream without the gateway) pass and
 //! show that the harness, the SDKs and the throttled link can pass scenarios 1 and 3 (scenario
 //! 2 needs the gateway's ids, so it has no control). Each test prints a `SUMMARY` line (counts,
 //! timings) for reports. Needs Node.js >= 18, npm
