@@ -116,10 +116,17 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
     pub retry_hint: Option<Duration>,
 
-    /// A client whose unsent backlog keeps growing for this long is detached with a
-    /// resumption-required signal (duration).
+    /// A client that makes no progress for this long while it has events to receive is
+    /// detached with a resumption-required signal; a detached client's undelivered events
+    /// are protected (the upstream is paused) this long after its last progress (duration).
     #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
     pub stall_timeout: Duration,
+
+    /// Open each legacy session's standalone GET stream upstream as soon as the session is
+    /// initialized and hold it for the client, so server messages sent before the client's
+    /// GET arrives are delivered when it does (true/false).
+    #[arg(long, global = true, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub hold_standalone: bool,
 
     /// Priming events: auto (protocol 2025-11-25 or later), always, never.
     #[arg(
@@ -246,6 +253,7 @@ pub struct Config {
     pub retry_hint: Option<Duration>,
     pub stall_timeout: Duration,
     pub priming: Priming,
+    pub hold_standalone: bool,
     pub max_event_bytes: usize,
     pub max_request_bytes: usize,
     /// How often the background sweep looks for expired sessions and stalled clients.
@@ -280,6 +288,7 @@ impl Config {
             retry_hint: None,
             stall_timeout: Duration::from_secs(30),
             priming: Priming::Auto,
+            hold_standalone: true,
             max_event_bytes: 16 << 20,
             max_request_bytes: 4 << 20,
             sweep_interval: Duration::from_secs(1),
@@ -311,6 +320,7 @@ impl Config {
             retry_hint: args.retry_hint,
             stall_timeout: args.stall_timeout,
             priming: args.priming,
+            hold_standalone: args.hold_standalone,
             max_event_bytes: usize::try_from(args.max_event_bytes).unwrap_or(usize::MAX),
             max_request_bytes: usize::try_from(args.max_request_bytes).unwrap_or(usize::MAX),
             sweep_interval: sweep,

@@ -25,6 +25,8 @@ pub struct PostInfo {
     pub request_ids: Vec<String>,
     /// The body holds an `initialize` request.
     pub initialize: bool,
+    /// The body holds the `notifications/initialized` notification.
+    pub initialized: bool,
     /// The protocol version the body names (`_meta` version, or `initialize`'s requested one).
     pub version: Option<String>,
     /// A single request's id, for error bodies the gateway writes for this POST.
@@ -92,6 +94,9 @@ pub fn inspect_post(body: &[u8]) -> PostInfo {
     let mut info = PostInfo::default();
     for m in msgs.into_vec() {
         let Some(method) = &m.method else { continue };
+        if method == "notifications/initialized" {
+            info.initialized = true;
+        }
         if method == "initialize" {
             info.initialize = true;
             if let Some(v) = m.params.as_ref().and_then(|p| p.protocol_version.clone()) {
@@ -283,6 +288,7 @@ mod tests {
         assert!(!i.initialize);
         let i = inspect_post(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
         assert!(i.request_ids.is_empty());
+        assert!(i.initialized);
         let i = inspect_post(br#"[{"jsonrpc":"2.0","id":"a","method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping"},{"jsonrpc":"2.0","method":"n"}]"#);
         assert_eq!(i.request_ids, vec!["\"a\"", "2"]);
         assert_eq!(i.single_id, None);

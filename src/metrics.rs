@@ -23,6 +23,7 @@ pub struct Metrics {
     registry: Registry,
     pub sessions: Gauge,
     pub attached_clients: Gauge,
+    pub held_standalone_streams: Gauge,
     pub window_events: Gauge,
     pub window_bytes: Gauge,
     pub streams_attached: Counter,
@@ -63,6 +64,7 @@ impl Metrics {
             registry: Registry::default(),
             sessions: Gauge::default(),
             attached_clients: Gauge::default(),
+            held_standalone_streams: Gauge::default(),
             window_events: Gauge::default(),
             window_bytes: Gauge::default(),
             streams_attached: Counter::default(),
@@ -99,6 +101,11 @@ impl Metrics {
             "attached_clients",
             "Clients attached to tagged streams",
             m.attached_clients.clone(),
+        );
+        registry.register(
+            "held_standalone_streams",
+            "Sessions whose standalone GET stream the gateway holds open upstream",
+            m.held_standalone_streams.clone(),
         );
         registry.register(
             "window_events",

@@ -26,7 +26,9 @@ use crate::metrics::Metrics;
 use crate::session::{
     hash_id, AtCapacity, Eviction, Reattach, Registry, Resume, ResumeError, Session, StreamKind,
 };
-use crate::upstream::{is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream};
+use crate::upstream::{
+    hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
+};
 pub use crate::upstream::{BoxError, LAST_EVENT_ID};
 
 /// Body of every response the gateway sends.
@@ -314,6 +316,22 @@ impl Gateway {
                     }
                 }
                 if let Some(s) = self.registry.get(sid) {
+                    // The gateway may be opening the stream it holds for this client; if it
+                    // holds none, it opens one now (the client's own GET is forwarded only
+                    // when that fails, so the upstream's answer reaches the client).
+                    s.hold_settled(self.cfg.upstream_connect_timeout).await;
+                    if self.cfg.hold_standalone
+                        && !s.has_standalone()
+                        && self.authorized(&s, &req, principal).await
+                    {
+                        let source = Source {
+                            upstream: self.upstream.clone(),
+                            uri: req.uri().clone(),
+                            headers: req.headers().clone(),
+                            remote: conn.remote,
+                        };
+                        hold_standalone(self.registry.clone(), s.clone(), source, false).await;
+                    }
                     if s.has_standalone() && self.authorized(&s, &req, principal).await {
                         let prime = self.prime(
                             header_version
@@ -458,6 +476,31 @@ impl Gateway {
         };
         if let Some(v) = header_version.as_deref().or(info.version.as_deref()) {
             session.set_protocol_version(v);
+        }
+        if info.initialized
+            && parts.method == Method::POST
+            && self.cfg.hold_standalone
+            && session.begin_hold()
+        {
+            // The session is initialized: hold its standalone stream from now on, so nothing
+            // the server sends there is lost to the race with the client's own GET. The 202
+            // waits (bounded) until the upstream has the stream, so no request the client
+            // sends after it can reach the server first.
+            let source = Source {
+                upstream: self.upstream.clone(),
+                uri: parts.uri.clone(),
+                headers: forwarded.clone(),
+                remote: conn.remote,
+            };
+            tokio::spawn(hold_standalone(
+                self.registry.clone(),
+                session.clone(),
+                source,
+                true,
+            ));
+            session
+                .hold_settled(self.cfg.upstream_connect_timeout)
+                .await;
         }
         let tag = status == StatusCode::OK
             && is_sse(resp.headers())

@@ -165,6 +165,7 @@ pub fn is_sse(h: &HeaderMap) -> bool {
 }
 
 /// Where a tagged stream came from, so the reader can reconnect to it upstream.
+#[derive(Clone)]
 pub struct Source {
     pub upstream: Arc<Upstream>,
     pub uri: Uri,
@@ -173,17 +174,27 @@ pub struct Source {
 }
 
 impl Source {
-    /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
-    async fn resume(&self, last_id: &str) -> Option<Incoming> {
+    /// `GET` to the upstream with the source's headers (no body), `Last-Event-ID` set to
+    /// `last_id` or absent. The stream if the upstream answered with one, else its status
+    /// (`None`: no answer at all).
+    async fn get(&self, last_id: Option<&str>) -> Result<Incoming, Option<StatusCode>> {
         let mut headers = self.headers.clone();
         headers.remove(header::CONTENT_TYPE);
         headers.remove(header::CONTENT_LENGTH);
+        headers.remove(LAST_EVENT_ID);
         headers.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
-        // The upstream's own id: the one place a `Last-Event-ID` goes upstream.
-        headers.insert(LAST_EVENT_ID, HeaderValue::from_str(last_id).ok()?);
+        // A compressed event stream could not be tagged.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        if let Some(id) = last_id {
+            // The upstream's own id: the one place a `Last-Event-ID` goes upstream.
+            headers.insert(LAST_EVENT_ID, HeaderValue::from_str(id).map_err(|_| None)?);
+        }
         let body = Full::new(Bytes::new())
             .map_err(|never| match never {})
             .boxed_unsync();
@@ -194,9 +205,82 @@ impl Source {
             body,
             Some(self.remote),
         );
-        let resp = self.upstream.send(req).await.ok()?;
-        (resp.status() == StatusCode::OK && is_sse(resp.headers())).then(|| resp.into_body())
+        let send = self.upstream.send(req);
+        let resp = match tokio::time::timeout(self.upstream.cfg.upstream_header_timeout, send).await
+        {
+            Ok(Ok(r)) => r,
+            _ => return Err(None),
+        };
+        if resp.status() == StatusCode::OK && is_sse(resp.headers()) {
+            Ok(resp.into_body())
+        } else {
+            Err(Some(resp.status()))
+        }
     }
+
+    /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
+    async fn resume(&self, last_id: &str) -> Option<Incoming> {
+        self.get(Some(last_id)).await.ok()
+    }
+}
+
+/// Attempts to open the held standalone stream before giving up until the next trigger.
+const HOLD_ATTEMPTS: u32 = 4;
+
+/// Opens the session's standalone stream upstream (`GET` without `Last-Event-ID`, with the
+/// headers of `source`) and holds it for the session's client: tagged and retained like any
+/// stream, so what the server sends on it before the client's own `GET` arrives is delivered
+/// when it does. A 405 means the upstream has none (the client's `GET` then gets the 405);
+/// 404 and other refusals end the attempt; a 409 (the upstream already has one), a 5xx or no
+/// answer is retried after 250 ms, 500 ms, 1 s, then left to the next trigger.
+///
+/// `begun`: the caller already won [`Session::begin_hold`] for the first attempt (so it
+/// can wait for it to settle). Boxed: the reader it starts may start the next one when the
+/// stream ends.
+pub fn hold_standalone(
+    registry: Arc<Registry>,
+    session: Arc<Session>,
+    source: Source,
+    begun: bool,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut wait = Duration::from_millis(250);
+        for attempt in 1..=HOLD_ATTEMPTS {
+            if !(begun && attempt == 1) && !session.begin_hold() {
+                return;
+            }
+            match source.get(None).await {
+                Ok(body) => {
+                    let Some(stream) = session.open_held_standalone() else {
+                        return;
+                    };
+                    tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, "holding the standalone stream");
+                    let reader =
+                        tokio::spawn(read_stream(registry, session.clone(), stream, body, source));
+                    session.set_reader(stream, reader.abort_handle());
+                    return;
+                }
+                Err(Some(StatusCode::METHOD_NOT_ALLOWED)) => {
+                    session.end_hold(true);
+                    return;
+                }
+                Err(status) => {
+                    session.end_hold(false);
+                    registry.metrics().upstream_error("hold");
+                    let retry = match status {
+                        None => true,
+                        Some(s) => s == StatusCode::CONFLICT || s.is_server_error(),
+                    };
+                    tracing::debug!(mcp.session = %hash_id(session.id()), ?status, attempt, "could not hold the standalone stream");
+                    if !retry || attempt == HOLD_ATTEMPTS {
+                        return;
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+            }
+        }
+    })
 }
 
 /// The next frame of `body` if it is ready now, without waiting.
@@ -351,6 +435,15 @@ pub async fn read_stream(
         tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause = %cause, "upstream stream failed");
     }
     session.end_stream(stream, end);
+    // The session outlives its standalone stream: hold a new one for the client.
+    if source.upstream.cfg.hold_standalone {
+        if let Some(delay) = session.rehold_after(stream) {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                hold_standalone(registry, session, source, false).await;
+            });
+        }
+    }
 }
 
 #[cfg(test)]

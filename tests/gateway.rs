@@ -360,7 +360,9 @@ async fn upstream_404_drops_the_session() {
 #[tokio::test]
 async fn json_202_and_errors_pass_through_byte_identical() {
     let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
+    // This script answers requests in order; the held standalone GET that follows
+    // `notifications/initialized` is covered by its own tests.
+    let gw = gateway(mock.addr, |c| c.hold_standalone = false).await;
     init_session(&gw, &mut mock, SID).await;
     // JSON response, byte-identical, headers kept.
     let body = Bytes::from_static(b"{\"jsonrpc\":\"2.0\",  \"id\":1,\"result\":{\"tools\":[]}}\n");

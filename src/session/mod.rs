@@ -76,6 +76,9 @@ struct State {
     protocol_version: Option<String>,
     standalone: Option<u32>,
     standalone_history: VecDeque<u32>,
+    hold: Hold,
+    /// Delay before the gateway reopens an upstream standalone stream that ended.
+    rehold_delay: Duration,
     closed: bool,
     next_generation: u64,
     /// The in-flight reserve: the most recent batches written to clients (any stream),
@@ -98,7 +101,24 @@ pub struct Session {
     /// Keyed hash of the principal the session is bound to (see `proxy`).
     principal: AtomicU64,
     state: Mutex<State>,
+    /// Woken when an attempt to open the held standalone stream settles.
+    hold_settled: Notify,
 }
+
+/// Where the gateway stands in holding the session's standalone stream for its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hold {
+    /// Not opening one now.
+    Idle,
+    /// An upstream `GET` is in flight; a client's `GET` waits for it.
+    Opening,
+    /// The upstream has no standalone stream (405): the client's `GET` is forwarded.
+    Unsupported,
+}
+
+/// The first and the longest delay before reopening a standalone stream the upstream ended.
+const REHOLD_MIN: Duration = Duration::from_secs(1);
+const REHOLD_MAX: Duration = Duration::from_secs(60);
 
 /// The answer to a resume request that the gateway can serve.
 #[derive(Debug)]
@@ -223,6 +243,8 @@ impl Session {
                 protocol_version: None,
                 standalone: None,
                 standalone_history: VecDeque::new(),
+                hold: Hold::Idle,
+                rehold_delay: REHOLD_MIN,
                 closed: false,
                 next_generation: 0,
                 inflight: VecDeque::new(),
@@ -233,6 +255,7 @@ impl Session {
             metrics,
             budget,
             principal: AtomicU64::new(principal),
+            hold_settled: Notify::new(),
         }
     }
 
@@ -365,14 +388,12 @@ impl Session {
         let generation = st.next_generation;
         st.next_generation += 1;
         let sub = Subscriber::new(generation, seq, kill);
-        st.streams
-            .insert(stream, Stream::new(kind, seq, requests, initialize, sub));
+        st.streams.insert(
+            stream,
+            Stream::new(kind, seq, requests, initialize, Some(sub)),
+        );
         if kind == StreamKind::Standalone {
-            st.standalone = Some(stream);
-            st.standalone_history.push_back(stream);
-            if st.standalone_history.len() > STANDALONE_HISTORY {
-                st.standalone_history.pop_front();
-            }
+            Self::set_standalone(&mut st, stream);
         }
         self.metrics.streams_attached.inc();
         st.last_activity = Instant::now();
@@ -382,6 +403,109 @@ impl Session {
             generation,
             self.opening_event(stream, seq, prime, reattach),
         )
+    }
+
+    fn set_standalone(st: &mut State, stream: u32) {
+        st.standalone = Some(stream);
+        st.standalone_history.push_back(stream);
+        if st.standalone_history.len() > STANDALONE_HISTORY {
+            st.standalone_history.pop_front();
+        }
+    }
+
+    /// Starts an attempt to open the held standalone stream upstream: `false` when there is
+    /// nothing to do (the session is closed, holds a live one, an attempt is under way, or
+    /// the upstream has none).
+    pub fn begin_hold(&self) -> bool {
+        let mut st = lock(&self.state);
+        let live = st
+            .standalone
+            .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()));
+        if st.closed || live || st.hold != Hold::Idle {
+            return false;
+        }
+        st.hold = Hold::Opening;
+        true
+    }
+
+    /// Ends an attempt that did not open a stream; `unsupported`: the upstream has none (405).
+    pub fn end_hold(&self, unsupported: bool) {
+        let mut st = lock(&self.state);
+        st.hold = if unsupported {
+            Hold::Unsupported
+        } else {
+            Hold::Idle
+        };
+        drop(st);
+        self.hold_settled.notify_waiters();
+    }
+
+    /// Opens the standalone stream the gateway holds for the session's client (none attached
+    /// yet: its events are kept for the first client's `GET`). `None` if the session closed
+    /// meanwhile or a client's own standalone stream got there first.
+    pub fn open_held_standalone(&self) -> Option<u32> {
+        let mut st = lock(&self.state);
+        st.hold = Hold::Idle;
+        let live = st
+            .standalone
+            .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()));
+        let opened = (!st.closed && !live).then(|| {
+            st.last_seq += 1;
+            let seq = st.last_seq;
+            let stream = st.next_stream;
+            st.next_stream += 1;
+            st.streams.insert(
+                stream,
+                Stream::new(StreamKind::Standalone, seq, Vec::new(), false, None),
+            );
+            Self::set_standalone(&mut st, stream);
+            stream
+        });
+        drop(st);
+        self.hold_settled.notify_waiters();
+        opened
+    }
+
+    /// Waits (at most `limit`) for an attempt to open the held standalone stream to settle,
+    /// so a client's `GET` arriving meanwhile attaches to it instead of racing it upstream.
+    pub async fn hold_settled(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, async {
+            loop {
+                let settled = self.hold_settled.notified();
+                if lock(&self.state).hold != Hold::Opening {
+                    return;
+                }
+                settled.await;
+            }
+        })
+        .await;
+    }
+
+    /// After the standalone stream `stream` ended: how long to wait before holding a new one
+    /// (`None`: not a standalone stream, or the session has closed or holds another). The
+    /// delay doubles while the upstream keeps ending streams that carried nothing.
+    pub fn rehold_after(&self, stream: u32) -> Option<Duration> {
+        let mut st = lock(&self.state);
+        let carried = st
+            .streams
+            .get(&stream)
+            .filter(|s| s.kind == StreamKind::Standalone)
+            .map(|s| s.last_seq > s.first_seq)?;
+        if st.closed || st.standalone.is_some() || st.hold != Hold::Idle {
+            return None;
+        }
+        let delay = if carried {
+            REHOLD_MIN
+        } else {
+            (st.rehold_delay * 2).min(REHOLD_MAX)
+        };
+        st.rehold_delay = delay;
+        Some(delay)
+    }
+
+    /// Whether the session holds a live standalone stream (for the gauge).
+    fn holds_standalone(&self) -> bool {
+        self.has_standalone()
     }
 
     /// Remembers the task reading the upstream for `stream`, so closing the session stops it.
@@ -621,6 +745,7 @@ impl Session {
         // nothing of this stream is in flight any more.
         s.acked = cursor.seq;
         s.stall_since = Some(now);
+        s.awaiting_client = false;
         if let Some(old) = s.sub.replace(Subscriber::new(generation, cursor.seq, kill)) {
             if let Some(w) = old.waker {
                 w.wake();
@@ -719,33 +844,55 @@ impl Session {
         })
     }
 
-    /// Attaches a client live (no history) to the held standalone stream, replacing any
-    /// older client. The first event is the priming event (if `prime`) or, for a client
-    /// re-attaching with a stale cursor, the control event saying so. Returns `None` when no
-    /// standalone stream is held.
+    /// Attaches a client without a cursor to the held standalone stream, replacing any
+    /// older client: it gets every retained event of the stream that was never written to a
+    /// client (server messages sent before its `GET` arrived, or while no client was
+    /// attached), then the live tail. The first event is the priming event (if `prime`) or,
+    /// for a client re-attaching with a stale cursor, the control event saying so. Returns
+    /// `None` when no standalone stream is held.
     pub fn attach_standalone(
         &self,
         prime: bool,
         reattach: Option<&Reattach>,
         kill: Option<Arc<Notify>>,
     ) -> Option<(u32, u64, Option<Bytes>)> {
+        let now = Instant::now();
         let mut st = lock(&self.state);
         let st = &mut *st;
-        st.last_activity = Instant::now();
+        st.last_activity = now;
         let stream = st.standalone?;
         let s = st.streams.get_mut(&stream)?;
         if s.end.is_some() {
             return None;
         }
+        // A held stream the upstream ended before any client came, with messages on it: they
+        // are gone with it. Say so (once) instead of opening as if nothing was missed.
+        let mut orphaned = None;
+        for (&n, o) in st.streams.iter_mut() {
+            if o.kind == StreamKind::Standalone
+                && o.end.is_some()
+                && o.awaiting_client
+                && o.last_seq > o.first_seq
+            {
+                o.awaiting_client = false;
+                orphaned = Some(Reattach {
+                    previous: self.cursor(n, o.first_seq),
+                    lost: true,
+                    reason: "standalone-ended-unread",
+                });
+            }
+        }
+        let reattach = reattach.or(orphaned.as_ref());
+        let s = st.streams.get_mut(&stream)?;
         let generation = st.next_generation;
         st.next_generation += 1;
-        // Live: nothing already emitted is replayed. The new client is the stream's client
-        // now and asked for no history, so nothing before `at` is held back for anyone any
-        // more (the older client's resume still works while the window holds its events).
-        let at = s.last_seq;
+        // What some client was already sent is not sent again; the new client is the
+        // stream's client now, so nothing before that is held back for anyone any more.
+        let at = s.sent;
         self.metrics.streams_attached.inc();
-        s.stall_since = None;
+        s.awaiting_client = false;
         s.acked = s.acked.max(at);
+        s.stall_since = (s.last_seq > at).then_some(now);
         if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill)) {
             if let Some(w) = old.waker {
                 w.wake();

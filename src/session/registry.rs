@@ -256,19 +256,21 @@ impl Registry {
 
     /// Sets the gauges of current state (called at scrape time).
     pub fn refresh_gauges(&self) {
-        let (mut events, mut bytes, mut clients) = (0, 0, 0);
+        let (mut events, mut bytes, mut clients, mut held) = (0, 0, 0, 0);
         let all = self.all();
         for (_, s) in &all {
             let (e, b) = s.window_usage();
             events += e;
             bytes += b;
             clients += s.attached_clients();
+            held += i64::from(s.holds_standalone());
         }
         let m = &self.metrics;
         m.sessions.set(all.len() as i64);
         m.window_events.set(events as i64);
         m.window_bytes.set(bytes as i64);
         m.attached_clients.set(clients as i64);
+        m.held_standalone_streams.set(held);
     }
 
     /// Total retained window bytes over all sessions.

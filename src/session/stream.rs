@@ -126,6 +126,9 @@ pub(super) struct Stream {
     pub end: Option<End>,
     pub sub: Option<Subscriber>,
     pub reader: Option<AbortHandle>,
+    /// A standalone stream the gateway opened itself, before any client attached: its
+    /// events are kept for the first client (guarded until then; the session TTL bounds it).
+    pub awaiting_client: bool,
     /// The upstream reader, paused until the window has room (woken by client progress,
     /// an attach, or the stall budget running out).
     pub paused_reader: Option<Waker>,
@@ -137,7 +140,7 @@ impl Stream {
         seq: u64,
         requests: Vec<String>,
         initialize: bool,
-        sub: Subscriber,
+        sub: Option<Subscriber>,
     ) -> Stream {
         Stream {
             kind,
@@ -158,21 +161,26 @@ impl Stream {
                 .collect(),
             initialize,
             end: None,
-            sub: Some(sub),
+            awaiting_client: sub.is_none(),
+            sub,
             reader: None,
             paused_reader: None,
         }
     }
 
     /// Whether the stream's client may still come back for events it was not sent: while it
-    /// is attached (until it is detached for making no progress), and after it left until
-    /// `stall` has passed without progress.
+    /// is attached (until it is detached for making no progress), after it left until
+    /// `stall` has passed without progress, and for a held standalone stream until its first
+    /// client comes.
     pub fn guarding(&self, now: Instant, stall: Duration) -> bool {
         match &self.sub {
             Some(sub) => !sub.stalled(),
-            None => self
-                .stall_since
-                .is_some_and(|t| now.duration_since(t) < stall),
+            None => {
+                self.awaiting_client
+                    || self
+                        .stall_since
+                        .is_some_and(|t| now.duration_since(t) < stall)
+            }
         }
     }
 

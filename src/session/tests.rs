@@ -697,17 +697,65 @@ mod model {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_live_attach_releases_what_the_replaced_client_left_unsent() {
+async fn a_get_without_cursor_gets_what_no_client_was_sent() {
     let s = session(cfg(|c| c.window_events = 4));
     let (standalone, g, _) =
         s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
-    assert!(s.push_events(standalone, &mut numbered(0, 3, 0), None));
+    assert!(s.push_events(standalone, &mut numbered(0, 1, 0), None));
+    let Step::Data(..) = step(&s, standalone, g) else {
+        panic!("sent")
+    };
+    assert!(s.push_events(standalone, &mut numbered(1, 3, 0), None));
     s.detach(standalone, g);
-    // A new GET without Last-Event-ID: the stream's client now, asking for no history.
-    s.attach_standalone(false, None, None).expect("held");
-    let (post, _, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    // A new GET without Last-Event-ID: the stream's client now. It gets what the replaced
+    // client was never sent (1, 2), not what it was (0).
+    let (_, g2, _) = s.attach_standalone(false, None, None).expect("held");
+    assert_eq!(ns(&text(step(&s, standalone, g2))), vec![1, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_standalone_stream_keeps_messages_for_its_first_client() {
+    let s = session(cfg(|c| {
+        c.window_events = 4;
+        c.stall_timeout = Duration::from_secs(1);
+    }));
+    assert!(s.begin_hold());
+    assert!(!s.begin_hold(), "one attempt at a time");
+    let held = s.open_held_standalone().expect("opened");
+    assert!(!s.begin_hold(), "one held stream");
+    // The server sends before any client GET; the window fills and the reader waits, however
+    // long the client takes (the session TTL bounds this, not the stall budget).
+    assert!(!s.push_events(held, &mut numbered(0, 6, 0), None));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    s.sweep(Instant::now());
+    let mut pending = numbered(4, 6, 0);
+    assert!(!s.push_events(held, &mut pending, None));
+    let (stream, g, _) = s.attach_standalone(false, None, None).expect("held");
+    assert_eq!(stream, held);
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        if let Step::Data(b, _) = step(&s, stream, g) {
+            got.extend(ns(&String::from_utf8_lossy(&b)));
+        }
+        if !pending.is_empty() {
+            s.push_events(held, &mut pending, None);
+        }
+    }
+    assert_eq!(got, (0..6).collect::<Vec<_>>(), "every message, once");
+    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+}
+
+#[test]
+fn a_405_marks_the_upstream_without_standalone_stream() {
+    let s = session(cfg(|_| {}));
+    assert!(s.begin_hold());
+    s.end_hold(true);
     assert!(
-        s.push_events(post, &mut numbered(10, 13, 0), None),
-        "the replaced client's unsent events no longer hold the window"
+        !s.begin_hold(),
+        "no retry storm against an upstream that has none"
     );
+    let t = session(cfg(|_| {}));
+    assert!(t.begin_hold());
+    t.end_hold(false);
+    assert!(t.begin_hold(), "a failed attempt may be retried");
 }
