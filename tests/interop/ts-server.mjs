@@ -27,6 +27,20 @@
 //   close_standalone {}                  closes this session's standalone GET stream from the
 //                                        server side (transport.closeStandaloneSSEStream(), the
 //                                        2025-11-25 "SSE polling" close); returns `closed`
+//   notify_now {tag}                     at once (before returning) sends one log notification
+//                                        {tag} NOT related to the call, so the SDK routes it to the
+//                                        standalone GET stream (and drops it silently when no GET
+//                                        is open: no event store); returns the JSON text
+//                                        {"tag":…,"standalone_open":bool} (whether a standalone
+//                                        stream was registered when it was sent)
+//                                        (tests/interop_standalone_race.rs)
+//   elicit_now {tag, timeout_ms?}        at once sends `elicitation/create` (form: {answer: string})
+//                                        NOT related to the call (server.elicitInput without
+//                                        relatedRequestId: the standalone GET stream), awaits the
+//                                        client's answer (at most `timeout_ms`, default 10000), and
+//                                        returns the JSON text {"tag":…,"action":…,"answer":…,
+//                                        "standalone_open":bool}; isError with the cause if the
+//                                        request failed or timed out
 // Routing follows the SDK example dist/esm/examples/server/simpleStreamableHttp.js, on node:http.
 
 import { randomUUID } from 'node:crypto';
@@ -45,6 +59,10 @@ const port = Number(process.argv[3] ?? 0);
 
 const log = (...args) => console.error(...args);
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+
+/** Whether `server`'s session has a standalone GET stream registered (undefined: unknown). */
+const standaloneOpen = server =>
+    server.server.transport?._webStandardTransport?._streamMapping?.has('_GET_stream');
 
 function buildServer() {
     const server = new McpServer(
@@ -187,6 +205,69 @@ function buildServer() {
             log(`close_standalone: standalone stream ${open === undefined ? 'state unknown' : open ? 'open' : 'NOT open'}; closing it`);
             transport?.closeStandaloneSSEStream();
             return { content: [{ type: 'text', text: 'closed' }] };
+        }
+    );
+    server.registerTool(
+        'notify_now',
+        {
+            description:
+                'Sends one log notification {tag} on the standalone GET stream at once (not related to this call), then returns',
+            inputSchema: { tag: z.string() }
+        },
+        async ({ tag }) => {
+            const open = standaloneOpen(server);
+            log(`notify_now ${tag}: standalone stream ${open === undefined ? 'state unknown' : open ? 'open' : 'NOT open (the notification is dropped)'}`);
+            try {
+                // No relatedRequestId: the SDK sends it on the standalone GET stream, or nowhere.
+                await server.server.notification({
+                    method: 'notifications/message',
+                    params: { level: 'info', logger: 'interop', data: { tag, seq: 1, of: 1 } }
+                });
+            } catch (err) {
+                log(`notify_now ${tag}: not sent: ${err?.message ?? err}`);
+            }
+            return { content: [{ type: 'text', text: JSON.stringify({ tag, standalone_open: open ?? null }) }] };
+        }
+    );
+    server.registerTool(
+        'elicit_now',
+        {
+            description:
+                'Sends elicitation/create on the standalone GET stream at once (not related to this call), awaits the answer, returns it',
+            inputSchema: { tag: z.string(), timeout_ms: z.number().int().min(1).optional() }
+        },
+        async ({ tag, timeout_ms }) => {
+            const open = standaloneOpen(server);
+            log(`elicit_now ${tag}: standalone stream ${open === undefined ? 'state unknown' : open ? 'open' : 'NOT open (the request is dropped)'}`);
+            try {
+                // No relatedRequestId: the request goes to the standalone GET stream.
+                const r = await server.server.elicitInput(
+                    {
+                        message: `interop elicitation ${tag}`,
+                        requestedSchema: {
+                            type: 'object',
+                            properties: { answer: { type: 'string' } },
+                            required: ['answer']
+                        }
+                    },
+                    { timeout: timeout_ms ?? 10000 }
+                );
+                log(`elicit_now ${tag}: ${r.action} ${JSON.stringify(r.content ?? null)}`);
+                return {
+                    content: [
+                        {
+                            type: 'text',
+                            text: JSON.stringify({ tag, action: r.action, answer: r.content?.answer ?? null, standalone_open: open ?? null })
+                        }
+                    ]
+                };
+            } catch (err) {
+                log(`elicit_now ${tag}: failed: ${err?.message ?? err}`);
+                return {
+                    isError: true,
+                    content: [{ type: 'text', text: `elicitation failed (standalone stream was ${open ? 'open' : 'not open'}): ${err?.message ?? err}` }]
+                };
+            }
         }
     );
     return server;
