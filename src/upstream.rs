@@ -246,7 +246,8 @@ pub fn hold_standalone(
     Box::pin(async move {
         let mut wait = Duration::from_millis(250);
         for attempt in 1..=HOLD_ATTEMPTS {
-            if !(begun && attempt == 1) && !session.begin_hold() {
+            let ours = (begun && attempt == 1) || session.begin_hold();
+            if !ours {
                 return;
             }
             match source.get(None).await {
