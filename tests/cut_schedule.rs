@@ -9,7 +9,7 @@
 //! | future id (seq beyond the stream) | 409 `cursor-ahead` |
 //! | garbage | 400 `malformed-cursor` |
 //! | a foreign session's id | 409 `foreign-cursor` |
-//! | no id | not a resume: forwarded to the upstream as a standalone GET (here answered 405) |
+//! | no id | not a resume: the gateway tries to hold a standalone stream; the upstream answers 405, so the GET is forwarded (405) |
 //! | an ancient id (first stream, later evicted/forgotten) | exact replay while retained, then one `resumption-failed` with a -32010 error for its request, then 409 `gap`, then 409 `stream-expired`: only ever forward |
 //!
 //! The upstream writes CRLF, split at a position that moves with the cut (so also mid-CRLF);
@@ -310,18 +310,31 @@ impl Bench {
         expect_error(addr, "never-seen", &self.foreign, 404, "unknown-session").await;
         self.resumes += 2;
 
-        // No id: not a resume; the gateway forwards it (no standalone stream is held).
-        let pending = tokio::spawn(send(addr, get(SID, None)));
-        let seen = self.mock.next().await;
-        assert_eq!(seen.method, http::Method::GET);
-        assert!(!seen.headers.contains_key("last-event-id"));
-        seen.respond(
-            http::Response::builder()
-                .status(405)
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap(),
-        );
-        assert_eq!(pending.await.unwrap().status(), 405);
+        // No id: not a resume. No standalone stream is held, so the gateway tries to open one
+        // (the first time), and when the upstream has none the client's GET is forwarded:
+        // both answered 405 here, no Last-Event-ID on either.
+        let mut pending = tokio::spawn(send(addr, get(SID, None)));
+        let mut upstream_gets = 0;
+        let status = loop {
+            tokio::select! {
+                resp = &mut pending => break resp.unwrap().status(),
+                seen = self.mock.requests.recv() => {
+                    let seen = seen.expect("mock alive");
+                    upstream_gets += 1;
+                    assert!(upstream_gets <= 2, "one hold attempt, one forward at most");
+                    assert_eq!(seen.method, http::Method::GET);
+                    assert!(!seen.headers.contains_key("last-event-id"));
+                    seen.respond(
+                        http::Response::builder()
+                            .status(405)
+                            .body(http_body_util::Full::new(bytes::Bytes::new()))
+                            .unwrap(),
+                    );
+                }
+            }
+        };
+        assert!(upstream_gets >= 1);
+        assert_eq!(status, 405);
         self.resumes += 1;
 
         self.check_ancient().await;
