@@ -220,14 +220,22 @@ pub const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after
 pub const UPSTREAM_ENDED_MESSAGE: &str =
     "mcp-reattach: the upstream server ended the stream without answering this request";
 
-/// SSE frames that end a stream explicitly: a `resumption-failed` control event at `here`
-/// (carrying an id, so the client's cursor stays valid), then one JSON-RPC error per request
-/// id (JSON text) whose result the client will not get.
-pub fn failure_frames(here: &str, reason: &str, ids: &[String], message: &str) -> Bytes {
+/// SSE frames that end a stream explicitly: a `resumption-failed` control event at `here`,
+/// then one JSON-RPC error per request id (JSON text) whose result the client will not get.
+/// The event carries `here` as its id only when `with_id` (the client already holds a cursor
+/// on this stream): a client that was never given an id must not get one now, or it would
+/// try to resume a stream that has nothing more.
+pub fn failure_frames(
+    here: &str,
+    with_id: bool,
+    reason: &str,
+    ids: &[String],
+    message: &str,
+) -> Bytes {
     let info = serde_json::json!({ "reason": reason, "at": here, "requests": ids.len() });
     let mut out = BytesMut::from(
         &sse::control(
-            Some(here),
+            with_id.then_some(here),
             Some(EVENT_RESUMPTION_FAILED),
             None,
             &info.to_string(),
@@ -245,11 +253,11 @@ pub fn failure_frames(here: &str, reason: &str, ids: &[String], message: &str) -
 }
 
 /// Like [`failure_frames`], for a stream whose upstream failed with `cause`.
-pub fn upstream_failure_frames(here: &str, cause: &str, ids: &[String]) -> Bytes {
+pub fn upstream_failure_frames(here: &str, with_id: bool, cause: &str, ids: &[String]) -> Bytes {
     let info = serde_json::json!({ "reason": "upstream-failed", "cause": cause, "at": here });
     let mut out = BytesMut::from(
         &sse::control(
-            Some(here),
+            with_id.then_some(here),
             Some(EVENT_UPSTREAM_FAILED),
             None,
             &info.to_string(),

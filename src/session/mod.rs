@@ -387,7 +387,7 @@ impl Session {
         st.next_stream += 1;
         let generation = st.next_generation;
         st.next_generation += 1;
-        let sub = Subscriber::new(generation, seq, kill);
+        let sub = Subscriber::new(generation, seq, kill, prime || reattach.is_some());
         st.streams.insert(
             stream,
             Stream::new(kind, seq, requests, initialize, Some(sub)),
@@ -726,7 +726,7 @@ impl Session {
                 return Err(ResumeError::Gap);
             }
             return Ok(Resume::GapWithErrors {
-                frames: failure_frames(&here, "gap", &ids, GAP_MESSAGE),
+                frames: failure_frames(&here, true, "gap", &ids, GAP_MESSAGE),
             });
         }
         let replay = st.window.after(cursor.stream, cursor.seq).count()
@@ -746,7 +746,10 @@ impl Session {
         s.acked = cursor.seq;
         s.stall_since = Some(now);
         s.awaiting_client = false;
-        if let Some(old) = s.sub.replace(Subscriber::new(generation, cursor.seq, kill)) {
+        if let Some(old) = s
+            .sub
+            .replace(Subscriber::new(generation, cursor.seq, kill, true))
+        {
             if let Some(w) = old.waker {
                 w.wake();
             }
@@ -893,7 +896,8 @@ impl Session {
         s.awaiting_client = false;
         s.acked = s.acked.max(at);
         s.stall_since = (s.last_seq > at).then_some(now);
-        if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill)) {
+        let has_id = prime || reattach.is_some();
+        if let Some(old) = s.sub.replace(Subscriber::new(generation, at, kill, has_id)) {
             if let Some(w) = old.waker {
                 w.wake();
             }
@@ -916,6 +920,7 @@ impl Session {
             return Step::Finish(Bytes::new(), Outcome::Replaced);
         };
         let cursor = sub.cursor;
+        let has_id = sub.has_id;
         let here = self.cursor(stream, cursor);
         if let Some((_, why)) = sub.detach {
             s.sub = None;
@@ -941,7 +946,7 @@ impl Session {
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
             let ids = s.fail_unanswered(cursor);
-            let frames = failure_frames(&here, "gap", &ids, GAP_MESSAGE);
+            let frames = failure_frames(&here, has_id, "gap", &ids, GAP_MESSAGE);
             s.sub = None;
             return Step::Finish(frames, Outcome::Gap);
         }
@@ -988,6 +993,7 @@ impl Session {
         };
         if !out.is_empty() {
             sub.cursor = last;
+            sub.has_id = true;
             s.sent = s.sent.max(last);
             // Progress: the stall clock restarts (or stops, once caught up).
             s.stall_since = (last < s.last_seq).then(Instant::now);
@@ -1010,11 +1016,17 @@ impl Session {
         match end {
             End::Complete if ids.is_empty() => Step::Finish(Bytes::new(), Outcome::Completed),
             End::Complete => Step::Finish(
-                failure_frames(&here, "upstream-ended", &ids, UPSTREAM_ENDED_MESSAGE),
+                failure_frames(
+                    &here,
+                    has_id,
+                    "upstream-ended",
+                    &ids,
+                    UPSTREAM_ENDED_MESSAGE,
+                ),
                 Outcome::UpstreamFailed,
             ),
             End::Failed(cause) => Step::Finish(
-                upstream_failure_frames(&here, &cause.to_string(), &ids),
+                upstream_failure_frames(&here, has_id, &cause.to_string(), &ids),
                 Outcome::UpstreamFailed,
             ),
         }

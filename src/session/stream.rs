@@ -81,16 +81,24 @@ pub(super) struct Subscriber {
     pub detach: Option<(Instant, super::Outcome)>,
     /// Closes the client's connection when the body cannot even be polled.
     pub kill: Option<Arc<Notify>>,
+    /// The client was given an id on this stream (priming, resumed event, or an event).
+    pub has_id: bool,
 }
 
 impl Subscriber {
-    pub fn new(generation: u64, cursor: u64, kill: Option<Arc<Notify>>) -> Subscriber {
+    pub fn new(
+        generation: u64,
+        cursor: u64,
+        kill: Option<Arc<Notify>>,
+        has_id: bool,
+    ) -> Subscriber {
         Subscriber {
             generation,
             cursor,
             waker: None,
             detach: None,
             kill,
+            has_id,
         }
     }
 

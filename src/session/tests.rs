@@ -759,3 +759,22 @@ fn a_405_marks_the_upstream_without_standalone_stream() {
     t.end_hold(false);
     assert!(t.begin_hold(), "a failed attempt may be retried");
 }
+
+#[test]
+fn failure_frames_carry_an_id_only_for_a_client_that_already_has_one() {
+    for prime in [false, true] {
+        let s = session(cfg(|_| {}));
+        let (stream, g, _) =
+            s.open_stream(StreamKind::Post, vec!["1".into()], false, prime, None, None);
+        // The upstream ends the stream before answering, having sent nothing.
+        s.end_stream(stream, End::Complete);
+        let out = text(step(&s, stream, g));
+        assert!(out.contains(EVENT_RESUMPTION_FAILED), "{out}");
+        assert!(out.contains("\"code\":-32010"), "{out}");
+        assert_eq!(
+            out.contains("id: "),
+            prime,
+            "no cursor for a client that was never given one: {out}"
+        );
+    }
+}
