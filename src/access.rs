@@ -5,8 +5,8 @@
 //! credentials.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http::{Method, StatusCode};
@@ -21,18 +21,9 @@ use crate::session::Outcome;
 pub struct StreamStats {
     events: AtomicU64,
     replayed: AtomicU64,
-    outcome: AtomicU8,
+    /// Set once, when the body decides how the stream ends (the first reason wins).
+    outcome: OnceLock<Outcome>,
 }
-
-const OUTCOMES: [Outcome; 7] = [
-    Outcome::Completed,
-    Outcome::Replaced,
-    Outcome::SessionClosed,
-    Outcome::SlowConsumer,
-    Outcome::Shutdown,
-    Outcome::Gap,
-    Outcome::UpstreamFailed,
-];
 
 impl StreamStats {
     pub fn new(replayed: u64) -> Arc<StreamStats> {
@@ -47,13 +38,11 @@ impl StreamStats {
     }
 
     pub fn set_outcome(&self, o: Outcome) {
-        let i = OUTCOMES.iter().position(|x| *x == o).unwrap_or(0) as u8 + 1;
-        self.outcome.store(i, Ordering::Relaxed);
+        let _ = self.outcome.set(o);
     }
 
     fn outcome(&self) -> Option<Outcome> {
-        let i = self.outcome.load(Ordering::Relaxed) as usize;
-        i.checked_sub(1).and_then(|i| OUTCOMES.get(i).copied())
+        self.outcome.get().copied()
     }
 }
 
@@ -176,5 +165,30 @@ impl<B: Body> Body for Observed<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_reaches_the_log_as_itself_and_the_first_one_wins() {
+        let all = [
+            Outcome::Completed,
+            Outcome::Replaced,
+            Outcome::SessionClosed,
+            Outcome::SlowConsumer,
+            Outcome::Shutdown,
+            Outcome::Gap,
+            Outcome::UpstreamFailed,
+        ];
+        for o in all {
+            let s = StreamStats::new(0);
+            assert_eq!(s.outcome(), None, "none before the stream ends");
+            s.set_outcome(o);
+            s.set_outcome(Outcome::Completed);
+            assert_eq!(s.outcome(), Some(o));
+        }
     }
 }

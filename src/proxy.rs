@@ -222,8 +222,17 @@ impl Gateway {
             Ok(r) => r,
             Err((e, id)) => {
                 self.count_failure(&e);
-                tracing::warn!(http.method = %method, error = %e, "request failed");
-                e.into_response(id.as_ref())
+                let reason = e.reason();
+                let message = e.to_string();
+                let resp = e.into_response(id.as_ref());
+                // Routine client-side answers (unknown session, stale cursor, 413, …) are not
+                // operator news; what the upstream or the gateway failed at is.
+                if resp.status().is_server_error() {
+                    tracing::warn!(http.method = %method, error = %message, reason, "request failed");
+                } else {
+                    tracing::debug!(http.method = %method, error = %message, reason, "request refused");
+                }
+                resp
             }
         };
         let stream = resp.extensions_mut().remove::<Arc<StreamStats>>();

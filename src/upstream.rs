@@ -111,7 +111,10 @@ impl Upstream {
                 headers.insert(X_FORWARDED_FOR, v);
             }
         }
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        // What the hop in front said (an ingress terminating TLS says `https`) stays.
+        if !headers.contains_key(X_FORWARDED_PROTO) {
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
         // Upstream connections are HTTP/1.1 whatever the client spoke (the request's
         // version is left at its default).
         let mut req = Request::new(body);

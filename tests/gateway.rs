@@ -915,3 +915,29 @@ async fn upstream_that_refuses_to_resume_ends_the_call_explicitly() {
     assert_eq!(err["id"], 5);
     assert_eq!(err["error"]["code"], -32011);
 }
+
+#[tokio::test]
+async fn x_forwarded_proto_from_the_hop_in_front_is_kept() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    for (sent, want) in [(Some("https"), "https"), (None, "http")] {
+        let mut req = post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None);
+        if let Some(p) = sent {
+            req.headers_mut()
+                .insert("x-forwarded-proto", p.parse().unwrap());
+        }
+        let pending = tokio::spawn(send(gw.addr, req));
+        let seen = mock.next().await;
+        assert_eq!(seen.headers["x-forwarded-proto"], want);
+        assert_eq!(seen.headers.get_all("x-forwarded-proto").iter().count(), 1);
+        seen.respond(
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(
+                    br#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+                )))
+                .unwrap(),
+        );
+        assert_eq!(pending.await.unwrap().status(), 200);
+    }
+}
