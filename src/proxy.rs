@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 
@@ -27,7 +27,7 @@ use crate::session::{
     hash_id, AtCapacity, Eviction, Reattach, Registry, Resume, ResumeError, Session, StreamKind,
 };
 use crate::upstream::{
-    hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
+    full_body, hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
 };
 pub use crate::upstream::{BoxError, LAST_EVENT_ID};
 
@@ -120,7 +120,7 @@ impl ProxyError {
         };
         let message = format!("mcp-reattach: {self}");
         let body = jsonrpc::error_body(id, code, &message, self.reason());
-        let mut resp = Response::new(full(body));
+        let mut resp = Response::new(full_body(body));
         *resp.status_mut() = status;
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -146,10 +146,6 @@ impl From<ProxyError> for Fallback {
     fn from(e: ProxyError) -> Fallback {
         Fallback::Refused(e)
     }
-}
-
-fn full(b: Bytes) -> ResBody {
-    Full::new(b).map_err(|never| match never {}).boxed_unsync()
 }
 
 /// Per-connection facts the handler needs.
@@ -381,12 +377,7 @@ impl Gateway {
                 Ok(Err(e)) => return Err((ProxyError::BodyRead(e), None)),
             };
             let info = jsonrpc::inspect_post(&bytes);
-            (
-                Full::new(bytes)
-                    .map_err(|never| match never {})
-                    .boxed_unsync(),
-                info,
-            )
+            (full_body(bytes), info)
         } else {
             (
                 body.map_err(BoxError::from).boxed_unsync(),
@@ -650,7 +641,7 @@ impl Gateway {
             }
             Resume::GapWithErrors { frames } => {
                 self.registry.metrics().resume("gap");
-                let mut resp = Response::new(full(frames));
+                let mut resp = Response::new(full_body(frames));
                 sse_headers(resp.headers_mut(), sid);
                 resp
             }
@@ -720,9 +711,7 @@ impl Gateway {
             HeaderValue::from_static("application/json, text/event-stream"),
         );
         let body = format!(r#"{{"jsonrpc":"2.0","id":"{PING_ID}","method":"ping"}}"#);
-        let body = Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed_unsync();
+        let body = full_body(Bytes::from(body));
         let upstream = self
             .upstream
             .request(Method::POST, uri.clone(), headers, body, None);

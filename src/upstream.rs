@@ -30,6 +30,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body of requests sent upstream.
 pub type UpBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// A body holding `b` whole (requests the gateway writes itself, its own error responses).
+pub fn full_body(b: Bytes) -> UpBody {
+    Full::new(b).map_err(|never| match never {}).boxed_unsync()
+}
+
 pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -198,9 +203,7 @@ impl Source {
             // The upstream's own id: the one place a `Last-Event-ID` goes upstream.
             headers.insert(LAST_EVENT_ID, HeaderValue::from_str(id).map_err(|_| None)?);
         }
-        let body = Full::new(Bytes::new())
-            .map_err(|never| match never {})
-            .boxed_unsync();
+        let body = full_body(Bytes::new());
         let req = self.upstream.request(
             Method::GET,
             self.uri.clone(),

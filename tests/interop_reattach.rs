@@ -70,7 +70,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{ChildProc, NextLine, Relay, Upstream};
+use support::{ChildProc, NextLine, Relay, SseBody, SseEvent, Upstream};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
@@ -517,100 +517,6 @@ async fn control_slow_client_link_py_server_without_gateway() {
 // ---------------------------------------------------------------------------------------------
 
 const PROTOCOL: &str = "2025-11-25";
-
-/// One SSE event as received.
-#[derive(Clone, Debug, Default)]
-struct SseEvent {
-    id: Option<String>,
-    event: Option<String>,
-    data: String,
-}
-
-impl SseEvent {
-    /// The `event:` type (`message` when absent).
-    fn kind(&self) -> &str {
-        self.event.as_deref().unwrap_or("message")
-    }
-
-    /// The JSON-RPC message of a `message` event with data.
-    fn json(&self) -> Option<Value> {
-        (self.kind() == "message" && !self.data.is_empty())
-            .then(|| serde_json::from_str(&self.data).ok())
-            .flatten()
-    }
-
-    fn brief(&self) -> String {
-        let data: String = self.data.chars().take(160).collect();
-        format!(
-            "[{} id={}] {data}",
-            self.kind(),
-            self.id.as_deref().unwrap_or("-")
-        )
-    }
-}
-
-/// An incremental SSE reader over a reqwest response (LF or CRLF line endings).
-struct SseBody {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    current: SseEvent,
-    has_field: bool,
-}
-
-impl SseBody {
-    fn new(resp: reqwest::Response) -> SseBody {
-        SseBody {
-            resp,
-            buf: Vec::new(),
-            current: SseEvent::default(),
-            has_field: false,
-        }
-    }
-
-    /// The next event: Ok(None) at the end of the body, Err on a read error or at `deadline`.
-    async fn next(&mut self, deadline: Instant) -> Result<Option<SseEvent>, String> {
-        loop {
-            while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
-                let mut line: Vec<u8> = self.buf.drain(..=nl).collect();
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                let line = String::from_utf8_lossy(&line).into_owned();
-                if line.is_empty() {
-                    if std::mem::take(&mut self.has_field) {
-                        return Ok(Some(std::mem::take(&mut self.current)));
-                    }
-                    continue;
-                }
-                if line.starts_with(':') {
-                    continue;
-                }
-                let (field, value) = line.split_once(':').unwrap_or((line.as_str(), ""));
-                let value = value.strip_prefix(' ').unwrap_or(value);
-                self.has_field = true;
-                match field {
-                    "id" => self.current.id = Some(value.to_string()),
-                    "event" => self.current.event = Some(value.to_string()),
-                    "data" => {
-                        if !self.current.data.is_empty() {
-                            self.current.data.push('\n');
-                        }
-                        self.current.data.push_str(value);
-                    }
-                    _ => {}
-                }
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.resp.chunk()).await {
-                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
-                Ok(Ok(None)) => return Ok(None),
-                Ok(Err(e)) => return Err(format!("read error: {e}")),
-                Err(_) => return Err("timeout".to_string()),
-            }
-        }
-    }
-}
 
 /// Everything one POST got back.
 struct Exchange {

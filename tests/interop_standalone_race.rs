@@ -72,7 +72,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{ChildProc, NextLine, Upstream};
+use support::{ChildProc, NextLine, SseBody, Upstream};
 use tokio::time::Instant;
 
 const PROTOCOL: &str = "2025-11-25";
@@ -234,96 +234,6 @@ const HELD_GAUGE: &str = "mcp_reattach_held_standalone_streams";
 // ---------------------------------------------------------------------------------------------
 // Raw HTTP (legacy era, 2025-11-25)
 // ---------------------------------------------------------------------------------------------
-
-/// One SSE event as received.
-#[derive(Clone, Debug, Default)]
-struct SseEvent {
-    id: Option<String>,
-    event: Option<String>,
-    data: String,
-}
-
-impl SseEvent {
-    /// The JSON-RPC message of a `message` event with data.
-    fn json(&self) -> Option<Value> {
-        let message = self.event.as_deref().unwrap_or("message") == "message";
-        (message && !self.data.is_empty())
-            .then(|| serde_json::from_str(&self.data).ok())
-            .flatten()
-    }
-
-    fn brief(&self) -> String {
-        let data: String = self.data.chars().take(200).collect();
-        format!(
-            "[{} id={}] {data}",
-            self.event.as_deref().unwrap_or("message"),
-            self.id.as_deref().unwrap_or("-")
-        )
-    }
-}
-
-/// An incremental SSE reader over a reqwest response (LF or CRLF line endings).
-struct SseBody {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    current: SseEvent,
-    has_field: bool,
-}
-
-impl SseBody {
-    fn new(resp: reqwest::Response) -> SseBody {
-        SseBody {
-            resp,
-            buf: Vec::new(),
-            current: SseEvent::default(),
-            has_field: false,
-        }
-    }
-
-    /// The next event: Ok(None) at the end of the body, Err on a read error or at `deadline`.
-    async fn next(&mut self, deadline: Instant) -> Result<Option<SseEvent>, String> {
-        loop {
-            while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
-                let mut line: Vec<u8> = self.buf.drain(..=nl).collect();
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                let line = String::from_utf8_lossy(&line).into_owned();
-                if line.is_empty() {
-                    if std::mem::take(&mut self.has_field) {
-                        return Ok(Some(std::mem::take(&mut self.current)));
-                    }
-                    continue;
-                }
-                if line.starts_with(':') {
-                    continue;
-                }
-                let (field, value) = line.split_once(':').unwrap_or((line.as_str(), ""));
-                let value = value.strip_prefix(' ').unwrap_or(value);
-                self.has_field = true;
-                match field {
-                    "id" => self.current.id = Some(value.to_string()),
-                    "event" => self.current.event = Some(value.to_string()),
-                    "data" => {
-                        if !self.current.data.is_empty() {
-                            self.current.data.push('\n');
-                        }
-                        self.current.data.push_str(value);
-                    }
-                    _ => {}
-                }
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.resp.chunk()).await {
-                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
-                Ok(Ok(None)) => return Ok(None),
-                Ok(Err(e)) => return Err(format!("read error: {e}")),
-                Err(_) => return Err("timeout".to_string()),
-            }
-        }
-    }
-}
 
 /// The JSON-RPC messages of a response: its SSE `message` events, or its JSON body.
 struct Reply {

@@ -503,11 +503,6 @@ impl Session {
         Some(delay)
     }
 
-    /// Whether the session holds a live standalone stream (for the gauge).
-    fn holds_standalone(&self) -> bool {
-        self.has_standalone()
-    }
-
     /// Remembers the task reading the upstream for `stream`, so closing the session stops it.
     pub fn set_reader(&self, stream: u32, handle: AbortHandle) {
         let mut st = lock(&self.state);
@@ -1055,19 +1050,25 @@ impl Session {
         st.inflight_bytes += bytes;
         let mut moved = false;
         while st.inflight_events > max_events || st.inflight_bytes > max_bytes {
-            let Some(b) = st.inflight.pop_front() else {
-                break;
-            };
-            st.inflight_events -= b.events;
-            st.inflight_bytes -= b.bytes;
-            if let Some(s) = st.streams.get_mut(&b.stream) {
-                if b.last > s.acked {
-                    s.acked = b.last;
-                    moved = true;
-                }
+            match Self::release_oldest(st) {
+                Some(m) => moved |= m,
+                None => break,
             }
         }
         moved
+    }
+
+    /// Takes the oldest batch out of the in-flight reserve: its events count as delivered.
+    /// `None` when the reserve is empty, else whether a stream's `acked` moved.
+    fn release_oldest(st: &mut State) -> Option<bool> {
+        let b = st.inflight.pop_front()?;
+        st.inflight_events -= b.events;
+        st.inflight_bytes -= b.bytes;
+        Some(st.streams.get_mut(&b.stream).is_some_and(|s| {
+            let moved = b.last > s.acked;
+            s.acked = s.acked.max(b.last);
+            moved
+        }))
     }
 
     /// Releases reserve batches at least [`INFLIGHT_AGE`] old whose client is still
@@ -1083,17 +1084,7 @@ impl Session {
             if now.duration_since(b.at) < INFLIGHT_AGE || !live {
                 break;
             }
-            let Some(b) = st.inflight.pop_front() else {
-                break;
-            };
-            st.inflight_events -= b.events;
-            st.inflight_bytes -= b.bytes;
-            if let Some(s) = st.streams.get_mut(&b.stream) {
-                if b.last > s.acked {
-                    s.acked = b.last;
-                    moved = true;
-                }
-            }
+            moved |= Self::release_oldest(st).unwrap_or(false);
         }
         moved
     }

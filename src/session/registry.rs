@@ -263,7 +263,7 @@ impl Registry {
             events += e;
             bytes += b;
             clients += s.attached_clients();
-            held += i64::from(s.holds_standalone());
+            held += i64::from(s.has_standalone());
         }
         let m = &self.metrics;
         m.sessions.set(all.len() as i64);

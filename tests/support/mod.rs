@@ -12,6 +12,8 @@
 //!   is read line by line with timeouts; stderr is forwarded to the test's stderr and kept;
 //!   the process is killed on drop.
 //! - [`TsServer`]: the TypeScript-SDK MCP server from `tests/interop/ts-server.mjs`.
+//! - [`SseBody`] / [`SseEvent`]: an SSE parser over a reqwest response, independent of the
+//!   gateway's own decoder (the interop tests judge the gateway's output with it).
 //!
 //! Every wait here is bounded.
 #![allow(dead_code)]
@@ -1238,5 +1240,107 @@ impl Upstream {
     /// `http://127.0.0.1:<port>` (no path), the form the gateway's upstream takes.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SSE over reqwest (the interop tests' own parser: independent of the gateway's decoder)
+// ---------------------------------------------------------------------------------------------
+
+/// One SSE event as received.
+#[derive(Clone, Debug, Default)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+}
+
+impl SseEvent {
+    /// The `event:` type (`message` when absent).
+    pub fn kind(&self) -> &str {
+        self.event.as_deref().unwrap_or("message")
+    }
+
+    /// The JSON-RPC message of a `message` event with data.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        (self.kind() == "message" && !self.data.is_empty())
+            .then(|| serde_json::from_str(&self.data).ok())
+            .flatten()
+    }
+
+    /// A one-line summary for test output.
+    pub fn brief(&self) -> String {
+        let data: String = self.data.chars().take(200).collect();
+        format!(
+            "[{} id={}] {data}",
+            self.kind(),
+            self.id.as_deref().unwrap_or("-")
+        )
+    }
+}
+
+/// An incremental SSE reader over a reqwest response (LF or CRLF line endings).
+pub struct SseBody {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+    current: SseEvent,
+    has_field: bool,
+}
+
+impl SseBody {
+    pub fn new(resp: reqwest::Response) -> SseBody {
+        SseBody {
+            resp,
+            buf: Vec::new(),
+            current: SseEvent::default(),
+            has_field: false,
+        }
+    }
+
+    /// The next event: Ok(None) at the end of the body, Err on a read error or at `deadline`.
+    pub async fn next(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<SseEvent>, String> {
+        loop {
+            while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=nl).collect();
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                let line = String::from_utf8_lossy(&line).into_owned();
+                if line.is_empty() {
+                    if std::mem::take(&mut self.has_field) {
+                        return Ok(Some(std::mem::take(&mut self.current)));
+                    }
+                    continue;
+                }
+                if line.starts_with(':') {
+                    continue;
+                }
+                let (field, value) = line.split_once(':').unwrap_or((line.as_str(), ""));
+                let value = value.strip_prefix(' ').unwrap_or(value);
+                self.has_field = true;
+                match field {
+                    "id" => self.current.id = Some(value.to_string()),
+                    "event" => self.current.event = Some(value.to_string()),
+                    "data" => {
+                        if !self.current.data.is_empty() {
+                            self.current.data.push('\n');
+                        }
+                        self.current.data.push_str(value);
+                    }
+                    _ => {}
+                }
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.resp.chunk()).await {
+                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Err(e)) => return Err(format!("read error: {e}")),
+                Err(_) => return Err("timeout".to_string()),
+            }
+        }
     }
 }
