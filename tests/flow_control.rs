@@ -237,10 +237,11 @@ async fn a_retransmitted_post_is_a_resume_and_never_reaches_the_upstream() {
     let _priming = reader.next().await.unwrap();
     let first = reader.next().await.unwrap();
     drop(reader);
+    let base = gw.tagged();
     writer.message(&progress(2)).await;
     writer.message(&result(5)).await;
     drop(writer);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.tagged_at_least(base + 2).await;
     let cursor = first.id.clone().unwrap();
     let mut r = SseReader::new(send(gw.addr, retransmit(5, Some(&cursor))).await);
     let events = r.rest().await;
@@ -281,13 +282,15 @@ async fn a_retransmission_whose_stream_lost_events_gets_an_explicit_error() {
     init_session(&gw, &mut mock, SID).await;
     let (reader, writer) = start_call(&gw, &mut mock, 3).await;
     drop(reader);
+    // Away for longer than the stall budget.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let base = gw.tagged();
     for i in 1..=5 {
         writer.message(&progress(i)).await;
     }
     writer.message(&result(3)).await;
     drop(writer);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.tagged_at_least(base + 6).await;
     // The stream lost events: the call ends at once with the explicit gap error.
     let mut r = SseReader::new(send(gw.addr, retransmit(3, None)).await);
     let events = r.rest().await;

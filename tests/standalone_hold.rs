@@ -83,9 +83,10 @@ async fn messages_sent_before_the_clients_get_are_delivered_when_it_comes() {
     let writer = held.respond_sse(Some(SID));
     accepted(pending).await;
     // The server sends on its standalone stream before the client has opened its GET.
+    let base = gw.tagged();
     writer.message(&note(1)).await;
     writer.message(&note(2)).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.tagged_at_least(base + 2).await;
     assert_eq!(gauge(&gw), 1.0);
     let mut r = SseReader::new(send(gw.addr, get(SID, None)).await);
     assert!(
@@ -100,8 +101,9 @@ async fn messages_sent_before_the_clients_get_are_delivered_when_it_comes() {
     assert_eq!(messages(&[r.next().await.unwrap()]), vec![note(3)]);
     // A reconnect with the last id resumes exactly; one without gets what it was not sent.
     drop(r);
+    let base = gw.tagged();
     writer.message(&note(4)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    gw.tagged_at_least(base + 1).await;
     let mut again = SseReader::new(send(gw.addr, get(SID, None)).await);
     let _priming = again.next().await.unwrap();
     assert_eq!(messages(&[again.next().await.unwrap()]), vec![note(4)]);
@@ -187,8 +189,9 @@ async fn a_held_stream_the_upstream_ends_is_held_again() {
     let (held, pending) = initialized(&gw, &mut mock).await;
     let first = held.expect("the gateway's GET").respond_sse(Some(SID));
     accepted(pending).await;
+    let base = gw.tagged();
     first.message(&note(1)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    gw.tagged_at_least(base + 1).await;
     drop(first); // the server closes its standalone stream
     let started = tokio::time::Instant::now();
     let again = mock.next().await;
@@ -198,8 +201,9 @@ async fn a_held_stream_the_upstream_ends_is_held_again() {
         "after a pause"
     );
     let second = again.respond_sse(Some(SID));
+    let base = gw.tagged();
     second.message(&note(2)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    gw.tagged_at_least(base + 1).await;
     // A client arriving now gets what the new stream carried; what the ended one carried
     // before any client came is gone with it, and the first event says so.
     let mut r = SseReader::new(send(gw.addr, get(SID, None)).await);

@@ -204,6 +204,32 @@ pub async fn gateway(upstream: SocketAddr, tweak: impl FnOnce(&mut Config)) -> G
     Gw { addr, gateway }
 }
 
+impl Gw {
+    /// Upstream events the gateway has tagged so far (`events_tagged_total`).
+    pub fn tagged(&self) -> u64 {
+        self.gateway
+            .render_metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix("mcp_reattach_events_tagged_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    }
+
+    /// Waits (bounded by [`WAIT`]) until the gateway has tagged at least `n` events in all:
+    /// what the mock wrote has reached the session.
+    pub async fn tagged_at_least(&self, n: u64) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self.tagged() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the gateway tagged {} of {n} events in time",
+                self.tagged()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 /// Sends one request on a fresh connection; the response body streams from that connection
 /// and dropping it closes the connection.
 pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incoming> {
