@@ -39,15 +39,20 @@ impl fmt::Display for Cursor {
 impl Cursor {
     /// Appends the canonical text of this cursor to `out` (what `Display` writes, without
     /// the formatting machinery: this runs once per event sent).
-    pub fn write_to(&self, out: &mut Vec<u8>) {
+    pub fn write_to(&self, out: &mut impl bytes::BufMut) {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        for i in (0..16).rev() {
-            out.push(HEX[((self.epoch >> (i * 4)) & 0xf) as usize]);
+        // Built on the stack and appended in one piece: 16 + 1 + 10 + 1 + 20 bytes at most.
+        let mut buf = [0u8; 48];
+        for (i, b) in buf[..16].iter_mut().enumerate() {
+            *b = HEX[((self.epoch >> ((15 - i) * 4)) & 0xf) as usize];
         }
-        out.push(b'.');
-        push_decimal(u64::from(self.stream), out);
-        out.push(b'.');
-        push_decimal(self.seq, out);
+        buf[16] = b'.';
+        let mut n = 17;
+        n += put_decimal(u64::from(self.stream), &mut buf[n..]);
+        buf[n] = b'.';
+        n += 1;
+        n += put_decimal(self.seq, &mut buf[n..]);
+        out.put_slice(&buf[..n]);
     }
 
     /// Parses the canonical form only (no leading zeros, no sign, lowercase hex), so each
@@ -74,7 +79,8 @@ impl Cursor {
     }
 }
 
-fn push_decimal(mut n: u64, out: &mut Vec<u8>) {
+/// Writes `n` in decimal at the start of `out` (at least 20 bytes), returning its length.
+fn put_decimal(mut n: u64, out: &mut [u8]) -> usize {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -85,7 +91,9 @@ fn push_decimal(mut n: u64, out: &mut Vec<u8>) {
             break;
         }
     }
-    out.extend_from_slice(&buf[i..]);
+    let len = buf.len() - i;
+    out[..len].copy_from_slice(&buf[i..]);
+    len
 }
 
 fn ascii(b: &[u8]) -> Result<&str, CursorError> {

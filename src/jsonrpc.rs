@@ -4,7 +4,10 @@
 //!
 //! Pure: works on byte slices and strings; never rewrites a message it forwards.
 
+use std::sync::LazyLock;
+
 use bytes::{BufMut, Bytes, BytesMut};
+use memchr::memmem::Finder;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
@@ -137,10 +140,11 @@ struct Reply {
 /// Ids (canonical JSON text) of the JSON-RPC responses in an event's data.
 pub fn response_ids(data: &str) -> Vec<String> {
     // Progress and other notifications are most of a stream: skip them without parsing.
+    // The searchers are built once: building one per event cost more than the search.
+    static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result\""));
+    static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"error\""));
     let b = data.as_bytes();
-    if memchr::memmem::find(b, b"\"result\"").is_none()
-        && memchr::memmem::find(b, b"\"error\"").is_none()
-    {
+    if RESULT.find(b).is_none() && ERROR.find(b).is_none() {
         return Vec::new();
     }
     let Ok(msgs) = serde_json::from_str::<OneOrMany<Reply>>(data) else {

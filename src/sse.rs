@@ -105,21 +105,28 @@ impl Decoder {
             match memchr::memchr2(b'\n', b'\r', chunk) {
                 Some(i) => {
                     self.grow(i)?;
-                    self.line.extend_from_slice(&chunk[..i]);
-                    if chunk[i] == b'\r' {
+                    let line = &chunk[..i];
+                    let rest = if chunk[i] == b'\r' {
                         if chunk.get(i + 1) == Some(&b'\n') {
-                            chunk = &chunk[i + 2..];
+                            &chunk[i + 2..]
                         } else {
                             self.after_cr = i + 1 == chunk.len();
-                            chunk = &chunk[i + 1..];
+                            &chunk[i + 1..]
                         }
                     } else {
-                        chunk = &chunk[i + 1..];
+                        &chunk[i + 1..]
+                    };
+                    if self.line.is_empty() {
+                        // The whole line is in this chunk (the usual case): no copy.
+                        self.process_line(line, out)?;
+                    } else {
+                        self.line.extend_from_slice(line);
+                        let line = std::mem::take(&mut self.line);
+                        self.process_line(&line, out)?;
+                        self.line = line;
+                        self.line.clear();
                     }
-                    let line = std::mem::take(&mut self.line);
-                    self.process_line(&line, out)?;
-                    self.line = line;
-                    self.line.clear();
+                    chunk = rest;
                 }
                 None => {
                     self.grow(chunk.len())?;
@@ -153,7 +160,7 @@ impl Decoder {
         if line[0] == b':' {
             return Ok(()); // comment
         }
-        let (name, value) = match line.iter().position(|&b| b == b':') {
+        let (name, value) = match memchr::memchr(b':', line) {
             Some(i) => {
                 let v = &line[i + 1..];
                 (&line[..i], v.strip_prefix(b" ").unwrap_or(v))

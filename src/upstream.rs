@@ -392,10 +392,19 @@ pub async fn read_stream(
                 if taken >= READ_BATCH_BYTES {
                     break;
                 }
-                match ready_frame(&mut body).await {
-                    Some(f) => next = f,
-                    None => break,
-                }
+                next = match ready_frame(&mut body).await {
+                    Some(f) => f,
+                    // hyper hands the body over one HTTP chunk at a time (a one-slot channel
+                    // from its connection task), so a burst already read from the socket is
+                    // not "ready" yet: let the connection task run once and look again.
+                    None => {
+                        tokio::task::yield_now().await;
+                        match ready_frame(&mut body).await {
+                            Some(f) => f,
+                            None => break,
+                        }
+                    }
+                };
             }
             for e in &events {
                 if e.id.is_some() {

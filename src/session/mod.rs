@@ -1109,20 +1109,18 @@ impl Session {
 
     /// Writes a retained event as sent on the wire: its gateway id, then its body.
     fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
-        let mut id = Vec::with_capacity(64);
-        id.extend_from_slice(b"id: ");
+        out.reserve(72 + e.body.len());
+        out.put_slice(b"id: ");
         Cursor {
             epoch: self.epoch,
             stream: e.stream,
             seq: e.seq,
         }
-        .write_to(&mut id);
-        id.push(b'\n');
+        .write_to(out);
+        out.put_u8(b'\n');
         if e.message {
-            id.extend_from_slice(b"event: message\n");
+            out.put_slice(b"event: message\n");
         }
-        out.reserve(id.len() + e.body.len());
-        out.put_slice(&id);
         out.put_slice(&e.body);
     }
 
