@@ -23,6 +23,11 @@ What is checked, and with what:
   limit at least the sizing formula of docs/operations.md for the flags given, non-root.
 * Helm defaults render the same pod, Service and PDB as the Kustomize base.
 * The runtime stage of deploy/Dockerfile and deploy/Dockerfile.scratch are identical.
+* The HAProxy example (deploy/loadbalancers/haproxy/haproxy.cfg; HAProxy itself parses it in
+  validate.sh): the stick table learnt from the Mcp-Session-Id response header and matched on
+  the request header, `option persist` + `option redispatch`, /readyz health checks on the admin
+  port fast enough for --drain-delay, idle timeouts above the keep-alive interval, no compression
+  and no hash balancing.
 
 Not checkable offline here: the Envoy Gateway BackendTrafficPolicy (no schema package; it was
 checked by hand against Envoy Gateway's CRD) and the ingress-nginx annotation values (the
@@ -429,6 +434,100 @@ def dockerfiles_agree():
 
 
 # ---------------------------------------------------------------------------------------------
+# HAProxy example
+# ---------------------------------------------------------------------------------------------
+
+
+def haproxy_sections(text: str) -> dict[str, list[str]]:
+    """`{"defaults": [...], "backend mcp_reattach": [...], ...}`: each section's directive lines,
+    comments and blank lines dropped, whitespace collapsed."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        if not raw[0].isspace():
+            current = " ".join(words[:2]) if words[0] in ("frontend", "backend", "listen") else words[0]
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(" ".join(words))
+    return sections
+
+
+def haproxy_time(value: str) -> float:
+    """An HAProxy time (a bare number is milliseconds); `"${VAR-default}"` gives its default."""
+    m = re.fullmatch(r'"?\$\{[A-Z0-9_]+-([^}]+)\}"?', value)
+    if m:
+        value = m.group(1)
+    if re.fullmatch(r"\d+", value):
+        return int(value) / 1000
+    if re.fullmatch(r"\d+us", value):
+        return int(value[:-2]) / 1e6
+    return parse_duration(value)
+
+
+def check_haproxy(path: Path):
+    """The session pin, drain and SSE settings docs/operations.md relies on are all there."""
+    sec = haproxy_sections(path.read_text())
+    backend, defaults = sec.get("backend mcp_reattach"), sec.get("defaults")
+    if backend is None or defaults is None:
+        raise AssertionError(f"expected a defaults section and backend mcp_reattach: {list(sec)}")
+    everything = [line for lines in sec.values() for line in lines]
+    required = {
+        "stick-table type string": backend,
+        "stick store-response res.hdr(mcp-session-id)": backend,
+        "stick match req.hdr(mcp-session-id)": backend,
+        "option persist": backend,
+        "option httpchk": backend,
+        "http-check send meth GET uri /readyz": backend,
+        "http-check expect status 200": backend,
+        "option redispatch": defaults,
+        "mode http": defaults,
+    }
+    for directive, lines in required.items():
+        if not any(line.startswith(directive) for line in lines):
+            raise AssertionError(f"missing `{directive}`")
+    for line in everything:
+        if line.startswith("compression"):
+            raise AssertionError(f"`{line}`: a compressor buffers SSE events")
+        if line.startswith("balance") and ("hdr(" in line or "uri" in line):
+            raise AssertionError(f"`{line}`: hashing cannot find the pod that answered initialize")
+    keepalive = parse_duration(DEFAULTS["keepalive"])
+    timeouts = {l.split()[1]: haproxy_time(l.split()[2]) for l in defaults if l.startswith("timeout ")}
+    for name in ("client", "server", "tunnel"):
+        if timeouts.get(name, 0) < 2 * keepalive:
+            raise AssertionError(
+                f"timeout {name} {timeouts.get(name)} s is not above twice --keepalive ({keepalive} s)"
+            )
+    ds = next((l.split() for l in backend if l.startswith("default-server")), None)
+    if not ds or "inter" not in ds or "fall" not in ds:
+        raise AssertionError("default-server must set inter and fall")
+    detect = haproxy_time(ds[ds.index("inter") + 1]) * int(ds[ds.index("fall") + 1])
+    drain_delay = parse_duration(DEFAULTS["drain-delay"])
+    if detect >= drain_delay:
+        raise AssertionError(
+            f"health checks take {detect} s to mark a draining pod down, not below --drain-delay ({drain_delay} s)"
+        )
+    servers = [l for l in backend if l.startswith("server ")]
+    admin_port = DEFAULTS["admin-listen"].rsplit(":", 1)[1]
+    for srv in servers:
+        words = srv.split()
+        if "check" not in words or "port" not in words:
+            raise AssertionError(f"`{srv}`: health check on the admin port expected")
+        port = words[words.index("port") + 1]
+        m = re.fullmatch(r'"?\$\{[A-Z0-9_]+-(\d+)\}"?', port)
+        if (m.group(1) if m else port) != admin_port:
+            raise AssertionError(f"`{srv}`: admin port {port}, the pods use {admin_port}")
+    if not servers:
+        raise AssertionError("no servers")
+    return (f"{len(servers)} servers; detection of a draining pod {detect} s < drain-delay "
+            f"{drain_delay} s; timeouts client/server/tunnel {timeouts['client']}/"
+            f"{timeouts['server']}/{timeouts['tunnel']} s > 2 x keepalive {keepalive} s")
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -482,6 +581,12 @@ def main() -> int:
                     gateway_api)
         if out:
             print("\n".join("       " + line for line in out.splitlines()))
+
+    haproxy = lb / "haproxy" / "haproxy.cfg"
+    detail = check(f"haproxy session pin, drain and SSE settings  {rel(haproxy)}", check_haproxy,
+                   haproxy)
+    if detail:
+        print(f"       {detail}")
 
     envoy = lb / "envoy" / "envoy.yaml"
     check(f"envoy v3 API strict  {rel(envoy)}", envoy_parse, yaml.safe_load(envoy.read_text()),
