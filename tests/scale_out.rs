@@ -695,11 +695,11 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
     let Some(haproxy) = haproxy_or_skip("drain") else {
         return;
     };
-    // Drain budget 1.5 s + 2.5 s: the short calls below finish inside it, the long ones do not.
+    // Drain budget 2 s + 2 s: the short calls below finish inside it, the long ones do not.
     let mut c = Cluster::start(
         &haproxy,
         &repo_dir().join(CONFIG),
-        &["--drain-delay", "1500ms", "--drain-timeout", "2500ms"],
+        &["--drain-delay", "2s", "--drain-timeout", "2s"],
     )
     .await;
     const SHORT: u64 = 12; // × 200 ms
@@ -738,9 +738,12 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
         c.lb.wait_status("pod1", "DOWN", Duration::from_secs(3))
             .await;
     assert!(
-        marked_down < Duration::from_millis(1500),
+        marked_down < Duration::from_millis(2000),
         "HAProxy takes pod1 out within --drain-delay ({marked_down:?})"
     );
+    // Every connection is cut while pod1 is out of the rotation but still accepting: its
+    // sessions' resumes must still reach it (`option persist`), not another pod.
+    let cut_during_drain = c.relay.cut_all();
     // New sessions while pod1 drains: none may land on it.
     let opens_b = c.clients.open("b", 6, 0).await;
     let place_b = placement(&opens_b);
@@ -780,6 +783,10 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
     let (mut finished, mut ended_404, mut rerun_ok, mut others, mut others_bad) = (0, 0, 0, 0, 0);
     for e in c.clients.call_ends("a", 0) {
         assert_clean_result(&e, SHORT);
+        assert_eq!(
+            e["resumes"], 1,
+            "cut during the drain, resumed on its pod: {e}"
+        );
         if e["replica"] == "pod1" {
             finished += 1;
         } else {
@@ -801,6 +808,10 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
                     e["outcome"], "lost_404",
                     "cut by the drain, resume answered 404: {e}"
                 );
+                assert_eq!(
+                    e["resumes"], 1,
+                    "the resume during the drain reached pod1: {e}"
+                );
                 ended_404 += 1;
             }
             (true, Some(1)) => {
@@ -810,6 +821,7 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
             }
             (false, Some(0)) => {
                 assert_clean_result(&e, LONG);
+                assert_eq!(e["resumes"], 1, "{e}");
                 others += 1;
                 others_bad += e["not_found"].as_u64().unwrap_or(0);
             }
@@ -837,7 +849,8 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
         + place_l.values().filter(|p| *p == "pod1").count();
     println!(
         "SUMMARY drain: sessions before: {} | SIGTERM pod1: HAProxy marked it DOWN after {} ms, \
-         it exited {:?} after {} ms | pod1 in-flight calls={in_flight_pod1}: finished={finished} \
+         then every connection was cut ({cut_during_drain}) and resumed on its own pod; pod1 \
+         exited {:?} after {} ms | pod1 in-flight calls={in_flight_pod1}: finished={finished} \
          ended explicitly (404 on resume)={ended_404} re-run elsewhere ok={rerun_ok} lost=0 | new \
          sessions during drain: {} | other replicas' calls={others} results={others} 404s={others_bad} \
          | next round: pod1 clients got 404={moved} re-initialized elsewhere ok={moved_ok}",
