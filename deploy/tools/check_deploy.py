@@ -14,7 +14,7 @@ What is checked, and with what:
   versions we claim (kubernetes-validate).
 * Istio objects: the cloudcoil models generated from Istio's CRDs, plus an unknown-field check;
   the Envoy config inside the EnvoyFilter against Envoy's protobuf API (xds-protos).
-* Gateway API HTTPRoute: the schema generated from the Gateway API CRDs
+* Gateway API Gateway and HTTPRoute: the schema generated from the Gateway API CRDs
   (@kubernetes-models/gateway-api, via node).
 * The Envoy bootstrap: parsed strictly into envoy.config.bootstrap.v3.Bootstrap (xds-protos):
   unknown fields, wrong types and unknown `@type`s are errors.
@@ -29,9 +29,16 @@ What is checked, and with what:
   port fast enough for --drain-delay, idle timeouts above the keep-alive interval, no compression
   and no hash balancing.
 
-Not checkable offline here: the Envoy Gateway BackendTrafficPolicy (no schema package; it was
-checked by hand against Envoy Gateway's CRD) and the ingress-nginx annotation values (the
-Ingress object itself is validated).
+* Envoy Gateway kinds (EnvoyPatchPolicy, BackendTrafficPolicy): the openAPIV3Schema of
+  Envoy Gateway v1.9's CRDs (vendored in tools/crds/) with jsonschema, plus an unknown-field
+  check; the session pin: the EnvoyPatchPolicy inserts the envelope stateful session on
+  mcp-session-id before the router, on the listener and cluster names Envoy Gateway generates
+  from the shipped Gateway and HTTPRoute, honours pins to DRAINING hosts, is enabled in the
+  shipped EnvoyGateway config; no HTTPRoute uses sessionPersistence type Header. Mutated copies
+  must fail each check.
+
+Not checkable offline here: that Envoy Gateway applies the patch (needs its control plane) and
+the ingress-nginx annotation values (the Ingress object itself is validated).
 """
 
 from __future__ import annotations
@@ -413,7 +420,7 @@ def check_envoy_gateway_pin(objects: list[tuple[str, dict]]):
         raise AssertionError("the filter must be the stateful session with the envelope state "
                              "(envoy.http.stateful_session.envelope)")
     header = state["typed_config"].get("header", {}).get("name")
-    if header != "mcp-session-id":
+    if (header or "").lower() != "mcp-session-id":  # Envoy lower-cases header names
         raise AssertionError(f"envelope header {header!r}, expected mcp-session-id")
 
     cp = cpatches[0]
@@ -487,7 +494,7 @@ EG_PIN_BREAKS = {
     "EnvoyPatchPolicy not enabled": lambda k: k["ConfigMap"]["data"].update(
         {"envoy-gateway.yaml": "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyGateway\n"}),
     "HTTPRoute with sessionPersistence type Header": lambda k: k["HTTPRoute"]["spec"]["rules"][0]
-    .update(sessionPersistence={"type": "Header", "header": {"name": "Mcp-Session-Id"}}),
+    .update(sessionPersistence={"type": "Header", "sessionName": "Mcp-Session-Id"}),
 }
 
 EG_SCHEMA_BREAKS = {
