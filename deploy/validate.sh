@@ -59,6 +59,25 @@ for f in "$deploy/validate.sh" "$deploy/build-image.sh"; do
   fi
 done
 
+echo "== haproxy"
+# The HAProxy example is parsed by HAProxy itself (`haproxy -c`), with its environment set as a
+# deployment would; tests/scale_out.rs runs it. Without HAProxy this is skipped, loudly, unless
+# CI_REQUIRE_HAPROXY is set (.ci/run installs the Debian package and sets it).
+haproxy_cfg="$deploy/loadbalancers/haproxy/haproxy.cfg"
+haproxy_bin="${HAPROXY:-$(command -v haproxy || echo /usr/sbin/haproxy)}"
+if [[ -x "$haproxy_bin" ]]; then
+  if out="$(MCP_POD1=10.0.0.1:8080 MCP_POD2=10.0.0.2:8080 MCP_POD3=10.0.0.3:8080 \
+      "$haproxy_bin" -c -f "$haproxy_cfg" 2>&1)"; then
+    echo "ok   haproxy -c ${haproxy_cfg#"$repo"/} ($("$haproxy_bin" -v | head -n1 | cut -d' ' -f1-3))"
+  else
+    echo "FAIL haproxy -c ${haproxy_cfg#"$repo"/}:"; echo "$out"; failed=1
+  fi
+elif [[ -n "${CI_REQUIRE_HAPROXY:-}" ]]; then
+  echo "FAIL haproxy: not installed but CI_REQUIRE_HAPROXY is set (apt-get install -y haproxy)"; failed=1
+else
+  echo "SKIP haproxy -c ${haproxy_cfg#"$repo"/}: HAProxy is not installed (apt-get install -y haproxy)"
+fi
+
 echo "== manifests"
 "$venv/bin/python" "$tools/check_deploy.py" || failed=1
 

@@ -14,7 +14,7 @@ What is checked, and with what:
   versions we claim (kubernetes-validate).
 * Istio objects: the cloudcoil models generated from Istio's CRDs, plus an unknown-field check;
   the Envoy config inside the EnvoyFilter against Envoy's protobuf API (xds-protos).
-* Gateway API HTTPRoute: the schema generated from the Gateway API CRDs
+* Gateway API Gateway and HTTPRoute: the schema generated from the Gateway API CRDs
   (@kubernetes-models/gateway-api, via node).
 * The Envoy bootstrap: parsed strictly into envoy.config.bootstrap.v3.Bootstrap (xds-protos):
   unknown fields, wrong types and unknown `@type`s are errors.
@@ -23,10 +23,22 @@ What is checked, and with what:
   limit at least the sizing formula of docs/operations.md for the flags given, non-root.
 * Helm defaults render the same pod, Service and PDB as the Kustomize base.
 * The runtime stage of deploy/Dockerfile and deploy/Dockerfile.scratch are identical.
+* The HAProxy example (deploy/loadbalancers/haproxy/haproxy.cfg; HAProxy itself parses it in
+  validate.sh): the stick table learnt from the Mcp-Session-Id response header and matched on
+  the request header, `option persist` + `option redispatch`, /readyz health checks on the admin
+  port fast enough for --drain-delay, idle timeouts above the keep-alive interval, no compression
+  and no hash balancing.
 
-Not checkable offline here: the Envoy Gateway BackendTrafficPolicy (no schema package; it was
-checked by hand against Envoy Gateway's CRD) and the ingress-nginx annotation values (the
-Ingress object itself is validated).
+* Envoy Gateway kinds (EnvoyPatchPolicy, BackendTrafficPolicy): the openAPIV3Schema of
+  Envoy Gateway v1.9's CRDs (vendored in tools/crds/) with jsonschema, plus an unknown-field
+  check; the session pin: the EnvoyPatchPolicy inserts the envelope stateful session on
+  mcp-session-id before the router, on the listener and cluster names Envoy Gateway generates
+  from the shipped Gateway and HTTPRoute, honours pins to DRAINING hosts, is enabled in the
+  shipped EnvoyGateway config; no HTTPRoute uses sessionPersistence type Header. Mutated copies
+  must fail each check.
+
+Not checkable offline here: that Envoy Gateway applies the patch (needs its control plane) and
+the ingress-nginx annotation values (the Ingress object itself is validated).
 """
 
 from __future__ import annotations
@@ -254,6 +266,252 @@ def gateway_api_validate(objects: list[tuple[str, dict]]):
 
 
 # ---------------------------------------------------------------------------------------------
+# Envoy Gateway (CRDs vendored in tools/crds/; no schema package exists for these kinds)
+# ---------------------------------------------------------------------------------------------
+
+EG_CRDS = DEPLOY / "tools" / "crds" / "envoy-gateway-v1.9.0"
+
+
+def crd_schema(api_version: str, kind: str) -> dict:
+    group, version = api_version.split("/")
+    for f in sorted(EG_CRDS.glob("*.yaml")):
+        for crd in load_all(f.read_text()):
+            spec = crd["spec"]
+            if spec["group"] != group or spec["names"]["kind"] != kind:
+                continue
+            for v in spec["versions"]:
+                if v["name"] == version and v.get("served"):
+                    return v["schema"]["openAPIV3Schema"]
+    raise AssertionError(f"no CRD for {api_version} {kind} in {rel(EG_CRDS)}")
+
+
+def unknown_fields(schema: dict, value, path: str, out: list[str]):
+    """Fields the API server would prune (structural schema): reported as errors."""
+    if isinstance(value, dict):
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return
+        props = schema.get("properties")
+        addl = schema.get("additionalProperties")
+        for k, v in value.items():
+            if props is not None and k in props:
+                unknown_fields(props[k], v, f"{path}.{k}", out)
+            elif isinstance(addl, dict):
+                unknown_fields(addl, v, f"{path}.{k}", out)
+            elif props is not None or addl is False:
+                out.append(f"{path}.{k}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, v in enumerate(value):
+            unknown_fields(schema["items"], v, f"{path}[{i}]", out)
+
+
+def crd_validate(obj: dict):
+    """Validates against the CRD's openAPIV3Schema; unknown fields are errors."""
+    import jsonschema
+
+    schema = crd_schema(obj["apiVersion"], obj["kind"])
+    errors = sorted(
+        jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path)
+    )
+    if errors:
+        e = errors[0]
+        raise AssertionError(f"{e.message} at {list(e.absolute_path)} ({len(errors)} errors)")
+    unknown: list[str] = []
+    unknown_fields(schema, obj, "", unknown)
+    if unknown:
+        raise AssertionError(f"fields the schema does not know: {unknown}")
+
+
+ENVELOPE_FILTER = "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession"
+ENVELOPE_STATE = "type.googleapis.com/envoy.extensions.http.stateful_session.envelope.v3.EnvelopeSessionState"
+
+
+def check_envoy_gateway_pin(objects: list[tuple[str, dict]]):
+    """The Envoy Gateway example pins sessions with the envelope state, on the xDS resources
+    that Envoy Gateway generates from the shipped Gateway and HTTPRoute (its default naming),
+    and EnvoyPatchPolicy is enabled. No HTTPRoute uses header sessionPersistence."""
+    objs = [o for _, o in objects]
+
+    def of(kind):
+        return [o for o in objs if o["kind"] == kind]
+
+    for route in of("HTTPRoute"):
+        for rule in route["spec"].get("rules", []):
+            sp = rule.get("sessionPersistence")
+            if sp and sp.get("type", "Cookie") == "Header":
+                raise AssertionError(
+                    f"HTTPRoute {route['metadata']['name']}: sessionPersistence type Header "
+                    "overwrites the server's Mcp-Session-Id with the gateway's token"
+                )
+
+    configs = [c for c in of("ConfigMap") if c["metadata"]["name"] == "envoy-gateway-config"]
+    if len(configs) != 1:
+        raise AssertionError("expected one ConfigMap envoy-gateway-config (Envoy Gateway's config)")
+    eg = yaml.safe_load(configs[0]["data"]["envoy-gateway.yaml"])
+    if eg.get("kind") != "EnvoyGateway" or (eg.get("extensionApis") or {}).get(
+        "enableEnvoyPatchPolicy"
+    ) is not True:
+        raise AssertionError("envoy-gateway-config does not set extensionApis.enableEnvoyPatchPolicy: true")
+
+    policies = of("EnvoyPatchPolicy")
+    if len(policies) != 1:
+        raise AssertionError(f"expected one EnvoyPatchPolicy, found {len(policies)}")
+    pol = policies[0]
+    ns, spec = pol["metadata"].get("namespace"), pol["spec"]
+    if spec.get("type") != "JSONPatch":
+        raise AssertionError(f"EnvoyPatchPolicy type {spec.get('type')}, expected JSONPatch")
+    ref = spec["targetRef"]
+    if (ref.get("group"), ref.get("kind")) != ("gateway.networking.k8s.io", "Gateway"):
+        raise AssertionError(f"targetRef {ref}: expected a Gateway")
+    gateways = [g for g in of("Gateway")
+                if g["metadata"]["name"] == ref["name"] and g["metadata"].get("namespace") == ns]
+    if not gateways:
+        raise AssertionError(f"targetRef Gateway {ns}/{ref['name']}: no such Gateway in the example "
+                             "(the policy must live in the Gateway's namespace)")
+    gw = gateways[0]
+
+    # The HTTPRoute attached to that Gateway, and the Gateway listeners it attaches to.
+    attached = []
+    for route in of("HTTPRoute"):
+        rns = route["metadata"]["namespace"]
+        for p in route["spec"].get("parentRefs", []):
+            if p["name"] == ref["name"] and p.get("namespace", rns) == ns:
+                attached.append((route, p.get("sectionName")))
+    if not attached:
+        raise AssertionError(f"no HTTPRoute is attached to Gateway {ns}/{ref['name']}")
+    listeners = {}
+    for route, section in attached:
+        for lis in gw["spec"]["listeners"]:
+            if section in (None, lis["name"]):
+                listeners[f"{ns}/{ref['name']}/{lis['name']}"] = lis
+    clusters = {}
+    for route, _ in attached:
+        for i, rule in enumerate(route["spec"].get("rules", [])):
+            if any(b["name"] == RELEASE for b in rule.get("backendRefs", [])):
+                clusters[f"httproute/{route['metadata']['namespace']}/{route['metadata']['name']}/rule/{i}"] = rule
+
+    patches = spec.get("jsonPatches", [])
+    lpatches = [p for p in patches if p["type"].endswith("envoy.config.listener.v3.Listener")]
+    cpatches = [p for p in patches if p["type"].endswith("envoy.config.cluster.v3.Cluster")]
+    if len(lpatches) != 1 or len(cpatches) != 1:
+        raise AssertionError("expected one Listener patch (the filter) and one Cluster patch (DRAINING)")
+
+    lp = lpatches[0]
+    if lp["name"] not in listeners:
+        raise AssertionError(f"Listener patch targets {lp['name']!r}; Envoy Gateway names the "
+                             f"route's listeners {sorted(listeners)}")
+    lis = listeners[lp["name"]]
+    op = lp["operation"]
+    chain = "/default_filter_chain/" if lis["protocol"] == "HTTP" else "/filter_chains/"
+    m = re.fullmatch(r"(/(?:default_filter_chain|filter_chains/\d+)/)filters/0/typed_config/http_filters/(\d+)",
+                     op.get("path", ""))
+    if op.get("op") != "add" or not m:
+        raise AssertionError(f"Listener patch {op.get('op')} {op.get('path')}: expected add at "
+                             "<filter chain>/filters/0/typed_config/http_filters/<index> (before the router)")
+    if not m.group(1).startswith(chain):
+        raise AssertionError(f"{lis['protocol']} listener: its HTTP filters are under {chain}")
+    if int(m.group(2)) != 0:
+        raise AssertionError("insert the filter at index 0: the router is last, and filters after it never run")
+    value = op["value"]
+    envoy_parse(value, "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter")
+    tc = value.get("typed_config", {})
+    state = tc.get("session_state", {})
+    if tc.get("@type") != ENVELOPE_FILTER or state.get("name") != "envoy.http.stateful_session.envelope" \
+            or state.get("typed_config", {}).get("@type") != ENVELOPE_STATE:
+        raise AssertionError("the filter must be the stateful session with the envelope state "
+                             "(envoy.http.stateful_session.envelope)")
+    header = state["typed_config"].get("header", {}).get("name")
+    if (header or "").lower() != "mcp-session-id":  # Envoy lower-cases header names
+        raise AssertionError(f"envelope header {header!r}, expected mcp-session-id")
+
+    cp = cpatches[0]
+    if cp["name"] not in clusters:
+        raise AssertionError(f"Cluster patch targets {cp['name']!r}; Envoy Gateway names the "
+                             f"route's clusters {sorted(clusters)}")
+    cop = cp["operation"]
+    if (cop.get("op"), cop.get("path")) != ("add", "/common_lb_config/override_host_status"):
+        raise AssertionError(f"Cluster patch {cop.get('op')} {cop.get('path')}: expected add "
+                             "/common_lb_config/override_host_status")
+    envoy_parse(cop["value"], "envoy.config.core.v3.HealthStatusSet")
+    statuses = set(cop["value"].get("statuses", []))
+    if not {"HEALTHY", "DRAINING"} <= statuses:
+        raise AssertionError(f"override_host_status {sorted(statuses)}: needs HEALTHY and DRAINING "
+                             "(a draining pod still serves its sessions)")
+
+    for btp in of("BackendTrafficPolicy"):
+        for t in btp["spec"].get("targetRefs", []):
+            if t["kind"] == "HTTPRoute" and not any(
+                    r["metadata"]["name"] == t["name"] for r, _ in attached):
+                raise AssertionError(f"BackendTrafficPolicy targets HTTPRoute {t['name']}, not shipped")
+    return (f"listener {lp['name']} ({lis['protocol']}) gets the envelope filter on "
+            f"mcp-session-id; cluster {cp['name']} honours pins to {sorted(statuses)}")
+
+
+def eg_pin_rejects(objects: list[tuple[str, dict]], mutate):
+    """The check above fails on a broken copy of the example."""
+    broken = copy.deepcopy(objects)
+    mutate({o["kind"]: o for _, o in broken})
+    try:
+        check_envoy_gateway_pin(broken)
+    except Exception as e:  # noqa: BLE001 - an assertion, or Envoy's parser refusing the value
+        return str(e)
+    raise AssertionError("the broken copy passed")
+
+
+def eg_schema_rejects(obj: dict, mutate):
+    broken = copy.deepcopy(obj)
+    mutate(broken)
+    try:
+        crd_validate(broken)
+    except AssertionError as e:
+        return str(e)
+    raise AssertionError("the broken copy passed")
+
+
+def _patch(kinds, i):
+    return kinds["EnvoyPatchPolicy"]["spec"]["jsonPatches"][i]["operation"]
+
+
+EG_PIN_BREAKS = {
+    "header name changed": lambda k: _patch(k, 0)["value"]["typed_config"]["session_state"]
+    ["typed_config"]["header"].update(name="session-id"),
+    "header state instead of envelope": lambda k: _patch(k, 0)["value"]["typed_config"]
+    ["session_state"].update(name="envoy.http.stateful_session.header", typed_config={
+        "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.header.v3.HeaderBasedSessionState",
+        "name": "mcp-session-id"}),
+    "a field Envoy does not know": lambda k: _patch(k, 0)["value"]["typed_config"]["session_state"]
+    ["typed_config"].update(headers={"name": "mcp-session-id"}),
+    "listener name of another listener": lambda k: k["EnvoyPatchPolicy"]["spec"]["jsonPatches"][0]
+    .update(name="gateways/public/https"),
+    "filter appended after the router": lambda k: _patch(k, 0).update(
+        path="/default_filter_chain/filters/0/typed_config/http_filters/-"),
+    "HTTPS filter chain path on an HTTP listener": lambda k: _patch(k, 0).update(
+        path="/filter_chains/0/filters/0/typed_config/http_filters/0"),
+    "targets another Gateway": lambda k: k["EnvoyPatchPolicy"]["spec"]["targetRef"].update(name="other"),
+    "policy outside the Gateway's namespace": lambda k: k["EnvoyPatchPolicy"]["metadata"].update(namespace="mcp"),
+    "cluster name of another rule": lambda k: k["EnvoyPatchPolicy"]["spec"]["jsonPatches"][1]
+    .update(name="httproute/mcp/mcp-reattach/rule/1"),
+    "pins not honoured while draining": lambda k: _patch(k, 1)["value"].update(statuses=["HEALTHY"]),
+    "EnvoyPatchPolicy not enabled": lambda k: k["ConfigMap"]["data"].update(
+        {"envoy-gateway.yaml": "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyGateway\n"}),
+    "HTTPRoute with sessionPersistence type Header": lambda k: k["HTTPRoute"]["spec"]["rules"][0]
+    .update(sessionPersistence={"type": "Header", "sessionName": "Mcp-Session-Id"}),
+}
+
+EG_SCHEMA_BREAKS = {
+    "EnvoyPatchPolicy": {
+        "targetRef.namespace (not in LocalPolicyTargetReference)":
+            lambda o: o["spec"]["targetRef"].update(namespace="gateways"),
+        "type Merge (not in the enum)": lambda o: o["spec"].update(type="Merge"),
+        "operation without op": lambda o: o["spec"]["jsonPatches"][0]["operation"].pop("op"),
+    },
+    "BackendTrafficPolicy": {
+        "consistentHash type Cookies (not in the enum)":
+            lambda o: o["spec"]["loadBalancer"]["consistentHash"].update(type="Cookies"),
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------
 # Consistency of the pod
 # ---------------------------------------------------------------------------------------------
 
@@ -429,6 +687,100 @@ def dockerfiles_agree():
 
 
 # ---------------------------------------------------------------------------------------------
+# HAProxy example
+# ---------------------------------------------------------------------------------------------
+
+
+def haproxy_sections(text: str) -> dict[str, list[str]]:
+    """`{"defaults": [...], "backend mcp_reattach": [...], ...}`: each section's directive lines,
+    comments and blank lines dropped, whitespace collapsed."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        if not raw[0].isspace():
+            current = " ".join(words[:2]) if words[0] in ("frontend", "backend", "listen") else words[0]
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(" ".join(words))
+    return sections
+
+
+def haproxy_time(value: str) -> float:
+    """An HAProxy time (a bare number is milliseconds); `"${VAR-default}"` gives its default."""
+    m = re.fullmatch(r'"?\$\{[A-Z0-9_]+-([^}]+)\}"?', value)
+    if m:
+        value = m.group(1)
+    if re.fullmatch(r"\d+", value):
+        return int(value) / 1000
+    if re.fullmatch(r"\d+us", value):
+        return int(value[:-2]) / 1e6
+    return parse_duration(value)
+
+
+def check_haproxy(path: Path):
+    """The session pin, drain and SSE settings docs/operations.md relies on are all there."""
+    sec = haproxy_sections(path.read_text())
+    backend, defaults = sec.get("backend mcp_reattach"), sec.get("defaults")
+    if backend is None or defaults is None:
+        raise AssertionError(f"expected a defaults section and backend mcp_reattach: {list(sec)}")
+    everything = [line for lines in sec.values() for line in lines]
+    required = {
+        "stick-table type string": backend,
+        "stick store-response res.hdr(mcp-session-id)": backend,
+        "stick match req.hdr(mcp-session-id)": backend,
+        "option persist": backend,
+        "option httpchk": backend,
+        "http-check send meth GET uri /readyz": backend,
+        "http-check expect status 200": backend,
+        "option redispatch": defaults,
+        "mode http": defaults,
+    }
+    for directive, lines in required.items():
+        if not any(line.startswith(directive) for line in lines):
+            raise AssertionError(f"missing `{directive}`")
+    for line in everything:
+        if line.startswith("compression"):
+            raise AssertionError(f"`{line}`: a compressor buffers SSE events")
+        if line.startswith("balance") and ("hdr(" in line or "uri" in line):
+            raise AssertionError(f"`{line}`: hashing cannot find the pod that answered initialize")
+    keepalive = parse_duration(DEFAULTS["keepalive"])
+    timeouts = {l.split()[1]: haproxy_time(l.split()[2]) for l in defaults if l.startswith("timeout ")}
+    for name in ("client", "server", "tunnel"):
+        if timeouts.get(name, 0) < 2 * keepalive:
+            raise AssertionError(
+                f"timeout {name} {timeouts.get(name)} s is not above twice --keepalive ({keepalive} s)"
+            )
+    ds = next((l.split() for l in backend if l.startswith("default-server")), None)
+    if not ds or "inter" not in ds or "fall" not in ds:
+        raise AssertionError("default-server must set inter and fall")
+    detect = haproxy_time(ds[ds.index("inter") + 1]) * int(ds[ds.index("fall") + 1])
+    drain_delay = parse_duration(DEFAULTS["drain-delay"])
+    if detect >= drain_delay:
+        raise AssertionError(
+            f"health checks take {detect} s to mark a draining pod down, not below --drain-delay ({drain_delay} s)"
+        )
+    servers = [l for l in backend if l.startswith("server ")]
+    admin_port = DEFAULTS["admin-listen"].rsplit(":", 1)[1]
+    for srv in servers:
+        words = srv.split()
+        if "check" not in words or "port" not in words:
+            raise AssertionError(f"`{srv}`: health check on the admin port expected")
+        port = words[words.index("port") + 1]
+        m = re.fullmatch(r'"?\$\{[A-Z0-9_]+-(\d+)\}"?', port)
+        if (m.group(1) if m else port) != admin_port:
+            raise AssertionError(f"`{srv}`: admin port {port}, the pods use {admin_port}")
+    if not servers:
+        raise AssertionError("no servers")
+    return (f"{len(servers)} servers; detection of a draining pod {detect} s < drain-delay "
+            f"{drain_delay} s; timeouts client/server/tunnel {timeouts['client']}/"
+            f"{timeouts['server']}/{timeouts['tunnel']} s > 2 x keepalive {keepalive} s")
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -474,7 +826,9 @@ def main() -> int:
         elif group == "gateway.networking.k8s.io":
             gateway_api.append((source, obj))
         elif group == "gateway.envoyproxy.io":
-            print(f"skip {label}: no offline schema (checked by hand against Envoy Gateway's CRD)")
+            check(f"envoy gateway v1.9 CRD strict  {label}", crd_validate, obj)
+            for what, mutate in EG_SCHEMA_BREAKS.get(obj["kind"], {}).items():
+                check(f"envoy gateway CRD rejects a copy with {what}", eg_schema_rejects, obj, mutate)
         else:
             check(f"k8s {'/'.join(K8S_VERSIONS)} strict  {label}", k8s_validate, obj)
     if gateway_api:
@@ -482,6 +836,20 @@ def main() -> int:
                     gateway_api)
         if out:
             print("\n".join("       " + line for line in out.splitlines()))
+
+    eg = [(s, o) for s, o in loose if s.startswith(rel(lb / "gateway-api"))]
+    detail = check("envoy gateway session pin (EnvoyPatchPolicy envelope on mcp-session-id)",
+                   check_envoy_gateway_pin, eg)
+    if detail:
+        print(f"       {detail}")
+    for what, mutate in EG_PIN_BREAKS.items():
+        check(f"envoy gateway pin check rejects a copy with {what}", eg_pin_rejects, eg, mutate)
+
+    haproxy = lb / "haproxy" / "haproxy.cfg"
+    detail = check(f"haproxy session pin, drain and SSE settings  {rel(haproxy)}", check_haproxy,
+                   haproxy)
+    if detail:
+        print(f"       {detail}")
 
     envoy = lb / "envoy" / "envoy.yaml"
     check(f"envoy v3 API strict  {rel(envoy)}", envoy_parse, yaml.safe_load(envoy.read_text()),

@@ -41,6 +41,11 @@
 //                                        returns the JSON text {"tag":…,"action":…,"answer":…,
 //                                        "standalone_open":bool}; isError with the cause if the
 //                                        request failed or timed out
+//   work {key, steps, interval_ms}       progress 1..steps, `interval_ms` apart, then returns the JSON
+//                                        text {"replica":…,"key":…,"executions":n}: the process's
+//                                        $MCP_REPLICA and how many times a call with this key has
+//                                        run in this process (exactly-once checks: tests/scale_out.rs)
+//   whoami {}                            returns the JSON text {"replica":…} ($MCP_REPLICA)
 // Routing follows the SDK example dist/esm/examples/server/simpleStreamableHttp.js, on node:http.
 
 import { randomUUID } from 'node:crypto';
@@ -270,11 +275,52 @@ function buildServer() {
             }
         }
     );
+    server.registerTool(
+        'work',
+        {
+            description:
+                'Sends `steps` progress notifications, `interval_ms` apart, then returns {replica, key, executions}',
+            inputSchema: {
+                key: z.string(),
+                steps: z.number().int().min(0),
+                interval_ms: z.number().int().min(0)
+            }
+        },
+        async ({ key, steps, interval_ms }, extra) => {
+            const executions = (workRuns.get(key) ?? 0) + 1;
+            workRuns.set(key, executions);
+            log(`work ${key}: execution ${executions}`);
+            const progressToken = extra._meta?.progressToken;
+            for (let i = 1; i <= steps; i++) {
+                if (progressToken !== undefined) {
+                    try {
+                        await extra.sendNotification({
+                            method: 'notifications/progress',
+                            params: { progressToken, progress: i, total: steps, message: `${key} ${i}` }
+                        });
+                    } catch (err) {
+                        log(`work ${key}: progress ${i} not sent: ${err?.message ?? err}`);
+                    }
+                }
+                if (i < steps) {
+                    await sleep(interval_ms);
+                }
+            }
+            return { content: [{ type: 'text', text: JSON.stringify({ replica, key, executions }) }] };
+        }
+    );
+    server.registerTool('whoami', { description: 'Returns {replica}', inputSchema: {} }, async () => ({
+        content: [{ type: 'text', text: JSON.stringify({ replica }) }]
+    }));
     return server;
 }
 
 /** The `counter` tool's count, shared by every session of this process. */
 let counterValue = 0;
+/** This process's name for the `work` and `whoami` tools ($MCP_REPLICA). */
+const replica = process.env.MCP_REPLICA ?? null;
+/** How many times the `work` tool ran for each key in this process. */
+const workRuns = new Map();
 
 /**
  * A minimal EventStore for `sse-resumable` (one per session). Ids are `<streamId>.<seq>` with a

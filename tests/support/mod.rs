@@ -780,6 +780,8 @@ pub enum NextLine {
 pub struct ChildProc {
     name: String,
     child: Child,
+    /// Piped stdin, for processes spawned with [`ChildProc::spawn_with_stdin`].
+    stdin: Option<std::process::ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
     stderr: Arc<Mutex<Vec<String>>>,
 }
@@ -798,11 +800,38 @@ impl ChildProc {
         cwd: &Path,
         envs: &[(&str, &str)],
     ) -> ChildProc {
+        ChildProc::spawn_inner(name, program, args, cwd, envs, false)
+    }
+
+    /// Spawns `program args…` in `cwd` with extra environment variables and a piped stdin
+    /// ([`ChildProc::send_line`]).
+    pub fn spawn_with_stdin(
+        name: &str,
+        program: &str,
+        args: &[&str],
+        cwd: &Path,
+        envs: &[(&str, &str)],
+    ) -> ChildProc {
+        ChildProc::spawn_inner(name, program, args, cwd, envs, true)
+    }
+
+    fn spawn_inner(
+        name: &str,
+        program: &str,
+        args: &[&str],
+        cwd: &Path,
+        envs: &[(&str, &str)],
+        piped_stdin: bool,
+    ) -> ChildProc {
         let mut child = Command::new(program)
             .args(args)
             .envs(envs.iter().copied())
             .current_dir(cwd)
-            .stdin(Stdio::null())
+            .stdin(if piped_stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -833,12 +862,28 @@ impl ChildProc {
                 kept.lock().unwrap().push(l);
             }
         });
+        let stdin = child.stdin.take();
         ChildProc {
             name: name.to_string(),
             child,
+            stdin,
             lines,
             stderr,
         }
+    }
+
+    /// Writes `line` and a newline to the process's stdin (spawned with
+    /// [`ChildProc::spawn_with_stdin`]); panics if it cannot.
+    pub fn send_line(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .unwrap_or_else(|| panic!("{} has no piped stdin", self.name));
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("writing to {}'s stdin: {e}", self.name));
     }
 
     /// Spawns `node tests/interop/<script> args…` after making sure npm deps are installed.

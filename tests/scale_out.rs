@@ -1,0 +1,963 @@
+//! Scale-out behind a real load balancer, end to end, on 127.0.0.1 only.
+//!
+//! - **HAProxy** (the Debian package) runs the shipped `deploy/loadbalancers/haproxy/haproxy.cfg`
+//!   itself; only its environment variables (listen ports, the three pods) come from the test.
+//! - **Three replicas**, each a real legacy MCP server (TypeScript SDK, no event store:
+//!   `tests/interop/ts-server.mjs sse`, named by `$MCP_REPLICA`) with the real `mcp-reattach`
+//!   binary in front of it, as in a pod.
+//! - **Many real TypeScript-SDK clients** in one process (`tests/interop/ts-scale-client.mjs`),
+//!   reaching HAProxy through a [`Relay`] that can cut every connection.
+//!
+//! Four cases, each printing one `SUMMARY` line with its numbers, each asserting on them:
+//! `sticky` (sessions spread over the replicas, every call resumes exactly once through a cut),
+//! `non-sticky control` (the same config without its `stick` lines: sessions break with 404),
+//! `drain` (one replica gets SIGTERM: in-flight calls finish or end with an explicit 404, new
+//! sessions go elsewhere, the other replicas' sessions are untouched) and `kill` (one replica is
+//! killed with SIGKILL: its sessions end with the explicit 404, clients re-initialize elsewhere,
+//! nothing is silently lost).
+//!
+//! Without HAProxy the tests say so on stderr and pass, unless `CI_REQUIRE_HAPROXY` is set
+//! (`.ci/run` sets it and installs the package). The cases run one at a time (a lock), each on
+//! its own processes; every wait is bounded.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{
+    ensure_npm_deps, interop_dir, node_bin, repo_dir, wait_listening, ChildProc, NextLine, Relay,
+};
+use tokio::time::Instant;
+
+/// The cases share the machine's two cores with other test binaries: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const CONFIG: &str = "deploy/loadbalancers/haproxy/haproxy.cfg";
+const PODS: [&str; 3] = ["pod1", "pod2", "pod3"];
+/// HAProxy's health-check interval in these tests (the shipped default is 2 s).
+const CHECK_INTERVAL: &str = "200ms";
+
+// ---------------------------------------------------------------------------------------------
+// HAProxy
+// ---------------------------------------------------------------------------------------------
+
+/// The HAProxy executable, or None (after saying so) when it is not installed and
+/// `CI_REQUIRE_HAPROXY` is not set.
+fn haproxy_or_skip(case: &str) -> Option<PathBuf> {
+    let candidates: Vec<PathBuf> = match std::env::var_os("HAPROXY") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![PathBuf::from("haproxy"), PathBuf::from("/usr/sbin/haproxy")],
+    };
+    for bin in candidates {
+        if Command::new(&bin)
+            .arg("-v")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Some(bin);
+        }
+    }
+    assert!(
+        std::env::var_os("CI_REQUIRE_HAPROXY").is_none(),
+        "HAProxy is required (CI_REQUIRE_HAPROXY is set) but `haproxy -v` did not run: \
+         install the Debian package `haproxy` (.ci/run does) or set HAPROXY=/path/to/haproxy"
+    );
+    eprintln!(
+        "\n*** SKIPPED scale_out {case}: HAProxy is not installed (apt-get install -y haproxy; \
+         CI installs it and sets CI_REQUIRE_HAPROXY=1) ***\n"
+    );
+    None
+}
+
+/// A port that was free a moment ago (the process under test binds it right after).
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("picking a free port")
+}
+
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .expect("reqwest client")
+}
+
+/// The shipped config without its `stick` directives: plain round robin, the control.
+fn control_config() -> PathBuf {
+    let shipped = std::fs::read_to_string(repo_dir().join(CONFIG)).expect("reading the config");
+    let kept: Vec<&str> = shipped
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            !(t.starts_with("stick ") || t.starts_with("stick-table "))
+        })
+        .collect();
+    assert_eq!(
+        shipped.lines().count() - kept.len(),
+        3,
+        "the control removes exactly stick-table, stick store-response and stick match"
+    );
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("haproxy-control.cfg");
+    std::fs::write(&path, kept.join("\n") + "\n").expect("writing the control config");
+    path
+}
+
+struct Haproxy {
+    proc: ChildProc,
+    addr: SocketAddr,
+    stats: SocketAddr,
+}
+
+impl Haproxy {
+    /// Runs `haproxy -db -f <config>` in front of `replicas`, and waits (at most 10 s) until
+    /// its health checks see every pod UP.
+    async fn start(bin: &Path, config: &Path, replicas: &[Replica]) -> Haproxy {
+        let (addr, stats) = (free_port(), free_port());
+        let mut env: Vec<(String, String)> = vec![
+            ("MCP_LB_BIND".into(), addr.to_string()),
+            ("MCP_LB_STATS_BIND".into(), stats.to_string()),
+            ("MCP_CHECK_INTERVAL".into(), CHECK_INTERVAL.into()),
+        ];
+        for (i, r) in replicas.iter().enumerate() {
+            env.push((format!("MCP_POD{}", i + 1), r.addr.to_string()));
+            env.push((
+                format!("MCP_POD{}_ADMIN_PORT", i + 1),
+                r.admin.port().to_string(),
+            ));
+        }
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
+        let proc = ChildProc::spawn_env(
+            "haproxy",
+            bin.to_str().expect("UTF-8 path"),
+            &["-db", "-f", config.to_str().expect("UTF-8 path")],
+            &repo_dir(),
+            &env,
+        );
+        let mut lb = Haproxy { proc, addr, stats };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = lb.status().await;
+            if PODS
+                .iter()
+                .all(|p| status.get(*p).is_some_and(|s| s == "UP"))
+            {
+                break;
+            }
+            if Instant::now() >= deadline || lb.proc.wait_exit(Duration::ZERO).await.is_some() {
+                panic!(
+                    "HAProxy did not see every pod UP (last: {status:?}); stderr:\n{}",
+                    lb.proc.stderr_lines().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        lb
+    }
+
+    /// Each pod's status in the `mcp_reattach` backend (`UP`, `DOWN`, `UP 1/2`, …), from the
+    /// stats page's CSV export; empty if HAProxy does not answer yet.
+    async fn status(&self) -> BTreeMap<String, String> {
+        let Ok(resp) = http_client()
+            .get(format!("http://{}/stats;csv", self.stats))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+        else {
+            return BTreeMap::new();
+        };
+        let text = resp.text().await.unwrap_or_default();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("# ")
+            .split(',')
+            .collect();
+        let col = |name: &str| header.iter().position(|h| *h == name);
+        let (Some(px), Some(sv), Some(st)) = (col("pxname"), col("svname"), col("status")) else {
+            return BTreeMap::new();
+        };
+        lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .filter(|f| {
+                f.get(px) == Some(&"mcp_reattach") && PODS.contains(f.get(sv).unwrap_or(&""))
+            })
+            .map(|f| (f[sv].to_string(), f[st].to_string()))
+            .collect()
+    }
+
+    /// Waits (at most `limit`) until `pod`'s status starts with `want`; returns how long it took.
+    async fn wait_status(&self, pod: &str, want: &str, limit: Duration) -> Duration {
+        let t0 = Instant::now();
+        loop {
+            let status = self.status().await;
+            if status.get(pod).is_some_and(|s| s.starts_with(want)) {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "HAProxy did not mark {pod} {want} within {limit:?}: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replicas: a TypeScript-SDK MCP server with mcp-reattach in front
+// ---------------------------------------------------------------------------------------------
+
+struct Replica {
+    name: &'static str,
+    server: ChildProc,
+    gateway: ChildProc,
+    /// The gateway's proxy listener (what HAProxy sends requests to).
+    addr: SocketAddr,
+    /// The gateway's admin listener (`/readyz` for HAProxy's health checks, `/metrics`).
+    admin: SocketAddr,
+}
+
+impl Replica {
+    async fn start(name: &'static str, gateway_flags: &[&str]) -> Replica {
+        ensure_npm_deps();
+        let mut server = ChildProc::spawn_env(
+            &format!("{name}-server"),
+            &node_bin(),
+            &["ts-server.mjs", "sse"],
+            &interop_dir(),
+            &[("MCP_REPLICA", name)],
+        );
+        let port = wait_listening(&mut server, Duration::from_secs(20)).await;
+        let (addr, admin) = (free_port(), free_port());
+        let upstream = format!("http://127.0.0.1:{port}");
+        let (listen, admin_listen) = (addr.to_string(), admin.to_string());
+        let mut args = vec![
+            "--upstream",
+            &upstream,
+            "--listen",
+            &listen,
+            "--admin-listen",
+            &admin_listen,
+            "--retry-hint",
+            "300ms",
+        ];
+        args.extend_from_slice(gateway_flags);
+        let mut gateway = ChildProc::spawn(
+            &format!("{name}-gateway"),
+            env!("CARGO_BIN_EXE_mcp-reattach"),
+            &args,
+            &repo_dir(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ok = http_client()
+                .get(format!("http://{admin}/readyz"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ok {
+                break;
+            }
+            if Instant::now() >= deadline || gateway.wait_exit(Duration::ZERO).await.is_some() {
+                panic!(
+                    "{name}'s gateway did not start; stderr:\n{}",
+                    gateway.stderr_lines().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Replica {
+            name,
+            server,
+            gateway,
+            addr,
+            admin,
+        }
+    }
+
+    /// A sample of the gateway's `/metrics`: the sum over label sets of the lines that start
+    /// with `prefix` (a name, or a name and its labels).
+    async fn metric(&self, prefix: &str) -> f64 {
+        let text = http_client()
+            .get(format!("http://{}/metrics", self.admin))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .expect("scraping /metrics")
+            .text()
+            .await
+            .expect("reading /metrics");
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(prefix)
+                    .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.gateway.id().to_string()])
+            .status()
+            .expect("running kill")
+            .success();
+        assert!(ok, "kill -TERM {}", self.gateway.id());
+    }
+
+    /// The pod dies: SIGKILL to the gateway and to its MCP server.
+    fn kill9(&mut self) {
+        self.gateway.kill();
+        self.server.kill();
+    }
+}
+
+async fn start_replicas(gateway_flags: &[&str]) -> Vec<Replica> {
+    let mut replicas = Vec::new();
+    for name in PODS {
+        replicas.push(Replica::start(name, gateway_flags).await);
+    }
+    replicas
+}
+
+// ---------------------------------------------------------------------------------------------
+// The clients (tests/interop/ts-scale-client.mjs)
+// ---------------------------------------------------------------------------------------------
+
+struct Clients {
+    proc: ChildProc,
+    /// Every event printed so far, in order.
+    events: Vec<Value>,
+}
+
+impl Clients {
+    async fn start(url: &str) -> Clients {
+        ensure_npm_deps();
+        let proc = ChildProc::spawn_with_stdin(
+            "clients",
+            &node_bin(),
+            &["ts-scale-client.mjs", url],
+            &interop_dir(),
+            &[],
+        );
+        let mut clients = Clients {
+            proc,
+            events: Vec::new(),
+        };
+        clients
+            .wait(|e| e["ev"] == "ready", Duration::from_secs(20))
+            .await;
+        clients
+    }
+
+    fn send(&mut self, cmd: Value) {
+        eprintln!("[test] -> clients: {cmd}");
+        self.proc.send_line(&cmd.to_string());
+    }
+
+    /// The first event (already printed or still to come, at most `limit` from now) that
+    /// `pred` accepts.
+    async fn wait(&mut self, pred: impl Fn(&Value) -> bool, limit: Duration) -> Value {
+        if let Some(e) = self.events.iter().find(|e| pred(e)) {
+            return e.clone();
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.proc.next_line(left).await {
+                NextLine::Line(l) => {
+                    let Ok(e) = serde_json::from_str::<Value>(&l) else {
+                        eprintln!("[clients stdout] {l}");
+                        continue;
+                    };
+                    assert!(
+                        e["ev"] != "command_failed" && e["ev"] != "bad_command",
+                        "the client script failed: {e}"
+                    );
+                    self.events.push(e.clone());
+                    if pred(&e) {
+                        return e;
+                    }
+                }
+                other => panic!(
+                    "clients: no matching event within {limit:?} ({other:?}); events so far:\n{}",
+                    self.events
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for `{"ev": ev, "group": group}`.
+    async fn wait_ev(&mut self, ev: &str, group: &str, limit: Duration) -> Value {
+        self.wait(|e| e["ev"] == ev && e["group"] == group, limit)
+            .await
+    }
+
+    /// Opens `n` clients of `group` and returns their `open` events.
+    async fn open(&mut self, group: &str, n: usize, reinit: usize) -> Vec<Value> {
+        self.send(json!({"cmd": "open", "group": group, "n": n, "reinit": reinit}));
+        self.wait_ev("opened", group, Duration::from_secs(30)).await;
+        self.of(group, "open")
+    }
+
+    /// Events `ev` of the clients of `group`.
+    fn of(&self, group: &str, ev: &str) -> Vec<Value> {
+        let prefix = format!("{group}/");
+        self.events
+            .iter()
+            .filter(|e| e["ev"] == ev && e["key"].as_str().is_some_and(|k| k.starts_with(&prefix)))
+            .cloned()
+            .collect()
+    }
+
+    /// `call_end` events of `group` in `round`.
+    fn call_ends(&self, group: &str, round: u64) -> Vec<Value> {
+        self.of(group, "call_end")
+            .into_iter()
+            .filter(|e| e["round"] == round)
+            .collect()
+    }
+}
+
+/// The replica each client of `opens` holds its session on (the last successful open).
+fn placement(opens: &[Value]) -> BTreeMap<String, String> {
+    opens
+        .iter()
+        .filter(|e| e["ok"] == true)
+        .map(|e| (s(&e["key"]), s(&e["replica"])))
+        .collect()
+}
+
+/// How many clients per pod (every pod listed, 0 included).
+fn per_pod(placement: &BTreeMap<String, String>) -> BTreeMap<String, usize> {
+    let mut n: BTreeMap<String, usize> = PODS.iter().map(|p| (p.to_string(), 0)).collect();
+    for pod in placement.values() {
+        *n.entry(pod.clone()).or_default() += 1;
+    }
+    n
+}
+
+fn show(n: &BTreeMap<String, usize>) -> String {
+    n.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn s(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
+/// `[1, 2, …, steps]`.
+fn full_progress(steps: u64) -> Value {
+    Value::from((1..=steps).collect::<Vec<_>>())
+}
+
+/// Asserts that `e` is a result of a call that ran exactly once, with every progress event
+/// exactly once and in order.
+fn assert_clean_result(e: &Value, steps: u64) {
+    assert_eq!(e["outcome"], "result", "{e}");
+    assert_eq!(
+        e["progress"],
+        full_progress(steps),
+        "progress exactly once: {e}"
+    );
+    assert_eq!(e["executions"], 1, "the tool ran once for this call: {e}");
+    assert_eq!(
+        e["ran_on"], e["replica"],
+        "ran on the session's replica: {e}"
+    );
+}
+
+/// One cluster: three replicas, HAProxy with `config`, a relay in front, the clients.
+struct Cluster {
+    replicas: Vec<Replica>,
+    lb: Haproxy,
+    relay: Relay,
+    clients: Clients,
+}
+
+impl Cluster {
+    async fn start(haproxy: &Path, config: &Path, gateway_flags: &[&str]) -> Cluster {
+        let replicas = start_replicas(gateway_flags).await;
+        let lb = Haproxy::start(haproxy, config, &replicas).await;
+        let relay = Relay::start(lb.addr);
+        let clients = Clients::start(&relay.url("/mcp")).await;
+        Cluster {
+            replicas,
+            lb,
+            relay,
+            clients,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sticky_sessions_spread_and_resume_exactly_once_through_cuts() {
+    let _serial = SERIAL.lock().await;
+    let Some(haproxy) = haproxy_or_skip("sticky") else {
+        return;
+    };
+    let mut c = Cluster::start(&haproxy, &repo_dir().join(CONFIG), &[]).await;
+    const SESSIONS: usize = 12;
+    const ROUNDS: u64 = 2;
+    const STEPS: u64 = 10;
+
+    let opens = c.clients.open("s", SESSIONS, 0).await;
+    assert!(opens.iter().all(|e| e["ok"] == true), "{opens:?}");
+    let place = placement(&opens);
+    let spread = per_pod(&place);
+    assert!(
+        spread.values().all(|n| *n >= 1),
+        "sessions land on every replica: {spread:?}"
+    );
+    // The gateways agree on where the sessions are.
+    for r in &c.replicas {
+        let held = r.metric("mcp_reattach_sessions").await;
+        assert_eq!(
+            held as usize, spread[r.name],
+            "{} holds its sessions",
+            r.name
+        );
+    }
+
+    let mut cuts = 0;
+    for round in 0..ROUNDS {
+        c.clients
+            .send(json!({"cmd": "call", "group": "s", "round": round,
+            "steps": STEPS, "interval_ms": 150, "timeout_ms": 30000}));
+        c.clients
+            .wait(
+                |e| e["ev"] == "midcall" && e["round"] == round,
+                Duration::from_secs(20),
+            )
+            .await;
+        cuts += c.relay.cut_all();
+        c.clients
+            .wait(
+                |e| e["ev"] == "calls_done" && e["round"] == round,
+                Duration::from_secs(40),
+            )
+            .await;
+    }
+    c.clients.send(json!({"cmd": "close", "group": "s"}));
+    c.clients
+        .wait_ev("closed", "s", Duration::from_secs(20))
+        .await;
+
+    let mut calls = 0;
+    let mut call_resumes = 0;
+    for round in 0..ROUNDS {
+        let ends = c.clients.call_ends("s", round);
+        assert_eq!(ends.len(), SESSIONS, "one end per call: {ends:?}");
+        for e in &ends {
+            assert_clean_result(e, STEPS);
+            assert_eq!(e["attempt"], 0, "no re-initialization: {e}");
+            assert_eq!(e["not_found"], 0, "no 404: {e}");
+            assert_eq!(e["resumes"], 1, "cut once, resumed exactly once: {e}");
+            assert_eq!(place[&s(&e["key"])], s(&e["replica"]), "same session: {e}");
+            calls += 1;
+            call_resumes += e["resumes"].as_u64().unwrap_or(0);
+        }
+    }
+    let standalone_resumes: u64 = c
+        .clients
+        .of("s", "client")
+        .iter()
+        .map(|e| e["standalone_resumes"].as_u64().unwrap_or(0))
+        .sum();
+    let reinits: u64 = c
+        .clients
+        .of("s", "client")
+        .iter()
+        .map(|e| e["reinits"].as_u64().unwrap_or(0))
+        .sum();
+    let (mut gw_resumed, mut gw_unknown) = (0.0, 0.0);
+    for r in &c.replicas {
+        gw_resumed += r
+            .metric("mcp_reattach_resumes_total{outcome=\"resumed\"}")
+            .await;
+        gw_unknown += r
+            .metric("mcp_reattach_resumes_total{outcome=\"unknown_session\"}")
+            .await;
+    }
+    println!(
+        "SUMMARY sticky: sessions={SESSIONS} per replica: {} | calls={calls} results={calls} \
+         cuts={cuts} call resumes={call_resumes} (each call exactly 1) standalone resumes={standalone_resumes} \
+         gateway resumes_total{{resumed}}={gw_resumed} {{unknown_session}}={gw_unknown} | 404s=0 \
+         re-inits={reinits} losses=0 duplicate executions=0",
+        show(&spread)
+    );
+    assert_eq!(reinits, 0);
+    assert_eq!(call_resumes, calls);
+    assert!(
+        cuts >= SESSIONS * ROUNDS as usize,
+        "every call's stream was cut"
+    );
+    assert_eq!(
+        gw_resumed as u64,
+        call_resumes + standalone_resumes,
+        "every resume the clients made reached the replica holding its session"
+    );
+    assert_eq!(
+        gw_unknown, 0.0,
+        "no resume reached a replica without the session"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_sticky_control_breaks_sessions() {
+    let _serial = SERIAL.lock().await;
+    let Some(haproxy) = haproxy_or_skip("non-sticky control") else {
+        return;
+    };
+    let mut c = Cluster::start(&haproxy, &control_config(), &[]).await;
+    const SESSIONS: usize = 12;
+
+    let opens = c.clients.open("c", SESSIONS, 0).await;
+    let opened = opens.iter().filter(|e| e["ok"] == true).count();
+    let open_404 = opens
+        .iter()
+        .filter(|e| e["ok"] == false && e["lost404"] == true)
+        .count();
+    c.clients
+        .send(json!({"cmd": "call", "group": "c", "round": 0,
+        "steps": 3, "interval_ms": 50, "timeout_ms": 15000}));
+    c.clients
+        .wait_ev("calls_done", "c", Duration::from_secs(30))
+        .await;
+    let ends = c.clients.call_ends("c", 0);
+    let results = ends.iter().filter(|e| e["outcome"] == "result").count();
+    let call_404 = ends.iter().filter(|e| e["outcome"] == "lost_404").count();
+    let other_errors = opens
+        .iter()
+        .filter(|e| e["ok"] == false && e["lost404"] == false)
+        .count()
+        + ends
+            .iter()
+            .filter(|e| e["outcome"] != "result" && e["outcome"] != "lost_404")
+            .count();
+    let not_found: u64 = opens
+        .iter()
+        .chain(ends.iter())
+        .map(|e| e["not_found"].as_u64().unwrap_or(0))
+        .sum();
+    let broken = SESSIONS - results;
+    let mut created = BTreeMap::new();
+    for r in &c.replicas {
+        created.insert(
+            r.name.to_string(),
+            r.metric("mcp_reattach_sessions").await as usize,
+        );
+    }
+    println!(
+        "SUMMARY non-sticky control (shipped config minus its 3 stick lines): sessions={SESSIONS} \
+         held per replica (gateways' sessions gauge): {} | opened={opened} failed to open with 404={open_404} \
+         calls={} results={results} calls ended by 404={call_404} | broken sessions={broken} \
+         404s={not_found} other errors={other_errors}",
+        show(&created),
+        ends.len()
+    );
+    assert!(
+        broken * 3 >= SESSIONS * 2,
+        "without stickiness most sessions break ({broken} of {SESSIONS})"
+    );
+    assert!(
+        not_found as usize >= broken,
+        "each broken session saw a 404"
+    );
+    assert_eq!(
+        other_errors, 0,
+        "the failure is the explicit 404, nothing else"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
+    let _serial = SERIAL.lock().await;
+    let Some(haproxy) = haproxy_or_skip("drain") else {
+        return;
+    };
+    // Drain budget 2 s + 2 s: the short calls below finish inside it, the long ones do not.
+    let mut c = Cluster::start(
+        &haproxy,
+        &repo_dir().join(CONFIG),
+        &["--drain-delay", "2s", "--drain-timeout", "2s"],
+    )
+    .await;
+    const SHORT: u64 = 12; // × 200 ms
+    const LONG: u64 = 30; // × 200 ms, beyond the drain budget
+
+    let place_a = placement(&c.clients.open("a", 9, 0).await);
+    let place_l = placement(&c.clients.open("l", 3, 0).await);
+    assert_eq!(place_a.len() + place_l.len(), 12, "every session opened");
+    let before = per_pod(
+        &place_a
+            .iter()
+            .chain(&place_l)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    );
+    assert!(
+        place_a.values().any(|p| p == "pod1") && place_l.values().any(|p| p == "pod1"),
+        "pod1 holds short and long calls: {place_a:?} {place_l:?}"
+    );
+    c.clients
+        .send(json!({"cmd": "call", "group": "l", "round": 0,
+        "steps": LONG, "interval_ms": 200, "timeout_ms": 30000, "reinit": 1}));
+    c.clients
+        .send(json!({"cmd": "call", "group": "a", "round": 0,
+        "steps": SHORT, "interval_ms": 200, "timeout_ms": 30000}));
+    c.clients
+        .wait_ev("midcall", "a", Duration::from_secs(20))
+        .await;
+    c.clients
+        .wait_ev("midcall", "l", Duration::from_secs(20))
+        .await;
+
+    let t0 = Instant::now();
+    c.replicas[0].sigterm();
+    let marked_down =
+        c.lb.wait_status("pod1", "DOWN", Duration::from_secs(3))
+            .await;
+    assert!(
+        marked_down < Duration::from_millis(2000),
+        "HAProxy takes pod1 out within --drain-delay ({marked_down:?})"
+    );
+    // Every connection is cut while pod1 is out of the rotation but still accepting: its
+    // sessions' resumes must still reach it (`option persist`), not another pod.
+    let cut_during_drain = c.relay.cut_all();
+    // New sessions while pod1 drains: none may land on it.
+    let opens_b = c.clients.open("b", 6, 0).await;
+    let place_b = placement(&opens_b);
+    let during = per_pod(&place_b);
+    assert_eq!(place_b.len(), 6, "{opens_b:?}");
+    c.clients
+        .send(json!({"cmd": "call", "group": "b", "round": 0,
+        "steps": 3, "interval_ms": 50, "timeout_ms": 15000}));
+    c.clients
+        .wait_ev("calls_done", "b", Duration::from_secs(20))
+        .await;
+    c.clients
+        .wait_ev("calls_done", "a", Duration::from_secs(20))
+        .await;
+    // Drain delay + drain timeout + up to 2 s of final writes, plus a margin.
+    let exit = c.replicas[0]
+        .gateway
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("the drained gateway exits");
+    let exited_after = t0.elapsed();
+    c.clients
+        .wait_ev("calls_done", "l", Duration::from_secs(40))
+        .await;
+
+    // Next round for group a: pod1's clients find their session gone (404) and move.
+    c.clients
+        .send(json!({"cmd": "call", "group": "a", "round": 1,
+        "steps": 3, "interval_ms": 50, "timeout_ms": 15000, "reinit": 1}));
+    c.clients
+        .wait(
+            |e| e["ev"] == "calls_done" && e["group"] == "a" && e["round"] == 1,
+            Duration::from_secs(30),
+        )
+        .await;
+
+    let (mut finished, mut ended_404, mut rerun_ok, mut others, mut others_bad) = (0, 0, 0, 0, 0);
+    for e in c.clients.call_ends("a", 0) {
+        assert_clean_result(&e, SHORT);
+        assert_eq!(
+            e["resumes"], 1,
+            "cut during the drain, resumed on its pod: {e}"
+        );
+        if e["replica"] == "pod1" {
+            finished += 1;
+        } else {
+            others += 1;
+            others_bad += e["not_found"].as_u64().unwrap_or(0);
+        }
+    }
+    for e in c.clients.call_ends("b", 0) {
+        assert_clean_result(&e, 3);
+        assert_ne!(e["replica"], "pod1", "{e}");
+        others += 1;
+        others_bad += e["not_found"].as_u64().unwrap_or(0);
+    }
+    for e in c.clients.call_ends("l", 0) {
+        let on_pod1 = place_l[&s(&e["key"])] == "pod1";
+        match (on_pod1, e["attempt"].as_u64()) {
+            (true, Some(0)) => {
+                assert_eq!(
+                    e["outcome"], "lost_404",
+                    "cut by the drain, resume answered 404: {e}"
+                );
+                assert_eq!(
+                    e["resumes"], 1,
+                    "the resume during the drain reached pod1: {e}"
+                );
+                ended_404 += 1;
+            }
+            (true, Some(1)) => {
+                assert_clean_result(&e, LONG);
+                assert_ne!(e["replica"], "pod1", "{e}");
+                rerun_ok += 1;
+            }
+            (false, Some(0)) => {
+                assert_clean_result(&e, LONG);
+                assert_eq!(e["resumes"], 1, "{e}");
+                others += 1;
+                others_bad += e["not_found"].as_u64().unwrap_or(0);
+            }
+            _ => panic!("unexpected call end {e}"),
+        }
+    }
+    let (mut moved, mut moved_ok) = (0, 0);
+    for e in c.clients.call_ends("a", 1) {
+        if place_a[&s(&e["key"])] == "pod1" {
+            if e["attempt"] == 0 {
+                assert_eq!(e["outcome"], "lost_404", "{e}");
+                moved += 1;
+            } else {
+                assert_clean_result(&e, 3);
+                assert_ne!(e["replica"], "pod1");
+                moved_ok += 1;
+            }
+        } else {
+            assert_clean_result(&e, 3);
+            assert_eq!(e["attempt"], 0, "{e}");
+            assert_eq!(e["not_found"], 0, "{e}");
+        }
+    }
+    let in_flight_pod1 = place_a.values().filter(|p| *p == "pod1").count()
+        + place_l.values().filter(|p| *p == "pod1").count();
+    println!(
+        "SUMMARY drain: sessions before: {} | SIGTERM pod1: HAProxy marked it DOWN after {} ms, \
+         then every connection was cut ({cut_during_drain}) and resumed on its own pod; pod1 \
+         exited {:?} after {} ms | pod1 in-flight calls={in_flight_pod1}: finished={finished} \
+         ended explicitly (404 on resume)={ended_404} re-run elsewhere ok={rerun_ok} lost=0 | new \
+         sessions during drain: {} | other replicas' calls={others} results={others} 404s={others_bad} \
+         | next round: pod1 clients got 404={moved} re-initialized elsewhere ok={moved_ok}",
+        show(&before),
+        marked_down.as_millis(),
+        exit.code(),
+        exited_after.as_millis(),
+        show(&during),
+    );
+    assert_eq!(exit.code(), Some(0), "the drained gateway exits 0");
+    assert_eq!(during["pod1"], 0, "no new session on the draining replica");
+    assert_eq!(
+        finished + ended_404,
+        in_flight_pod1,
+        "every pod1 call accounted for"
+    );
+    assert!(finished >= 1 && ended_404 >= 1, "both outcomes exercised");
+    assert_eq!(rerun_ok, ended_404);
+    assert_eq!(others_bad, 0, "the other replicas' sessions are untouched");
+    assert_eq!(moved, place_a.values().filter(|p| *p == "pod1").count());
+    assert_eq!(moved_ok, moved);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_replica_sessions_end_with_404_and_move_elsewhere() {
+    let _serial = SERIAL.lock().await;
+    let Some(haproxy) = haproxy_or_skip("kill") else {
+        return;
+    };
+    let mut c = Cluster::start(&haproxy, &repo_dir().join(CONFIG), &[]).await;
+    const STEPS: u64 = 16; // × 150 ms
+
+    let place = placement(&c.clients.open("k", 9, 0).await);
+    assert_eq!(place.len(), 9);
+    let before = per_pod(&place);
+    assert!(before["pod2"] >= 1, "{before:?}");
+    c.clients
+        .send(json!({"cmd": "call", "group": "k", "round": 0,
+        "steps": STEPS, "interval_ms": 150, "timeout_ms": 30000, "reinit": 1}));
+    let mid = c
+        .clients
+        .wait_ev("midcall", "k", Duration::from_secs(20))
+        .await;
+    c.replicas[1].kill9();
+    let killed_at = mid["at_ms"].as_u64().unwrap_or(0);
+    c.clients
+        .wait_ev("calls_done", "k", Duration::from_secs(40))
+        .await;
+    c.clients
+        .send(json!({"cmd": "call", "group": "k", "round": 1,
+        "steps": 2, "interval_ms": 50, "timeout_ms": 15000}));
+    c.clients
+        .wait(
+            |e| e["ev"] == "calls_done" && e["round"] == 1,
+            Duration::from_secs(20),
+        )
+        .await;
+
+    let (mut ended_404, mut slowest_404_ms, mut rerun_ok, mut others, mut others_404) =
+        (0, 0, 0, 0, 0);
+    let mut moved_to: BTreeMap<String, usize> = BTreeMap::new();
+    for e in c.clients.call_ends("k", 0) {
+        if place[&s(&e["key"])] == "pod2" {
+            if e["attempt"] == 0 {
+                assert_eq!(
+                    e["outcome"], "lost_404",
+                    "the killed pod's call ends with 404: {e}"
+                );
+                ended_404 += 1;
+                slowest_404_ms = slowest_404_ms.max(e["at_ms"].as_u64().unwrap_or(0) - killed_at);
+            } else {
+                assert_clean_result(&e, STEPS);
+                assert_ne!(e["replica"], "pod2", "{e}");
+                *moved_to.entry(s(&e["replica"])).or_default() += 1;
+                rerun_ok += 1;
+            }
+        } else {
+            assert_clean_result(&e, STEPS);
+            assert_eq!(e["attempt"], 0, "{e}");
+            others += 1;
+            others_404 += e["not_found"].as_u64().unwrap_or(0);
+        }
+    }
+    let next = c.clients.call_ends("k", 1);
+    for e in &next {
+        assert_clean_result(e, 2);
+        assert_eq!(e["attempt"], 0, "{e}");
+        assert_ne!(e["replica"], "pod2", "{e}");
+    }
+    println!(
+        "SUMMARY kill: sessions before: {} | kill -9 pod2 (gateway and MCP server) mid-call | its \
+         in-flight calls={}: ended with 404={ended_404} (slowest {slowest_404_ms} ms after the \
+         kill) clients re-initialized={rerun_ok} on {:?} re-run results={rerun_ok} | other \
+         replicas' calls={others} results={others} 404s={others_404} | next round calls={} \
+         results={} | timeouts or silent losses=0",
+        show(&before),
+        before["pod2"],
+        moved_to,
+        next.len(),
+        next.len(),
+    );
+    assert_eq!(ended_404, before["pod2"]);
+    assert_eq!(rerun_ok, ended_404);
+    assert!(
+        slowest_404_ms < 10_000,
+        "the loss is answered at once, not at the request timeout ({slowest_404_ms} ms)"
+    );
+    assert_eq!(others_404, 0, "the other replicas' sessions are untouched");
+    assert_eq!(next.len(), 9);
+}
