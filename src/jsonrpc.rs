@@ -70,32 +70,28 @@ struct Meta {
     version: Option<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum OneOrMany<T> {
-    // `Many` first: serde lets a struct deserialize from a sequence, so `One` would also
-    // accept a batch array positionally.
-    Many(Vec<T>),
-    One(T),
-}
-
-impl<T> OneOrMany<T> {
-    fn into_vec(self) -> Vec<T> {
-        match self {
-            OneOrMany::One(m) => vec![m],
-            OneOrMany::Many(v) => v,
-        }
+/// A JSON-RPC message or a batch of them, told apart by the first byte (an untagged serde
+/// enum would buffer the whole document and try each shape: most of a POST's parsing cost).
+/// `None` when `body` is neither an object nor an array of objects of this shape.
+fn one_or_many<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<(Vec<T>, bool)> {
+    match body.iter().find(|b| !b.is_ascii_whitespace())? {
+        b'[' => serde_json::from_slice::<Vec<T>>(body)
+            .ok()
+            .map(|v| (v, false)),
+        b'{' => serde_json::from_slice::<T>(body)
+            .ok()
+            .map(|m| (vec![m], true)),
+        _ => None,
     }
 }
 
 /// Reads a POST body. Anything that is not JSON-RPC yields the default (the upstream judges it).
 pub fn inspect_post(body: &[u8]) -> PostInfo {
-    let Ok(msgs) = serde_json::from_slice::<OneOrMany<Msg>>(body) else {
+    let Some((msgs, single)) = one_or_many::<Msg>(body) else {
         return PostInfo::default();
     };
-    let single = matches!(msgs, OneOrMany::One(_));
     let mut info = PostInfo::default();
-    for m in msgs.into_vec() {
+    for m in msgs {
         let Some(method) = &m.method else { continue };
         if method == "notifications/initialized" {
             info.initialized = true;
@@ -141,17 +137,19 @@ struct Reply {
 pub fn response_ids(data: &str) -> Vec<String> {
     // Progress and other notifications are most of a stream: skip them without parsing.
     // The searchers are built once: building one per event cost more than the search.
+    // A response has an `id` (null at worst) and a `result` or an `error`; a notification,
+    // most of a stream, usually has no `id` at all, so one pass rules it out.
+    static ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"id\""));
     static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result\""));
     static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"error\""));
     let b = data.as_bytes();
-    if RESULT.find(b).is_none() && ERROR.find(b).is_none() {
+    if ID.find(b).is_none() || (RESULT.find(b).is_none() && ERROR.find(b).is_none()) {
         return Vec::new();
     }
-    let Ok(msgs) = serde_json::from_str::<OneOrMany<Reply>>(data) else {
+    let Some((msgs, _)) = one_or_many::<Reply>(data.as_bytes()) else {
         return Vec::new();
     };
-    msgs.into_vec()
-        .into_iter()
+    msgs.into_iter()
         .filter(|r| r.method.is_none() && (r.result.is_some() || r.error.is_some()))
         .filter_map(|r| r.id.map(|id| id.to_string()))
         .collect()

@@ -243,10 +243,19 @@ pub fn encode_body(ev: &Event, out: &mut Vec<u8>) -> bool {
         out.push(b'\n');
     }
     if let Some(d) = &ev.data {
-        for line in d.split('\n') {
+        let mut rest = d.as_bytes();
+        loop {
+            let (line, more) = match memchr::memchr(b'\n', rest) {
+                Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+                None => (rest, None),
+            };
             out.extend_from_slice(b"data: ");
-            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(line);
             out.push(b'\n');
+            match more {
+                Some(m) => rest = m,
+                None => break,
+            }
         }
     }
     out.push(b'\n');
@@ -263,7 +272,10 @@ pub fn body_len(ev: &Event) -> usize {
         n += 8 + r.to_string().len();
     }
     if let Some(d) = &ev.data {
-        let newlines = memchr::memchr_iter(b'\n', d.as_bytes()).count();
+        let newlines = match memchr::memchr(b'\n', d.as_bytes()) {
+            None => 0, // one line, the usual case: no second pass
+            Some(i) => 1 + memchr::memchr_iter(b'\n', &d.as_bytes()[i + 1..]).count(),
+        };
         n += d.len() - newlines + 7 * (1 + newlines);
     }
     n

@@ -132,6 +132,11 @@ impl Upstream {
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Usually there is nothing to strip: one pass over the names instead of a hashed
+    // lookup per hop-by-hop name.
+    if !h.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -142,19 +147,25 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     for n in named {
         h.remove(n);
     }
-    for n in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for n in HOP_BY_HOP {
         h.remove(n);
     }
+}
+
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(n)
 }
 
 /// Whether a response is an uncompressed SSE stream.
