@@ -234,6 +234,19 @@ pub mod procfs {
             .sum()
     }
 
+    /// On-CPU time of the processes' live threads in ns (`/proc/PID/task/TID/schedstat`,
+    /// first field): nanosecond resolution where [`cpu_seconds`] has clock ticks (10 ms).
+    /// Threads that exit between two samples take their time with them, so use it over
+    /// windows in which the process keeps its threads (a tokio runtime's workers, Node's).
+    pub fn cpu_ns(pids: &[u32]) -> u64 {
+        pids.iter()
+            .filter_map(|&p| fs::read_dir(format!("/proc/{p}/task")).ok())
+            .flat_map(|rd| rd.flatten())
+            .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Sum of `field` (e.g. "VmRSS") over the processes, in KiB.
     pub fn status_kib(pids: &[u32], field: &str) -> u64 {
         pids.iter()
