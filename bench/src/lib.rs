@@ -262,6 +262,30 @@ pub mod procfs {
     pub fn rss_kib(pids: &[u32]) -> u64 {
         status_kib(pids, "VmRSS")
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn cpu_ns_counts_this_process_on_cpu() {
+            let me = [std::process::id()];
+            let before = cpu_ns(&me);
+            assert!(before > 0, "no schedstat for this process");
+            // Spin until 5 ms more on-CPU time shows (bounded: 10 s of wall time).
+            let t = std::time::Instant::now();
+            let mut x = 0u64;
+            while cpu_ns(&me) < before + 5_000_000 && t.elapsed().as_secs() < 10 {
+                for i in 0..100_000u64 {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                }
+            }
+            assert!(
+                cpu_ns(&me) >= before + 5_000_000,
+                "schedstat did not advance"
+            );
+        }
+    }
 }
 
 pub mod http {

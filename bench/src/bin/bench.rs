@@ -1639,7 +1639,11 @@ const METHOD: &str = r#"## Method
   pass-through, `bench/src/bin/naive-proxy.rs`: the cost floor of one hop built from the same
   libraries), `nginx` (Debian's nginx, `proxy_buffering off`, HTTP/1.1 upstream keep-alive,
   one worker: the config is in `bench/src/bin/bench.rs`), `mcp-reattach` (the release binary,
-  default flags unless a scenario says otherwise).
+  default flags unless a scenario says otherwise). The storm has one more arm,
+  `ts-eventstore`: no gateway and no mock, the TypeScript MCP SDK resuming streams itself
+  (`bench/ts-eventstore/server.mjs`: `StreamableHTTPServerTransport`, stateful sessions, the
+  SDK's `InMemoryEventStore`, one per session as in the SDK's example server), placed and
+  measured as a proxy under test is.
 - **Placement.** Two cores: the proxy under test is pinned to core 1; the mock upstream and the
   load client share core 0 in every arm, direct included. Each arm-run starts fresh processes.
   The paced-latency scenarios run unpinned (`--pin-paced` pins them too): on this VM a wake-up
@@ -1703,7 +1707,22 @@ const METHOD: &str = r#"## Method
   runs (allocator arenas), hence the median of several rounds.
 - **Reconnect storm.** Each session reads 200 events on its standalone GET stream and detaches;
   then every session, at once, connects and resumes with the `Last-Event-ID` that has 100
-  events after it. Per session: time from `connect` to the 100th replayed event.
+  events after it. Per session: time from `connect` to the 100th replayed event; the storm's
+  time is from the first `connect` to the last replayed event of all sessions. The load client
+  stops between setup and storm (`--wait-stdin`), so **CPU per resume** covers the storm alone
+  (and the clients closing after it): on-CPU ns of the serving process's threads
+  (`/proc/PID/task/*/schedstat`; ticks would be 10 ms) from then until the client exits, divided
+  by the resumes. In the `ts-eventstore` arm the server sends the 200 events on the standalone
+  stream through the SDK (`notification`, the store assigning the ids) once the GET is
+  registered, and on resume the transport replays from the store; the client checks the same
+  sequence continuity and replay length, takes the ids as opaque strings (`--plain-store`) and
+  expects no gateway `resumed` event. The store is the SDK's with two id methods overridden:
+  as shipped it derives the stream from an id with `split('_')[0]`, which is empty for the
+  standalone stream (`_GET_stream`), so such a resume replays nothing (`node
+  bench/ts-eventstore/server.mjs --ids sdk` shows it), and it replays in `localeCompare` order
+  of `<stream>_<ms>_<random>` ids, which scrambles events stored in the same millisecond. Its
+  storing and its replay (which sorts all of the session's events on every resume) are the
+  SDK's.
 - **Run it.** `bench/run` (full) or `bench/run --quick` (smoke). `bench/run --only
   saturating,paced-1` runs a subset (`saturating`: the four burst scenarios; `sse-single`: the
   one-write-per-event ones; `sse`: both). Raw per-run numbers are in `bench/target/results.json`.
