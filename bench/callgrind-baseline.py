@@ -5,6 +5,9 @@ and workload, checked in as bench/callgrind-baseline.txt.
   callgrind-baseline.py check BASELINE MEASURED TOLERANCE_PCT
       exit 1 if any measured Ir/unit is more than TOLERANCE_PCT above its baseline row, or a
       measured run failed its checks; rows of the baseline not measured this time are skipped
+  callgrind-baseline.py over BASELINE ARM WORKLOAD IR_PER_UNIT TOLERANCE_PCT
+      exit 0 if IR_PER_UNIT is more than TOLERANCE_PCT above the baseline row (bench/callgrind
+      then measures that row again), 1 if not or if there is no such row
   callgrind-baseline.py update BASELINE MEASURED COMMIT
       replace the baseline rows that were measured (the others are kept); refuses failed runs
 
@@ -94,7 +97,15 @@ def update(baseline, measured, commit):
     print(f"callgrind update: wrote {len(got)} row(s) to {baseline}")
 
 
+def over(baseline, arm, work, value, tol):
+    b = read(baseline).get((arm, work))
+    return isinstance(b, float) and (value - b) / b * 100 > tol
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "over":
+        a = sys.argv
+        sys.exit(0 if over(a[2], a[3], a[4], float(a[5]), float(a[6])) else 1)
     if len(sys.argv) != 5 or sys.argv[1] not in ("check", "update"):
         sys.exit(__doc__)
     if sys.argv[1] == "check":
