@@ -11,7 +11,8 @@
 //!   window  N sessions each receive E events of S bytes on a POST stream; prints READY and
 //!           holds until stdin closes
 //!   storm   N sessions read E events on the standalone stream and detach; then all resume
-//!           B events back at once; time from connect to the last replayed event
+//!           B events back at once; time from connect to the last replayed event. Through
+//!           the gateway, or (`--plain-store`) against a server with its own event store
 
 use std::cell::RefCell;
 use std::io::{BufRead, Read, Write};
@@ -117,6 +118,11 @@ enum Mode {
         /// (lets a profiler zero its counters in between).
         #[arg(long)]
         wait_stdin: bool,
+        /// The target is a server that resumes streams with its own event store (the
+        /// `ts-eventstore` arm), not the gateway: its ids are opaque strings (not parsed for
+        /// order) and a resume has no `mcp-reattach/resumed` event, just the replay.
+        #[arg(long)]
+        plain_store: bool,
     },
 }
 
@@ -207,7 +213,21 @@ async fn run(cli: Cli) -> Value {
             size,
             concurrency,
             wait_stdin,
-        } => storm_mode(t, p, sessions, events, back, size, concurrency, wait_stdin).await,
+            plain_store,
+        } => {
+            storm_mode(
+                t,
+                p,
+                sessions,
+                events,
+                back,
+                size,
+                concurrency,
+                wait_stdin,
+                plain_store,
+            )
+            .await
+        }
     }
 }
 
@@ -284,6 +304,9 @@ struct ReadOpts<'a> {
     /// Stop after this many data events (standalone streams never end).
     stop_after: Option<u64>,
     keep_ids: bool,
+    /// The target sets its own opaque event ids (a server with an event store, no gateway):
+    /// ids are not parsed for order; every data event must carry one.
+    opaque_ids: bool,
 }
 
 /// Reads an SSE body to its end (or `stop_after` events), checking as it goes. The body is
@@ -337,7 +360,13 @@ impl Reader<'_> {
         } else {
             None
         };
-        if let Some(id) = ev.id {
+        if self.o.opaque_ids {
+            if ev.id.is_some() {
+                st.ids += 1;
+            } else if parsed.is_some() {
+                st.id_errors += 1;
+            }
+        } else if let Some(id) = ev.id {
             st.ids += 1;
             // Ids of upstream events must strictly increase. The gateway's own events
             // (resumed, failures and their JSON-RPC errors) carry the client's cursor.
@@ -472,6 +501,7 @@ async fn sse_mode(target: SocketAddr, path: String, o: SseOpts) -> Value {
                     hist: Some(&mut h),
                     stop_after: None,
                     keep_ids: false,
+                    opaque_ids: false,
                 },
             )
             .await?;
@@ -881,6 +911,7 @@ async fn window_mode(
                     hist: None,
                     stop_after: None,
                     keep_ids: false,
+                    opaque_ids: false,
                 },
             )
             .await
@@ -927,6 +958,7 @@ async fn storm_mode(
     size: usize,
     concurrency: usize,
     wait_stdin: bool,
+    plain_store: bool,
 ) -> Value {
     // Setup: each session reads `events` on its standalone stream, keeps the ids, detaches.
     let path = Rc::new(path);
@@ -957,6 +989,7 @@ async fn storm_mode(
                     hist: None,
                     stop_after: Some(events),
                     keep_ids: true,
+                    opaque_ids: plain_store,
                 },
             )
             .await?;
@@ -987,6 +1020,7 @@ async fn storm_mode(
         std::io::stdout().flush().ok();
         hold_until_stdin_closes().await;
     }
+    let resumes = cursors.len();
     let go = Arc::new(tokio::sync::Barrier::new(cursors.len() + 1));
     let mut tasks = Vec::new();
     for (sid, cursor) in cursors {
@@ -1021,6 +1055,7 @@ async fn storm_mode(
                     hist: None,
                     stop_after: Some(back),
                     keep_ids: false,
+                    opaque_ids: plain_store,
                 },
             )
             .await?;
@@ -1038,7 +1073,9 @@ async fn storm_mode(
                 first = first.min(t0);
                 last = last.max(t1);
                 let _ = h.record(t1.saturating_sub(t0).max(1));
-                if st.replay != Some(back) || st.events != back {
+                // Through the gateway, its `resumed` event states the replay; a server with
+                // its own event store just replays.
+                if (!plain_store && st.replay != Some(back)) || st.events != back {
                     bad_replay += 1;
                 }
                 // The resumed event is expected: do not count it as an anomaly.
@@ -1059,7 +1096,7 @@ async fn storm_mode(
             format!("bad replay: {bad_replay} resume(s) without exactly {back} replayed events"),
         );
     }
-    json!({"mode":"storm","sessions":sessions,"back":back,"replayed_events":agg.events,
+    json!({"mode":"storm","sessions":sessions,"resumes":resumes,"back":back,"plain_store":plain_store,"replayed_events":agg.events,
         "time_to_last_ms": if last > first { (last - first) as f64 / 1e6 } else { 0.0 },
         "per_session": pct_us(&h), "checks": checks})
 }
