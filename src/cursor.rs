@@ -40,19 +40,9 @@ impl Cursor {
     /// Appends the canonical text of this cursor to `out` (what `Display` writes, without
     /// the formatting machinery: this runs once per event sent).
     pub fn write_to(&self, out: &mut impl bytes::BufMut) {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        // Built on the stack and appended in one piece: 16 + 1 + 10 + 1 + 20 bytes at most.
-        let mut buf = [0u8; 48];
-        for (i, b) in buf[..16].iter_mut().enumerate() {
-            *b = HEX[((self.epoch >> ((15 - i) * 4)) & 0xf) as usize];
-        }
-        buf[16] = b'.';
-        let mut n = 17;
-        n += put_decimal(u64::from(self.stream), &mut buf[n..]);
-        buf[n] = b'.';
-        n += 1;
-        n += put_decimal(self.seq, &mut buf[n..]);
-        out.put_slice(&buf[..n]);
+        out.put_slice(&epoch_hex(self.epoch));
+        out.put_u8(b'.');
+        write_position(self.stream, self.seq, out);
     }
 
     /// Parses the canonical form only (no leading zeros, no sign, lowercase hex), so each
@@ -77,6 +67,26 @@ impl Cursor {
             seq: decimal(seq)?,
         })
     }
+}
+
+/// The epoch as a cursor spells it: 16 lowercase hex digits. A session computes it once.
+pub fn epoch_hex(epoch: u64) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 16];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = HEX[((epoch >> ((15 - i) * 4)) & 0xf) as usize];
+    }
+    buf
+}
+
+/// Appends what follows `<epoch>.` in a cursor, `<stream>.<seq>`, in one piece.
+pub fn write_position(stream: u32, seq: u64, out: &mut impl bytes::BufMut) {
+    let mut buf = [0u8; 31]; // 10 + 1 + 20 digits at most
+    let mut n = put_decimal(u64::from(stream), &mut buf);
+    buf[n] = b'.';
+    n += 1;
+    n += put_decimal(seq, &mut buf[n..]);
+    out.put_slice(&buf[..n]);
 }
 
 /// Writes `n` in decimal at the start of `out` (at least 20 bytes), returning its length.

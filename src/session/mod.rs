@@ -28,7 +28,7 @@ pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
-use crate::cursor::{new_epoch, Cursor};
+use crate::cursor::{self, new_epoch, Cursor};
 use crate::jsonrpc::{
     self, failure_frames, upstream_failure_frames, EVENT_RESUMED, EVENT_RESUMPTION_FAILED,
     EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, UPSTREAM_ENDED_MESSAGE,
@@ -47,6 +47,9 @@ const STANDALONE_HISTORY: usize = 8;
 
 /// Most bytes of retained events one poll of an attached client copies into a single frame.
 const BATCH_BYTES: usize = 64 * 1024;
+/// What [`Session::write_entry`] adds to a body at most: `id: ` + cursor + LF +
+/// `event: message` + LF.
+const ENTRY_OVERHEAD: usize = 4 + crate::cursor::MAX_CURSOR_LEN + 1 + 15;
 
 /// How long a written batch stays in the in-flight reserve while its client stays attached,
 /// when no later sends push it out: on a live connection, bytes written this long ago have
@@ -95,6 +98,8 @@ struct State {
 pub struct Session {
     id: String,
     epoch: u64,
+    /// `id: <epoch hex>.`: how every event id line this session writes begins.
+    id_prefix: [u8; 21],
     cfg: Arc<Config>,
     metrics: Arc<Metrics>,
     budget: Arc<Budget>,
@@ -230,9 +235,15 @@ impl Session {
         budget: Arc<Budget>,
         principal: u64,
     ) -> Session {
+        let epoch = new_epoch();
+        let mut id_prefix = [0u8; 21];
+        id_prefix[..4].copy_from_slice(b"id: ");
+        id_prefix[4..20].copy_from_slice(&cursor::epoch_hex(epoch));
+        id_prefix[20] = b'.';
         Session {
             id,
-            epoch: new_epoch(),
+            epoch,
+            id_prefix,
             state: Mutex::new(State {
                 window: Window::new(cfg.window_events, cfg.window_bytes),
                 last_seq: 0,
@@ -949,7 +960,18 @@ impl Session {
         // reserve can cover, so everything written stays protected until it is delivered.
         let (max_events, max_bytes) = self.reserve_limits();
         let max_bytes = max_bytes.min(BATCH_BYTES);
-        let mut out = BytesMut::new();
+        // Sized once for the batch: growing it by doubling copied every event again.
+        let mut size = 0;
+        for (n, e) in st.window.after(stream, cursor).enumerate() {
+            if size >= max_bytes || n >= max_events {
+                break;
+            }
+            size += ENTRY_OVERHEAD + e.body.len();
+        }
+        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq > cursor) {
+            size += ENTRY_OVERHEAD + o.body.len();
+        }
+        let mut out = BytesMut::with_capacity(size);
         let mut events = 0;
         let mut last = cursor;
         let mut overflow = s.overflow.as_ref().filter(|o| o.seq > cursor);
@@ -1109,14 +1131,9 @@ impl Session {
 
     /// Writes a retained event as sent on the wire: its gateway id, then its body.
     fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
-        out.reserve(72 + e.body.len());
-        out.put_slice(b"id: ");
-        Cursor {
-            epoch: self.epoch,
-            stream: e.stream,
-            seq: e.seq,
-        }
-        .write_to(out);
+        out.reserve(ENTRY_OVERHEAD + e.body.len());
+        out.put_slice(&self.id_prefix);
+        cursor::write_position(e.stream, e.seq, out);
         out.put_u8(b'\n');
         if e.message {
             out.put_slice(b"event: message\n");
