@@ -31,6 +31,7 @@ fn main() -> ExitCode {
     // Log lines are written by a background thread (one line per request must not cost each
     // request a write syscall); colours only on a terminal.
     let (writer, _log_flush) = tracing_appender::non_blocking(std::io::stdout());
+    mcp_reattach::access::set_sink(writer.clone(), cli.gateway.log_format == LogFormat::Json);
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
