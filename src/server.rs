@@ -1,5 +1,5 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection, each able to
-//! be closed by the session layer when its client stalls) and the admin listener
+//! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection; an HTTP/1.1
+//! connection, or a single HTTP/2 stream, can be ended by the session layer when its client stalls) and the admin listener
 //! (`/healthz`, `/readyz`). Takes listeners and a shutdown future; binding and signals are
 //! `main`'s job, so tests run the real server on `127.0.0.1:0`.
 
@@ -14,7 +14,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
@@ -47,19 +47,7 @@ pub async fn serve_gateway(
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let cfg = gateway.config().clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_headers(cfg.max_headers)
-        .max_buf_size(cfg.max_header_bytes.max(8192));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
-    let builder = Arc::new(builder);
     let (drain_tx, drain_rx) = watch::channel(false);
     let live = Arc::new(Live::default());
     tokio::pin!(shutdown);
@@ -87,7 +75,7 @@ pub async fn serve_gateway(
         let _ = tcp.set_nodelay(true);
         limit_unsent(&tcp);
         let gateway = gateway.clone();
-        let builder = builder.clone();
+        let cfg = cfg.clone();
         let mut drain = drain_rx.clone();
         let guard = live.enter();
         let metrics = gateway.registry().metrics().clone();
@@ -97,12 +85,20 @@ pub async fn serve_gateway(
             let _guard = guard;
             let _slot = slot;
             let kill = Arc::new(Notify::new());
-            let conn = Conn {
-                remote,
-                kill: kill.clone(),
-            };
-            let svc =
-                service_fn(move |req: Request<Incoming>| gateway.clone().handle(req, conn.clone()));
+            let exec = StreamExec::default();
+            let builder = connection_builder(&cfg, exec.clone());
+            let conn_kill = kill.clone();
+            let svc = service_fn(move |req: Request<Incoming>| {
+                // HTTP/1.1 has one stream per connection: a stall closes the connection. On
+                // HTTP/2 a stall ends only its own stream (the stream's task is dropped, h2
+                // resets it); the other streams on the connection keep flowing.
+                let kill = if req.version() == http::Version::HTTP_2 {
+                    exec.next_stream()
+                } else {
+                    conn_kill.clone()
+                };
+                gateway.clone().handle(req, Conn { remote, kill })
+            });
             let serving = builder.serve_connection(TokioIo::new(tcp), svc);
             tokio::pin!(serving);
             let mut draining = false;
@@ -150,6 +146,70 @@ pub async fn serve_gateway(
     }
     tracing::info!(connections = live.count(), "drained");
     Ok(())
+}
+
+/// The per-connection protocol settings (HTTP/1.1 and h2c), running HTTP/2 streams on `exec`.
+fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExec> {
+    let mut builder = auto::Builder::new(exec);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_headers(cfg.max_headers)
+        .max_buf_size(cfg.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
+/// Runs one connection's HTTP/2 streams, each as its own task that the session layer can end
+/// alone: hyper calls the service and hands the resulting stream task to the executor in the
+/// same step on the connection's task, so the kill switch the service made for that request
+/// ([`StreamExec::next_stream`]) is the one waiting in `pending` when the task arrives.
+#[derive(Clone, Default)]
+struct StreamExec {
+    pending: Arc<std::sync::Mutex<Option<Arc<Notify>>>>,
+}
+
+impl StreamExec {
+    /// A kill switch for the HTTP/2 stream whose request is being handed to the service now.
+    fn next_stream(&self) -> Arc<Notify> {
+        let kill = Arc::new(Notify::new());
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(kill.clone());
+        kill
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for StreamExec
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let kill = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match kill {
+            Some(kill) => {
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = fut => {}
+                        () = kill.notified() => {
+                            // Dropping the stream's task drops its send half: h2 resets
+                            // the stream (RST_STREAM) and the body's drop detaches it.
+                            tracing::info!("closed a stalled HTTP/2 stream");
+                        }
+                    }
+                });
+            }
+            None => {
+                tokio::spawn(fut);
+            }
+        }
+    }
 }
 
 /// Bytes of written-but-unsent data the kernel keeps per client socket. Flow control wants

@@ -1228,7 +1228,8 @@ impl Session {
             .then_some(st.last_activity)
     }
 
-    fn attached_clients(&self) -> usize {
+    /// Clients attached to this session's streams now.
+    pub fn attached_clients(&self) -> usize {
         lock(&self.state)
             .streams
             .values()
