@@ -387,11 +387,15 @@ impl Gateway {
         let single_id = info.single_id.clone();
         // `initialize` exists only in the legacy eras, whatever version it asks for.
         let modern = !info.initialize && (modern || info.modern());
-        if !modern && info.initialize && session_id.is_none() {
-            self.registry
-                .reserve()
-                .map_err(|e| (ProxyError::AtCapacity(e), single_id.clone()))?;
-        }
+        let reservation = if !modern && info.initialize && session_id.is_none() {
+            Some(
+                self.registry
+                    .reserve()
+                    .map_err(|e| (ProxyError::AtCapacity(e), single_id.clone()))?,
+            )
+        } else {
+            None
+        };
         if let Some(s) = session_id
             .as_deref()
             .filter(|_| !modern)
@@ -467,7 +471,11 @@ impl Gateway {
         else {
             return Ok(pass_through(resp));
         };
-        let session = match self.registry.get_or_create(&sid, principal) {
+        let created = match reservation {
+            Some(r) => Ok(self.registry.create_reserved(&sid, principal, r)),
+            None => self.registry.get_or_create(&sid, principal),
+        };
+        let session = match created {
             Ok(s) => s,
             Err(_) => {
                 tracing::warn!("session cap reached with every session in use; passing the response through untagged");

@@ -732,6 +732,66 @@ async fn session_cap_sheds_the_least_recently_used_idle_session_else_503() {
     );
 }
 
+/// Issue 11 bug 3: concurrent `initialize`s at the cap. Each takes its own place before it
+/// is forwarded, so exactly `--max-sessions` reach the upstream and are tagged; the others
+/// get the documented 503 (`session-cap`, `Retry-After: 1`) without being forwarded.
+#[tokio::test]
+async fn concurrent_initializes_at_the_cap_reserve_atomically() {
+    const CAP: usize = 2;
+    const TRIES: usize = 5;
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.max_sessions = CAP).await;
+    let (tx, mut answers) = tokio::sync::mpsc::channel(TRIES);
+    for i in 0..TRIES {
+        let tx = tx.clone();
+        let addr = gw.addr;
+        tokio::spawn(async move {
+            let init = format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
+            );
+            let _ = tx.send(send(addr, post(&init, None)).await).await;
+        });
+    }
+    // The upstream holds the winners' requests unanswered; the losers are refused meanwhile.
+    let mut forwarded = Vec::new();
+    for _ in 0..CAP {
+        forwarded.push(mock.next().await);
+    }
+    for _ in 0..TRIES - CAP {
+        let resp = tokio::time::timeout(WAIT, answers.recv())
+            .await
+            .expect("the losers are refused while the winners are still at the upstream")
+            .unwrap();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["data"]["reason"], "session-cap");
+    }
+    for (n, seen) in forwarded.into_iter().enumerate() {
+        let id = seen.json_body()["id"].clone();
+        let writer = seen.respond_sse(Some(&format!("s{n}")));
+        writer
+            .message(&format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#))
+            .await;
+    }
+    for _ in 0..CAP {
+        let resp = tokio::time::timeout(WAIT, answers.recv())
+            .await
+            .expect("the winners are answered")
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut reader = SseReader::new(resp);
+        let first = reader.next().await.expect("the initialize result");
+        assert!(first.id.is_some(), "the winner's stream is tagged");
+    }
+    assert_eq!(gw.gateway.registry().len(), CAP);
+    assert!(
+        mock.nothing_within(Duration::from_millis(100)).await,
+        "only the winners were forwarded"
+    );
+}
+
 #[tokio::test]
 async fn sessions_expire_after_ttl_without_clients_and_close_upstream_streams() {
     let mut mock = Mock::start().await;

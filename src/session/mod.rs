@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry};
+pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
