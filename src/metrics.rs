@@ -26,6 +26,7 @@ pub struct Metrics {
     pub held_standalone_streams: Gauge,
     pub window_events: Gauge,
     pub window_bytes: Gauge,
+    pub memory_used_bytes: Gauge,
     pub streams_attached: Counter,
     pub streams_detached: Counter,
     pub events_tagged: Counter,
@@ -67,6 +68,7 @@ impl Metrics {
             held_standalone_streams: Gauge::default(),
             window_events: Gauge::default(),
             window_bytes: Gauge::default(),
+            memory_used_bytes: Gauge::default(),
             streams_attached: Counter::default(),
             streams_detached: Counter::default(),
             events_tagged: Counter::default(),
@@ -117,6 +119,12 @@ impl Metrics {
             "Bytes retained in all session windows",
             Unit::Bytes,
             m.window_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "memory_used",
+            "Bytes counted against --memory-budget: all windows plus oversized events held for their clients",
+            Unit::Bytes,
+            m.memory_used_bytes.clone(),
         );
         registry.register(
             "streams_attached",

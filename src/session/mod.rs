@@ -583,7 +583,7 @@ impl Session {
                             self.metrics.events_evicted_undelivered.inc();
                         }
                         s.lost_upto = s.lost_upto.max(prev.seq);
-                        s.overflow = None;
+                        s.set_overflow(None, &self.budget);
                         true
                     }
                     None => true,
@@ -626,7 +626,7 @@ impl Session {
                     .window
                     .push(entry, |old| note_eviction(metrics, streams, &old));
             } else {
-                s.overflow = Some(entry);
+                s.set_overflow(Some(entry), &self.budget);
             }
             pushed += 1;
         }
@@ -680,7 +680,9 @@ impl Session {
                 st.ended.push_back(old);
                 break;
             }
-            st.streams.remove(&old);
+            if let Some(mut gone) = st.streams.remove(&old) {
+                gone.set_overflow(None, &self.budget);
+            }
             let before = st.window.bytes();
             st.window.remove_stream(old);
             self.budget.adjust(before, st.window.bytes());
@@ -980,7 +982,7 @@ impl Session {
         if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
             // Handed to the client: from now on a resume before it is a gap.
             s.lost_upto = s.lost_upto.max(o.seq);
-            s.overflow = None;
+            s.set_overflow(None, &self.budget);
             room = true;
         }
         let Some(sub) = s.sub.as_mut() else {
@@ -1151,6 +1153,7 @@ impl Session {
         self.budget.adjust(st.window.bytes(), 0);
         st.window = Window::new(1, 0);
         for s in st.streams.values_mut() {
+            s.set_overflow(None, &self.budget);
             if let Some(r) = s.reader.take() {
                 r.abort();
             }

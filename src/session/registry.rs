@@ -321,11 +321,13 @@ impl Registry {
         m.sessions.set(all.len() as i64);
         m.window_events.set(events as i64);
         m.window_bytes.set(bytes as i64);
+        m.memory_used_bytes.set(self.budget.used() as i64);
         m.attached_clients.set(clients as i64);
         m.held_standalone_streams.set(held);
     }
 
-    /// Total retained window bytes over all sessions.
+    /// Bytes counted against `--memory-budget`: all windows and every oversized event held
+    /// in a stream's overflow slot.
     pub fn window_bytes(&self) -> usize {
         self.budget.used()
     }
