@@ -15,7 +15,8 @@
 //! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume | clients, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
-//! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through; error → response | retention rules |
+//! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
+//! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through | retention rules |
 //! | [`server`] | accept loops for the proxy and admin listeners, graceful drain | protocol details |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
@@ -27,6 +28,7 @@ pub mod attach;
 pub mod config;
 pub mod cursor;
 pub mod demo;
+pub mod error;
 pub mod jsonrpc;
 pub mod metrics;
 pub mod proxy;

@@ -435,6 +435,13 @@ async fn upstream_failure_is_explicit(fault: impl FnOnce(&FaultProxy)) {
         .unwrap_or_else(|| panic!("an upstream-failed event: {rest:?}"));
     let info: serde_json::Value = serde_json::from_str(failed.data.as_deref().unwrap()).unwrap();
     assert_eq!(info["reason"], "upstream-failed");
+    // The cause names what failed, never the HTTP library's own error text.
+    let cause = info["cause"].as_str().unwrap();
+    assert!(
+        cause == "upstream connection failed"
+            || cause.starts_with("the upstream closed the stream and refused"),
+        "{cause}"
+    );
     let errs: Vec<serde_json::Value> = messages(&rest)
         .iter()
         .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())

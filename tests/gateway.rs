@@ -533,6 +533,8 @@ async fn upstream_down_gives_502_with_json_rpc_error() {
     let j = body_json(resp).await;
     assert_eq!(j["id"], 5);
     assert_eq!(j["error"]["data"]["reason"], "upstream-unavailable");
+    // No internal detail (hyper's error text) reaches the client.
+    assert_eq!(j["error"]["message"], "mcp-reattach: upstream unavailable");
 }
 
 #[tokio::test]

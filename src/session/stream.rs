@@ -37,8 +37,9 @@ impl StreamKind {
 /// for; the others will not heal by trying again.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamFailure {
-    /// The connection failed mid-stream (reset, truncated chunking, ...).
-    #[error("upstream connection failed: {0}")]
+    /// The connection failed mid-stream (reset, truncated chunking, ...). The library's text
+    /// is for the log (`Debug`); clients are told only that the connection failed.
+    #[error("upstream connection failed")]
     Connection(String),
     /// The upstream sent bytes that are not a valid SSE stream, or an event over the limit.
     #[error("{0}")]
