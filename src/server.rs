@@ -1,11 +1,12 @@
 //! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection; an HTTP/1.1
-//! connection, or a single HTTP/2 stream, can be ended by the session layer when its client stalls) and the admin listener
-//! (`/healthz`, `/readyz`). Takes listeners and a shutdown future; binding and signals are
-//! `main`'s job, so tests run the real server on `127.0.0.1:0`.
+//! connection, or a single HTTP/2 stream, can be ended by the session layer when its client
+//! stalls) and the admin listener (`/healthz`, `/readyz`, `/metrics`). Takes listeners and a
+//! shutdown future; the drain is [`crate::shutdown`]'s, binding and signals are `main`'s, so
+//! tests run the real server on `127.0.0.1:0`.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,11 +17,13 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use crate::config::Config;
 use crate::proxy::{Conn, Gateway};
+use crate::shutdown;
 
 /// How long an admin client may take to send a request's headers.
 const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,10 +39,12 @@ pub async fn serve(
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
 ///
-/// When `shutdown` resolves the gateway drains: it stops accepting, lets every connection
-/// finish its in-flight response (keep-alive off), tells clients of standalone GET streams to
-/// resume elsewhere at once, lets POST-started streams run until `drain_timeout` (or until
-/// [`Gateway::hurry`]), then ends the remaining streams with a `retry:` hint and returns.
+/// When `shutdown` resolves the gateway stops accepting and drains ([`shutdown::drain`]):
+/// every connection finishes its in-flight response (keep-alive off), clients of standalone
+/// GET streams are told to resume elsewhere at once, POST-started streams run until
+/// `drain_timeout` (or until [`Gateway::hurry`]), then the remaining streams end with a
+/// `retry:` hint and this returns. [`crate::shutdown::Shutdown::stop_accepting`] makes the
+/// `shutdown` future main uses.
 pub async fn serve_gateway(
     listener: TcpListener,
     gateway: Arc<Gateway>,
@@ -48,8 +53,7 @@ pub async fn serve_gateway(
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let cfg = gateway.config().clone();
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let live = Arc::new(Live::default());
+    let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         // At --max-connections, stop accepting: new connections wait in the listen backlog.
@@ -76,13 +80,11 @@ pub async fn serve_gateway(
         limit_unsent(&tcp);
         let gateway = gateway.clone();
         let cfg = cfg.clone();
-        let mut drain = drain_rx.clone();
-        let guard = live.enter();
+        let watcher = graceful.watcher();
         let metrics = gateway.registry().metrics().clone();
         metrics.connections_accepted.inc();
         metrics.connections.inc();
         tokio::spawn(async move {
-            let _guard = guard;
             let _slot = slot;
             let kill = Arc::new(Notify::new());
             let exec = StreamExec::default();
@@ -99,52 +101,24 @@ pub async fn serve_gateway(
                 };
                 gateway.clone().handle(req, Conn { remote, kill })
             });
-            let serving = builder.serve_connection(TokioIo::new(tcp), svc);
-            tokio::pin!(serving);
-            let mut draining = false;
-            loop {
-                tokio::select! {
-                    res = serving.as_mut() => {
-                        if let Err(e) = res {
-                            metrics.connection_error(classify(&*e));
-                            tracing::debug!(error = %e, "client connection ended with an error");
-                        }
-                        break;
+            // Watched: the drain tells it to finish gracefully and waits for it.
+            let serving = watcher.watch(builder.serve_connection(TokioIo::new(tcp), svc));
+            tokio::select! {
+                res = serving => {
+                    if let Err(e) = res {
+                        metrics.connection_error(classify(&*e));
+                        tracing::debug!(error = %e, "client connection ended with an error");
                     }
-                    () = kill.notified() => {
-                        tracing::info!(%remote, "closed a stalled client connection");
-                        break;
-                    }
-                    changed = drain.changed(), if !draining => {
-                        draining = true;
-                        if changed.is_ok() {
-                            serving.as_mut().graceful_shutdown();
-                        }
-                    }
+                }
+                () = kill.notified() => {
+                    tracing::info!(%remote, "closed a stalled client connection");
                 }
             }
             metrics.connections.dec();
         });
     }
     drop(listener);
-    tracing::info!(connections = live.count(), drain_timeout = ?cfg.drain_timeout, "draining");
-    let _ = drain_tx.send(true);
-    // Standalone GET streams never end on their own: send those clients elsewhere now.
-    gateway.registry().end_clients(true);
-    tokio::select! {
-        () = live.idle() => {}
-        () = tokio::time::sleep(cfg.drain_timeout) => {}
-        () = gateway.hurried() => {}
-    }
-    if live.count() > 0 {
-        tracing::info!(
-            connections = live.count(),
-            "drain deadline: ending remaining streams"
-        );
-        gateway.registry().end_clients(false);
-        let _ = tokio::time::timeout(FINAL_FLUSH, live.idle()).await;
-    }
-    tracing::info!(connections = live.count(), "drained");
+    shutdown::drain(&gateway, graceful, cfg.drain_timeout).await;
     Ok(())
 }
 
@@ -234,47 +208,6 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
         Some(h) if h.is_parse_too_large() => "head_too_large",
         Some(h) if h.is_incomplete_message() || h.is_canceled() => "client_gone",
         _ => "other",
-    }
-}
-
-/// How long the last `retry:` hints get to reach clients after the drain deadline.
-const FINAL_FLUSH: Duration = Duration::from_secs(2);
-
-/// Counts live client connections, so draining can wait for the last one.
-#[derive(Debug, Default)]
-struct Live {
-    count: AtomicUsize,
-    zero: Notify,
-}
-
-struct LiveGuard(Arc<Live>);
-
-impl Live {
-    fn enter(self: &Arc<Self>) -> LiveGuard {
-        self.count.fetch_add(1, Ordering::SeqCst);
-        LiveGuard(self.clone())
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    async fn idle(&self) {
-        loop {
-            let notified = self.zero.notified();
-            if self.count() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.zero.notify_waiters();
-        }
     }
 }
 
