@@ -16,6 +16,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::access::{AccessLog, Observed, StreamStats};
 use crate::attach::AttachBody;
@@ -118,17 +119,32 @@ impl Gateway {
             .headers()
             .get(MCP_SESSION_ID)
             .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
-        let mut resp = match self.route(req, &conn).await {
+        // One span per request (inside its connection's span), so a debug log of one session
+        // can be followed; a session the upstream creates now is recorded once known.
+        let span = tracing::debug_span!(
+            "request",
+            http.method = %method,
+            mcp.session = session.as_deref().map(tracing::field::display),
+        );
+        let routed = self.route(req, &conn).instrument(span.clone()).await;
+        let mut resp = match routed {
             Ok(r) => r,
-            Err(refusal) => refusal
-                .respond(&method, self.registry.metrics())
-                .map(full_body),
+            Err(refusal) => span.in_scope(|| {
+                refusal
+                    .respond(&method, self.registry.metrics())
+                    .map(full_body)
+            }),
         };
         let stream = resp.extensions_mut().remove::<Arc<StreamStats>>();
         let session = session.or_else(|| {
-            resp.headers()
+            let created = resp
+                .headers()
                 .get(MCP_SESSION_ID)
-                .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())))
+                .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
+            if let Some(h) = &created {
+                span.record("mcp.session", tracing::field::display(h));
+            }
+            created
         });
         let log = AccessLog::new(
             method,

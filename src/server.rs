@@ -20,6 +20,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::config::Config;
 use crate::proxy::{Conn, Gateway};
@@ -84,7 +85,9 @@ pub async fn serve_gateway(
         let metrics = gateway.registry().metrics().clone();
         metrics.connections_accepted.inc();
         metrics.connections.inc();
-        tokio::spawn(async move {
+        // One span per connection: every request span (and HTTP/2 stream task) nests in it.
+        let span = tracing::debug_span!("connection", %remote);
+        let task = async move {
             let _slot = slot;
             let kill = Arc::new(Notify::new());
             let exec = StreamExec::default();
@@ -115,7 +118,8 @@ pub async fn serve_gateway(
                 }
             }
             metrics.connections.dec();
-        });
+        };
+        tokio::spawn(task.instrument(span));
     }
     drop(listener);
     shutdown::drain(&gateway, graceful, cfg.drain_timeout).await;
@@ -168,7 +172,7 @@ where
             .take();
         match kill {
             Some(kill) => {
-                tokio::spawn(async move {
+                let task = async move {
                     tokio::select! {
                         () = fut => {}
                         () = kill.notified() => {
@@ -177,10 +181,12 @@ where
                             tracing::info!("closed a stalled HTTP/2 stream");
                         }
                     }
-                });
+                };
+                // Called on the connection's task: the stream stays in its span.
+                tokio::spawn(task.in_current_span());
             }
             None => {
-                tokio::spawn(fut);
+                tokio::spawn(fut.in_current_span());
             }
         }
     }
