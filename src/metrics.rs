@@ -33,6 +33,7 @@ pub struct Metrics {
     pub events_replayed: Counter,
     pub window_evictions: Counter,
     pub slow_consumer_detaches: Counter,
+    pub stalled_closes: Counter,
     pub events_evicted_undelivered: Counter,
     pub upstream_pauses: Counter,
     pub upstream_paused_seconds: Counter<f64, AtomicU64>,
@@ -75,6 +76,7 @@ impl Metrics {
             events_replayed: Counter::default(),
             window_evictions: Counter::default(),
             slow_consumer_detaches: Counter::default(),
+            stalled_closes: Counter::default(),
             events_evicted_undelivered: Counter::default(),
             upstream_pauses: Counter::default(),
             upstream_paused_seconds: Counter::default(),
@@ -155,6 +157,11 @@ impl Metrics {
             "slow_consumer_detaches",
             "Clients detached because they stalled",
             m.slow_consumer_detaches.clone(),
+        );
+        registry.register(
+            "stalled_closes",
+            "Stalled clients whose body could not even be polled, closed: the HTTP/1.1 connection, or only the HTTP/2 stream",
+            m.stalled_closes.clone(),
         );
         registry.register(
             "events_evicted_undelivered",

@@ -90,7 +90,10 @@ pub async fn serve_gateway(
         let task = async move {
             let _slot = slot;
             let kill = Arc::new(Notify::new());
-            let exec = StreamExec::default();
+            let exec = StreamExec {
+                pending: Arc::default(),
+                metrics: metrics.clone(),
+            };
             let builder = connection_builder(&cfg, exec.clone());
             let conn_kill = kill.clone();
             let svc = service_fn(move |req: Request<Incoming>| {
@@ -114,6 +117,7 @@ pub async fn serve_gateway(
                     }
                 }
                 () = kill.notified() => {
+                    metrics.stalled_closes.inc();
                     tracing::info!(%remote, "closed a stalled client connection");
                 }
             }
@@ -146,9 +150,10 @@ fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExe
 /// alone: hyper calls the service and hands the resulting stream task to the executor in the
 /// same step on the connection's task, so the kill switch the service made for that request
 /// ([`StreamExec::next_stream`]) is the one waiting in `pending` when the task arrives.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct StreamExec {
     pending: Arc<std::sync::Mutex<Option<Arc<Notify>>>>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl StreamExec {
@@ -172,10 +177,12 @@ where
             .take();
         match kill {
             Some(kill) => {
+                let metrics = self.metrics.clone();
                 let task = async move {
                     tokio::select! {
                         () = fut => {}
                         () = kill.notified() => {
+                            metrics.stalled_closes.inc();
                             // Dropping the stream's task drops its send half: h2 resets
                             // the stream (RST_STREAM) and the body's drop detaches it.
                             tracing::info!("closed a stalled HTTP/2 stream");

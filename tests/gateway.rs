@@ -894,6 +894,25 @@ async fn stalled_client_is_detached_and_resumes_without_loss() {
         "the stalled client was detached before the end ({} events)",
         got.len()
     );
+    // The client was told one of the two documented ways: the resumption-required event if
+    // its body could still be polled, else its connection was closed (the socket was full).
+    let text = gw.gateway.render_metrics();
+    let count = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        count("mcp_reattach_slow_consumer_detaches_total "),
+        1.0,
+        "{text}"
+    );
+    let closed = count("mcp_reattach_stalled_closes_total ");
+    assert!(
+        signalled != (closed == 1.0),
+        "exactly one of: resumption-required seen ({signalled}), connection closed ({closed})"
+    );
     eprintln!(
         "stalled client got {} of {} events before detach (signal event seen: {signalled})",
         got.len(),

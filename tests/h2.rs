@@ -103,6 +103,12 @@ async fn a_stalled_h2_stream_ends_alone_and_its_neighbours_keep_flowing() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
+    assert!(
+        gw.gateway
+            .render_metrics()
+            .contains("mcp_reattach_stalled_closes_total 1"),
+        "the stalled stream was closed by the gateway"
+    );
     // The other session's stream on the same connection still receives, event by event.
     for i in 0..20 {
         healthy_writer.message(&progress(i)).await;
