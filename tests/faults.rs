@@ -525,8 +525,12 @@ async fn upstream_stall_keeps_clients_alive_and_other_sessions_unaffected() {
     r.next().await.unwrap();
     up.arm(Dir::ToClient, Fault::StallAfter(0));
     writer.message(&progress(1)).await; // never arrives
-                                        // Let the stalled connection's pump take the stall before re-arming for new connections.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+                                        // The stalled connection's pump must hold its bytes before the relay is re-armed for new
+                                        // connections.
+    eventually("the relay holds the stalled stream", WAIT, || {
+        up.stalled() >= 1
+    })
+    .await;
     // Another session, over a new upstream connection, is served while the first one stalls.
     up.arm(Dir::ToClient, Fault::Pass);
     let pending = tokio::spawn(send(gw.addr, post(&call(2), Some("other"))));
@@ -537,14 +541,18 @@ async fn upstream_stall_keeps_clients_alive_and_other_sessions_unaffected() {
         messages(&SseReader::new(pending.await.unwrap()).rest().await),
         vec![result(2)]
     );
+    // Keep-alives keep flowing to the stalled stream's client: wait until two arrived (no
+    // event comes, so each read gives up after a moment and the raw bytes are checked).
     let before = r.raw.len();
-    tokio::time::sleep(Duration::from_millis(450)).await;
-    let _ = tokio::time::timeout(Duration::from_millis(200), r.next()).await;
-    let raw = String::from_utf8_lossy(&r.raw[before..]).into_owned();
-    assert!(
-        raw.matches(": keepalive\n\n").count() >= 2,
-        "keep-alives flow: {raw:?}"
-    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let raw = String::from_utf8_lossy(&r.raw[before..]).into_owned();
+        if raw.matches(": keepalive\n\n").count() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "keep-alives flow: {raw:?}");
+        let _ = tokio::time::timeout(Duration::from_millis(100), r.next()).await;
+    }
     drop(writer);
 }
 

@@ -199,8 +199,9 @@ async fn gap_on_a_post_stream_answers_the_pending_request_with_an_error() {
         writer.message(&progress(i)).await;
     }
     // The client stays away longer than the stall budget: the window (3 events) moves on
-    // and no longer holds progress 2.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // and no longer holds progress 2. Flow control holds the reader until then, so once all
+    // eight are tagged, progress 2 has been evicted.
+    gw.tagged_at_least(8).await;
     let resp = resume(&gw, &cursor).await;
     assert_eq!(resp.status(), 200);
     let mut r = SseReader::new(resp);

@@ -299,7 +299,19 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
     let gw = gateway(mock.addr, |c| c.max_connections = 2).await;
     let a = TcpStream::connect(gw.addr).await.unwrap();
     let b = TcpStream::connect(gw.addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both are accepted (the gateway's connection gauge says so) before the third comes.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !gw
+        .gateway
+        .render_metrics()
+        .contains("\nmcp_reattach_connections 2\n")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two connections accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let third = tokio::spawn(send(
         gw.addr,
         post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None),
@@ -353,9 +365,14 @@ async fn memory_budget_sheds_idle_sessions_then_refuses_new_ones() {
     for i in 0..14 {
         wa.message(&big(i)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.tagged_at_least(14).await;
     drop(ra);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let a = gw.gateway.registry().get("a").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.attached_clients() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "a's client left");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // Session b (client attached) pushes past the budget: a, idle, is shed.
     init_session(&gw, &mut mock, "b").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(2), Some("b"))));
