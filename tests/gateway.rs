@@ -1026,3 +1026,29 @@ async fn x_forwarded_proto_from_the_hop_in_front_is_kept() {
         assert_eq!(pending.await.unwrap().status(), 200);
     }
 }
+
+/// The harness: the mock upstream stops when its handle drops (listener and connections),
+/// so a test cannot leak a live upstream into the next one.
+#[tokio::test]
+async fn the_mock_upstream_stops_when_its_handle_drops() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    init_session(&gw, &mut mock, SID).await;
+    let addr = mock.addr;
+    drop(mock);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the mock's listener closed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The gateway's pooled connection to it is gone too: a request now fails as unavailable.
+    let resp = send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#, Some(SID)),
+    )
+    .await;
+    assert_eq!(resp.status(), 502);
+}
