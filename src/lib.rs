@@ -15,23 +15,27 @@
 //! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume | clients, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
-//! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through; error → response | retention rules |
-//! | [`server`] | accept loops for the proxy and admin listeners, graceful drain | protocol details |
+//! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
+//! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through | retention rules |
+//! | [`server`] | accept loops for the proxy and admin listeners; per-connection and per-HTTP/2-stream stall kill | protocol details |
+//! | [`shutdown`] | the drain phases: not ready, drain delay, stop accepting, deadline, end streams; the [`shutdown::Shutdown`] trigger | signals, sockets |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
-//! `main.rs` only parses flags, installs logging and signals, binds, and calls [`serve_gateway`]
-//! and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
+//! `main.rs` only parses flags, installs logging, maps SIGTERM / SIGINT to a graceful / quick
+//! [`shutdown::Shutdown`], binds, and calls [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 
 pub mod access;
 pub mod attach;
 pub mod config;
 pub mod cursor;
 pub mod demo;
+pub mod error;
 pub mod jsonrpc;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod session;
+pub mod shutdown;
 pub mod sse;
 pub mod upstream;
 pub mod window;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mcp_reattach::config::{Cli, Command, Config, GatewayArgs, LogFormat};
+use mcp_reattach::shutdown::{Mode, Shutdown};
 use tokio::net::TcpListener;
 
 const EX_USAGE: u8 = 64;
@@ -113,55 +114,40 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
             let _ = admin_stop.wait_for(|s| *s).await;
         },
     ));
-    let drain_delay = args.drain_delay;
-    let gw = gateway.clone();
-    let signal = async move {
-        let graceful = shutdown_signal().await;
-        health.set_ready(false);
-        if graceful {
-            // Keep accepting while load balancers notice /readyz failing; SIGINT cuts it short.
-            tracing::info!(
-                ?drain_delay,
-                "SIGTERM: not ready; still accepting during the drain delay"
-            );
-            tokio::select! {
-                () = tokio::time::sleep(drain_delay) => {}
-                _ = tokio::signal::ctrl_c() => gw.hurry(),
-            }
-        } else {
-            gw.hurry();
-        }
-        // A SIGINT during the rest of the drain ends it at once.
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                gw.hurry();
-            }
-        });
-    };
-    mcp_reattach::serve_gateway(listener, gateway, signal).await?;
+    let shutdown = Shutdown::new();
+    tokio::spawn(forward_signals(shutdown.clone()));
+    let stop = shutdown.stop_accepting(health, gateway.clone(), args.drain_delay);
+    mcp_reattach::serve_gateway(listener, gateway, stop).await?;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Waits for SIGTERM (returns true: drain gracefully) or SIGINT (false: shut down quickly).
-async fn shutdown_signal() -> bool {
+/// SIGTERM asks for a graceful shutdown, SIGINT for a quick one (also during a graceful one).
+async fn forward_signals(shutdown: Shutdown) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         if let Ok(mut term) = signal(SignalKind::terminate()) {
-            return tokio::select! {
-                _ = term.recv() => true,
-                _ = tokio::signal::ctrl_c() => {
-                    tracing::info!("SIGINT: shutting down quickly");
-                    false
+            loop {
+                tokio::select! {
+                    Some(()) = term.recv() => {
+                        tracing::info!("SIGTERM: draining gracefully");
+                        shutdown.request(Mode::Graceful);
+                    }
+                    Ok(()) = tokio::signal::ctrl_c() => {
+                        tracing::info!("SIGINT: shutting down quickly");
+                        shutdown.request(Mode::Quick);
+                    }
+                    else => return,
                 }
-            };
+            }
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
-    false
+    if tokio::signal::ctrl_c().await.is_ok() {
+        shutdown.request(Mode::Quick);
+    }
 }
 
 /// `mcp-reattach demo`: the embedded legacy demo server on loopback, the gateway in front.

@@ -26,12 +26,14 @@ pub struct Metrics {
     pub held_standalone_streams: Gauge,
     pub window_events: Gauge,
     pub window_bytes: Gauge,
+    pub memory_used_bytes: Gauge,
     pub streams_attached: Counter,
     pub streams_detached: Counter,
     pub events_tagged: Counter,
     pub events_replayed: Counter,
     pub window_evictions: Counter,
     pub slow_consumer_detaches: Counter,
+    pub stalled_closes: Counter,
     pub events_evicted_undelivered: Counter,
     pub upstream_pauses: Counter,
     pub upstream_paused_seconds: Counter<f64, AtomicU64>,
@@ -67,12 +69,14 @@ impl Metrics {
             held_standalone_streams: Gauge::default(),
             window_events: Gauge::default(),
             window_bytes: Gauge::default(),
+            memory_used_bytes: Gauge::default(),
             streams_attached: Counter::default(),
             streams_detached: Counter::default(),
             events_tagged: Counter::default(),
             events_replayed: Counter::default(),
             window_evictions: Counter::default(),
             slow_consumer_detaches: Counter::default(),
+            stalled_closes: Counter::default(),
             events_evicted_undelivered: Counter::default(),
             upstream_pauses: Counter::default(),
             upstream_paused_seconds: Counter::default(),
@@ -118,6 +122,12 @@ impl Metrics {
             Unit::Bytes,
             m.window_bytes.clone(),
         );
+        registry.register_with_unit(
+            "memory_used",
+            "Bytes counted against --memory-budget: all windows plus oversized events held for their clients",
+            Unit::Bytes,
+            m.memory_used_bytes.clone(),
+        );
         registry.register(
             "streams_attached",
             "Client attachments to tagged streams (new streams, resumes, live attaches)",
@@ -147,6 +157,11 @@ impl Metrics {
             "slow_consumer_detaches",
             "Clients detached because they stalled",
             m.slow_consumer_detaches.clone(),
+        );
+        registry.register(
+            "stalled_closes",
+            "Stalled clients whose body could not even be polled, closed: the HTTP/1.1 connection, or only the HTTP/2 stream",
+            m.stalled_closes.clone(),
         );
         registry.register(
             "events_evicted_undelivered",

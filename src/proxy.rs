@@ -16,16 +16,17 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::access::{AccessLog, Observed, StreamStats};
 use crate::attach::AttachBody;
 use crate::config::{Config, Priming, ResumeAuth};
-use crate::cursor::{Cursor, CursorError};
+use crate::cursor::Cursor;
+use crate::error::Refusal;
+pub use crate::error::{codes, ProxyError};
 use crate::jsonrpc::{self, PostInfo};
 use crate::metrics::Metrics;
-use crate::session::{
-    hash_id, AtCapacity, Eviction, Reattach, Registry, Resume, ResumeError, Session, StreamKind,
-};
+use crate::session::{hash_id, Eviction, Reattach, Registry, Resume, Session, StreamKind};
 use crate::upstream::{
     full_body, hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
 };
@@ -37,102 +38,6 @@ pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
-
-/// JSON-RPC error codes the gateway writes in its own error bodies.
-pub mod codes {
-    /// Generic gateway/transport error (as the SDKs use for transport problems).
-    pub const GATEWAY: i64 = -32000;
-    /// Session not found (the code the SDKs use for it).
-    pub const SESSION_NOT_FOUND: i64 = -32001;
-    /// Resumption failed (also used inside streams, see `session`).
-    pub const RESUMPTION_FAILED: i64 = crate::jsonrpc::ERROR_CODE_RESUMPTION_FAILED;
-    /// Upstream unavailable or failed.
-    pub const UPSTREAM: i64 = crate::jsonrpc::ERROR_CODE_UPSTREAM_FAILED;
-}
-
-/// Everything a request can fail with before a normal response exists. One exhaustive
-/// mapping to status and body: [`ProxyError::into_response`].
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    #[error("Mcp-Session-Id must be visible ASCII")]
-    BadSessionHeader,
-    #[error("malformed Last-Event-ID: {0}")]
-    MalformedCursor(CursorError),
-    #[error("session not found: it expired, was deleted, or was never seen by this gateway")]
-    UnknownSession,
-    #[error("resumption failed: {0}")]
-    Resume(ResumeError),
-    #[error("request body larger than {0} bytes")]
-    BodyTooLarge(usize),
-    #[error("could not read the request body: {0}")]
-    BodyRead(BoxError),
-    #[error("the request body did not arrive within {0:?}")]
-    BodyTimeout(std::time::Duration),
-    #[error("{0}")]
-    AtCapacity(AtCapacity),
-    #[error("upstream unavailable: {0}")]
-    Upstream(hyper_util::client::legacy::Error),
-    #[error("the upstream did not answer within {0:?}")]
-    UpstreamTimeout(std::time::Duration),
-    #[error("Origin not allowed")]
-    OriginNotAllowed,
-    #[error("request id {0} was already sent in this session and its stream cannot be resumed from the start; resume it with the Last-Event-ID of its stream")]
-    DuplicateRequest(String),
-}
-
-impl ProxyError {
-    fn reason(&self) -> &'static str {
-        match self {
-            ProxyError::BadSessionHeader => "bad-session-header",
-            ProxyError::MalformedCursor(_) => "malformed-cursor",
-            ProxyError::UnknownSession => "unknown-session",
-            ProxyError::Resume(ResumeError::ForeignCursor) => "foreign-cursor",
-            ProxyError::Resume(ResumeError::CursorAhead) => "cursor-ahead",
-            ProxyError::Resume(ResumeError::Gap) => "gap",
-            ProxyError::Resume(ResumeError::StreamExpired) => "stream-expired",
-            ProxyError::Resume(ResumeError::StreamEnded) => "stream-ended",
-            ProxyError::BodyTooLarge(_) => "body-too-large",
-            ProxyError::BodyRead(_) => "body-read",
-            ProxyError::BodyTimeout(_) => "body-timeout",
-            ProxyError::AtCapacity(_) => "session-cap",
-            ProxyError::Upstream(_) => "upstream-unavailable",
-            ProxyError::UpstreamTimeout(_) => "upstream-timeout",
-            ProxyError::OriginNotAllowed => "origin-not-allowed",
-            ProxyError::DuplicateRequest(_) => "duplicate-request",
-        }
-    }
-
-    /// The response for this error, with a JSON-RPC error body naming the cause.
-    pub fn into_response(self, id: Option<&serde_json::Value>) -> Response<ResBody> {
-        let (status, code) = match &self {
-            ProxyError::BadSessionHeader => (StatusCode::BAD_REQUEST, codes::GATEWAY),
-            ProxyError::MalformedCursor(_) => (StatusCode::BAD_REQUEST, codes::RESUMPTION_FAILED),
-            ProxyError::UnknownSession => (StatusCode::NOT_FOUND, codes::SESSION_NOT_FOUND),
-            ProxyError::Resume(_) => (StatusCode::CONFLICT, codes::RESUMPTION_FAILED),
-            ProxyError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, codes::GATEWAY),
-            ProxyError::BodyRead(_) => (StatusCode::BAD_REQUEST, codes::GATEWAY),
-            ProxyError::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, codes::GATEWAY),
-            ProxyError::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::GATEWAY),
-            ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, codes::UPSTREAM),
-            ProxyError::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, codes::UPSTREAM),
-            ProxyError::OriginNotAllowed => (StatusCode::FORBIDDEN, codes::GATEWAY),
-            ProxyError::DuplicateRequest(_) => (StatusCode::CONFLICT, codes::RESUMPTION_FAILED),
-        };
-        let message = format!("mcp-reattach: {self}");
-        let body = jsonrpc::error_body(id, code, &message, self.reason());
-        let mut resp = Response::new(full_body(body));
-        *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
-    }
-}
 
 /// Why a resume GET was not answered as a resume.
 enum Fallback {
@@ -214,28 +119,32 @@ impl Gateway {
             .headers()
             .get(MCP_SESSION_ID)
             .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
-        let mut resp = match self.route(req, &conn).await {
+        // One span per request (inside its connection's span), so a debug log of one session
+        // can be followed; a session the upstream creates now is recorded once known.
+        let span = tracing::debug_span!(
+            "request",
+            http.method = %method,
+            mcp.session = session.as_deref().map(tracing::field::display),
+        );
+        let routed = self.route(req, &conn).instrument(span.clone()).await;
+        let mut resp = match routed {
             Ok(r) => r,
-            Err((e, id)) => {
-                self.count_failure(&e);
-                let reason = e.reason();
-                let message = e.to_string();
-                let resp = e.into_response(id.as_ref());
-                // Routine client-side answers (unknown session, stale cursor, 413, …) are not
-                // operator news; what the upstream or the gateway failed at is.
-                if resp.status().is_server_error() {
-                    tracing::warn!(http.method = %method, error = %message, reason, "request failed");
-                } else {
-                    tracing::debug!(http.method = %method, error = %message, reason, "request refused");
-                }
-                resp
-            }
+            Err(refusal) => span.in_scope(|| {
+                refusal
+                    .respond(&method, self.registry.metrics())
+                    .map(full_body)
+            }),
         };
         let stream = resp.extensions_mut().remove::<Arc<StreamStats>>();
         let session = session.or_else(|| {
-            resp.headers()
+            let created = resp
+                .headers()
                 .get(MCP_SESSION_ID)
-                .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())))
+                .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
+            if let Some(h) = &created {
+                span.record("mcp.session", tracing::field::display(h));
+            }
+            created
         });
         let log = AccessLog::new(
             method,
@@ -248,42 +157,17 @@ impl Gateway {
         Ok(resp.map(|b| Observed::new(b, log)))
     }
 
-    fn count_failure(&self, e: &ProxyError) {
-        let m = self.registry.metrics();
-        match e {
-            ProxyError::MalformedCursor(_) => m.resume("malformed_cursor"),
-            ProxyError::UnknownSession => m.resume("unknown_session"),
-            ProxyError::Resume(r) => m.resume(match r {
-                ResumeError::ForeignCursor => "foreign_cursor",
-                ResumeError::CursorAhead => "cursor_ahead",
-                ResumeError::Gap => "gap",
-                ResumeError::StreamExpired => "stream_expired",
-                ResumeError::StreamEnded => "stream_ended",
-            }),
-            ProxyError::Upstream(e) if e.is_connect() => m.upstream_error("connect"),
-            ProxyError::Upstream(_) => m.upstream_error("request"),
-            ProxyError::UpstreamTimeout(_) => m.upstream_error("timeout"),
-            ProxyError::BadSessionHeader => m.rejected("bad_session_header"),
-            ProxyError::BodyTooLarge(_) => m.rejected("body_too_large"),
-            ProxyError::BodyRead(_) => m.rejected("body_read"),
-            ProxyError::BodyTimeout(_) => m.rejected("body_timeout"),
-            ProxyError::AtCapacity(_) => m.rejected("at_capacity"),
-            ProxyError::OriginNotAllowed => m.rejected("origin_not_allowed"),
-            ProxyError::DuplicateRequest(_) => m.resume("duplicate_request"),
-        }
-    }
-
     async fn route(
         self: &Arc<Self>,
         req: Request<Incoming>,
         conn: &Conn,
-    ) -> Result<Response<ResBody>, (ProxyError, Option<serde_json::Value>)> {
+    ) -> Result<Response<ResBody>, Refusal> {
         let session_id = match req.headers().get(MCP_SESSION_ID) {
             None => None,
             Some(v) if is_visible_ascii(v.as_bytes()) => {
                 Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
             }
-            Some(_) => return Err((ProxyError::BadSessionHeader, None)),
+            Some(_) => return Err(ProxyError::BadSessionHeader.into()),
         };
         let header_version = req
             .headers()
@@ -300,7 +184,7 @@ impl Gateway {
                     .iter()
                     .any(|o| o.as_bytes() == origin.as_bytes());
                 if !ok {
-                    return Err((ProxyError::OriginNotAllowed, None));
+                    return Err(ProxyError::OriginNotAllowed.into());
                 }
             }
         }
@@ -317,7 +201,7 @@ impl Gateway {
                     {
                         Ok(resp) => return Ok(resp),
                         Err(Fallback::Reattach(r)) => reattach = Some(r),
-                        Err(Fallback::Refused(e)) => return Err((e, None)),
+                        Err(Fallback::Refused(e)) => return Err(e.into()),
                     }
                 }
                 if let Some(s) = self.registry.get(sid) {
@@ -364,17 +248,15 @@ impl Gateway {
             // A slow body is cut like a slow head: both are bounded by --header-read-timeout.
             let collect = Limited::new(body, self.cfg.max_request_bytes).collect();
             let bytes = match tokio::time::timeout(self.cfg.header_read_timeout, collect).await {
-                Err(_) => {
-                    return Err((ProxyError::BodyTimeout(self.cfg.header_read_timeout), None))
-                }
+                Err(_) => return Err(ProxyError::BodyTimeout(self.cfg.header_read_timeout).into()),
                 Ok(Ok(c)) => c.to_bytes(),
                 Ok(Err(e))
                     if e.downcast_ref::<http_body_util::LengthLimitError>()
                         .is_some() =>
                 {
-                    return Err((ProxyError::BodyTooLarge(self.cfg.max_request_bytes), None))
+                    return Err(ProxyError::BodyTooLarge(self.cfg.max_request_bytes).into())
                 }
-                Ok(Err(e)) => return Err((ProxyError::BodyRead(e), None)),
+                Ok(Err(e)) => return Err(ProxyError::BodyRead(e).into()),
             };
             let info = jsonrpc::inspect_post(&bytes);
             (full_body(bytes), info)
@@ -387,11 +269,15 @@ impl Gateway {
         let single_id = info.single_id.clone();
         // `initialize` exists only in the legacy eras, whatever version it asks for.
         let modern = !info.initialize && (modern || info.modern());
-        if !modern && info.initialize && session_id.is_none() {
-            self.registry
-                .reserve()
-                .map_err(|e| (ProxyError::AtCapacity(e), single_id.clone()))?;
-        }
+        let reservation = if !modern && info.initialize && session_id.is_none() {
+            Some(
+                self.registry
+                    .reserve()
+                    .map_err(|e| ProxyError::AtCapacity(e).for_request(single_id.clone()))?,
+            )
+        } else {
+            None
+        };
         if let Some(s) = session_id
             .as_deref()
             .filter(|_| !modern)
@@ -407,7 +293,7 @@ impl Gateway {
                     .retransmission(sid, &s, &parts, &info, principal, conn)
                     .await
                 {
-                    return r.map_err(|e| (e, single_id));
+                    return r.map_err(|e| e.for_request(single_id));
                 }
             }
         }
@@ -433,15 +319,15 @@ impl Gateway {
         let resp = if can_stream {
             pending
                 .await
-                .map_err(|e| (ProxyError::Upstream(e), single_id.clone()))?
+                .map_err(|e| ProxyError::Upstream(e).for_request(single_id.clone()))?
         } else {
             match tokio::time::timeout(self.cfg.upstream_header_timeout, pending).await {
-                Ok(r) => r.map_err(|e| (ProxyError::Upstream(e), single_id.clone()))?,
+                Ok(r) => r.map_err(|e| ProxyError::Upstream(e).for_request(single_id.clone()))?,
                 Err(_) => {
-                    return Err((
-                        ProxyError::UpstreamTimeout(self.cfg.upstream_header_timeout),
-                        single_id,
-                    ))
+                    return Err(
+                        ProxyError::UpstreamTimeout(self.cfg.upstream_header_timeout)
+                            .for_request(single_id),
+                    )
                 }
             }
         };
@@ -467,7 +353,11 @@ impl Gateway {
         else {
             return Ok(pass_through(resp));
         };
-        let session = match self.registry.get_or_create(&sid, principal) {
+        let created = match reservation {
+            Some(r) => Ok(self.registry.create_reserved(&sid, principal, r)),
+            None => self.registry.get_or_create(&sid, principal),
+        };
+        let session = match created {
             Ok(s) => s,
             Err(_) => {
                 tracing::warn!("session cap reached with every session in use; passing the response through untagged");

@@ -1,11 +1,12 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection, each able to
-//! be closed by the session layer when its client stalls) and the admin listener
-//! (`/healthz`, `/readyz`). Takes listeners and a shutdown future; binding and signals are
-//! `main`'s job, so tests run the real server on `127.0.0.1:0`.
+//! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection; an HTTP/1.1
+//! connection, or a single HTTP/2 stream, can be ended by the session layer when its client
+//! stalls) and the admin listener (`/healthz`, `/readyz`, `/metrics`). Takes listeners and a
+//! shutdown future; the drain is [`crate::shutdown`]'s, binding and signals are `main`'s, so
+//! tests run the real server on `127.0.0.1:0`.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,13 +15,16 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::config::Config;
 use crate::proxy::{Conn, Gateway};
+use crate::shutdown;
 
 /// How long an admin client may take to send a request's headers.
 const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,10 +40,12 @@ pub async fn serve(
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
 ///
-/// When `shutdown` resolves the gateway drains: it stops accepting, lets every connection
-/// finish its in-flight response (keep-alive off), tells clients of standalone GET streams to
-/// resume elsewhere at once, lets POST-started streams run until `drain_timeout` (or until
-/// [`Gateway::hurry`]), then ends the remaining streams with a `retry:` hint and returns.
+/// When `shutdown` resolves the gateway stops accepting and drains ([`shutdown::drain`]):
+/// every connection finishes its in-flight response (keep-alive off), clients of standalone
+/// GET streams are told to resume elsewhere at once, POST-started streams run until
+/// `drain_timeout` (or until [`Gateway::hurry`]), then the remaining streams end with a
+/// `retry:` hint and this returns. [`crate::shutdown::Shutdown::stop_accepting`] makes the
+/// `shutdown` future main uses.
 pub async fn serve_gateway(
     listener: TcpListener,
     gateway: Arc<Gateway>,
@@ -47,21 +53,8 @@ pub async fn serve_gateway(
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let cfg = gateway.config().clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_headers(cfg.max_headers)
-        .max_buf_size(cfg.max_header_bytes.max(8192));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
-    let builder = Arc::new(builder);
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let live = Arc::new(Live::default());
+    let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         // At --max-connections, stop accepting: new connections wait in the listen backlog.
@@ -87,69 +80,123 @@ pub async fn serve_gateway(
         let _ = tcp.set_nodelay(true);
         limit_unsent(&tcp);
         let gateway = gateway.clone();
-        let builder = builder.clone();
-        let mut drain = drain_rx.clone();
-        let guard = live.enter();
+        let cfg = cfg.clone();
+        let watcher = graceful.watcher();
         let metrics = gateway.registry().metrics().clone();
         metrics.connections_accepted.inc();
         metrics.connections.inc();
-        tokio::spawn(async move {
-            let _guard = guard;
+        // One span per connection: every request span (and HTTP/2 stream task) nests in it.
+        let span = tracing::debug_span!("connection", %remote);
+        let task = async move {
             let _slot = slot;
             let kill = Arc::new(Notify::new());
-            let conn = Conn {
-                remote,
-                kill: kill.clone(),
+            let exec = StreamExec {
+                pending: Arc::default(),
+                metrics: metrics.clone(),
             };
-            let svc =
-                service_fn(move |req: Request<Incoming>| gateway.clone().handle(req, conn.clone()));
-            let serving = builder.serve_connection(TokioIo::new(tcp), svc);
-            tokio::pin!(serving);
-            let mut draining = false;
-            loop {
-                tokio::select! {
-                    res = serving.as_mut() => {
-                        if let Err(e) = res {
-                            metrics.connection_error(classify(&*e));
-                            tracing::debug!(error = %e, "client connection ended with an error");
-                        }
-                        break;
+            let builder = connection_builder(&cfg, exec.clone());
+            let conn_kill = kill.clone();
+            let svc = service_fn(move |req: Request<Incoming>| {
+                // HTTP/1.1 has one stream per connection: a stall closes the connection. On
+                // HTTP/2 a stall ends only its own stream (the stream's task is dropped, h2
+                // resets it); the other streams on the connection keep flowing.
+                let kill = if req.version() == http::Version::HTTP_2 {
+                    exec.next_stream()
+                } else {
+                    conn_kill.clone()
+                };
+                gateway.clone().handle(req, Conn { remote, kill })
+            });
+            // Watched: the drain tells it to finish gracefully and waits for it.
+            let serving = watcher.watch(builder.serve_connection(TokioIo::new(tcp), svc));
+            tokio::select! {
+                res = serving => {
+                    if let Err(e) = res {
+                        metrics.connection_error(classify(&*e));
+                        tracing::debug!(error = %e, "client connection ended with an error");
                     }
-                    () = kill.notified() => {
-                        tracing::info!(%remote, "closed a stalled client connection");
-                        break;
-                    }
-                    changed = drain.changed(), if !draining => {
-                        draining = true;
-                        if changed.is_ok() {
-                            serving.as_mut().graceful_shutdown();
-                        }
-                    }
+                }
+                () = kill.notified() => {
+                    metrics.stalled_closes.inc();
+                    tracing::info!(%remote, "closed a stalled client connection");
                 }
             }
             metrics.connections.dec();
-        });
+        };
+        tokio::spawn(task.instrument(span));
     }
     drop(listener);
-    tracing::info!(connections = live.count(), drain_timeout = ?cfg.drain_timeout, "draining");
-    let _ = drain_tx.send(true);
-    // Standalone GET streams never end on their own: send those clients elsewhere now.
-    gateway.registry().end_clients(true);
-    tokio::select! {
-        () = live.idle() => {}
-        () = tokio::time::sleep(cfg.drain_timeout) => {}
-        () = gateway.hurried() => {}
-    }
-    if live.count() > 0 {
-        tracing::info!(
-            connections = live.count(),
-            "drain deadline: ending remaining streams"
-        );
-        gateway.registry().end_clients(false);
-        let _ = tokio::time::timeout(FINAL_FLUSH, live.idle()).await;
-    }
-    tracing::info!(connections = live.count(), "drained");
+    shutdown::drain(&gateway, graceful, cfg.drain_timeout).await;
     Ok(())
+}
+
+/// The per-connection protocol settings (HTTP/1.1 and h2c), running HTTP/2 streams on `exec`.
+fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExec> {
+    let mut builder = auto::Builder::new(exec);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_headers(cfg.max_headers)
+        .max_buf_size(cfg.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
+/// Runs one connection's HTTP/2 streams, each as its own task that the session layer can end
+/// alone: hyper calls the service and hands the resulting stream task to the executor in the
+/// same step on the connection's task, so the kill switch the service made for that request
+/// ([`StreamExec::next_stream`]) is the one waiting in `pending` when the task arrives.
+#[derive(Clone)]
+struct StreamExec {
+    pending: Arc<std::sync::Mutex<Option<Arc<Notify>>>>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl StreamExec {
+    /// A kill switch for the HTTP/2 stream whose request is being handed to the service now.
+    fn next_stream(&self) -> Arc<Notify> {
+        let kill = Arc::new(Notify::new());
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(kill.clone());
+        kill
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for StreamExec
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let kill = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match kill {
+            Some(kill) => {
+                let metrics = self.metrics.clone();
+                let task = async move {
+                    tokio::select! {
+                        () = fut => {}
+                        () = kill.notified() => {
+                            metrics.stalled_closes.inc();
+                            // Dropping the stream's task drops its send half: h2 resets
+                            // the stream (RST_STREAM) and the body's drop detaches it.
+                            tracing::info!("closed a stalled HTTP/2 stream");
+                        }
+                    }
+                };
+                // Called on the connection's task: the stream stays in its span.
+                tokio::spawn(task.in_current_span());
+            }
+            None => {
+                tokio::spawn(fut.in_current_span());
+            }
+        }
+    }
 }
 
 /// Bytes of written-but-unsent data the kernel keeps per client socket. Flow control wants
@@ -174,47 +221,6 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
         Some(h) if h.is_parse_too_large() => "head_too_large",
         Some(h) if h.is_incomplete_message() || h.is_canceled() => "client_gone",
         _ => "other",
-    }
-}
-
-/// How long the last `retry:` hints get to reach clients after the drain deadline.
-const FINAL_FLUSH: Duration = Duration::from_secs(2);
-
-/// Counts live client connections, so draining can wait for the last one.
-#[derive(Debug, Default)]
-struct Live {
-    count: AtomicUsize,
-    zero: Notify,
-}
-
-struct LiveGuard(Arc<Live>);
-
-impl Live {
-    fn enter(self: &Arc<Self>) -> LiveGuard {
-        self.count.fetch_add(1, Ordering::SeqCst);
-        LiveGuard(self.clone())
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    async fn idle(&self) {
-        loop {
-            let notified = self.zero.notified();
-            if self.count() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.zero.notify_waiters();
-        }
     }
 }
 

@@ -459,7 +459,7 @@ pub async fn read_stream(
         }
     };
     if let End::Failed(cause) = &end {
-        tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause = %cause, "upstream stream failed");
+        tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause = ?cause, "upstream stream failed");
     }
     session.end_stream(stream, end);
     // The session outlives its standalone stream: hold a new one for the client.

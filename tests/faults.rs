@@ -4,6 +4,9 @@
 //! and an upstream process killed with SIGKILL mid-stream. Every outcome is either the exact
 //! upstream sequence (after a resume) or the documented explicit failure; never a hang.
 
+// Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod common;
 #[path = "common/faults.rs"]
 mod faults;
@@ -435,6 +438,13 @@ async fn upstream_failure_is_explicit(fault: impl FnOnce(&FaultProxy)) {
         .unwrap_or_else(|| panic!("an upstream-failed event: {rest:?}"));
     let info: serde_json::Value = serde_json::from_str(failed.data.as_deref().unwrap()).unwrap();
     assert_eq!(info["reason"], "upstream-failed");
+    // The cause names what failed, never the HTTP library's own error text.
+    let cause = info["cause"].as_str().unwrap();
+    assert!(
+        cause == "upstream connection failed"
+            || cause.starts_with("the upstream closed the stream and refused"),
+        "{cause}"
+    );
     let errs: Vec<serde_json::Value> = messages(&rest)
         .iter()
         .filter_map(|m| serde_json::from_str::<serde_json::Value>(m).ok())
@@ -515,8 +525,12 @@ async fn upstream_stall_keeps_clients_alive_and_other_sessions_unaffected() {
     r.next().await.unwrap();
     up.arm(Dir::ToClient, Fault::StallAfter(0));
     writer.message(&progress(1)).await; // never arrives
-                                        // Let the stalled connection's pump take the stall before re-arming for new connections.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+                                        // The stalled connection's pump must hold its bytes before the relay is re-armed for new
+                                        // connections.
+    eventually("the relay holds the stalled stream", WAIT, || {
+        up.stalled() >= 1
+    })
+    .await;
     // Another session, over a new upstream connection, is served while the first one stalls.
     up.arm(Dir::ToClient, Fault::Pass);
     let pending = tokio::spawn(send(gw.addr, post(&call(2), Some("other"))));
@@ -527,14 +541,18 @@ async fn upstream_stall_keeps_clients_alive_and_other_sessions_unaffected() {
         messages(&SseReader::new(pending.await.unwrap()).rest().await),
         vec![result(2)]
     );
+    // Keep-alives keep flowing to the stalled stream's client: wait until two arrived (no
+    // event comes, so each read gives up after a moment and the raw bytes are checked).
     let before = r.raw.len();
-    tokio::time::sleep(Duration::from_millis(450)).await;
-    let _ = tokio::time::timeout(Duration::from_millis(200), r.next()).await;
-    let raw = String::from_utf8_lossy(&r.raw[before..]).into_owned();
-    assert!(
-        raw.matches(": keepalive\n\n").count() >= 2,
-        "keep-alives flow: {raw:?}"
-    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let raw = String::from_utf8_lossy(&r.raw[before..]).into_owned();
+        if raw.matches(": keepalive\n\n").count() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "keep-alives flow: {raw:?}");
+        let _ = tokio::time::timeout(Duration::from_millis(100), r.next()).await;
+    }
     drop(writer);
 }
 

@@ -1,5 +1,8 @@
 //! Integration tests: the real gateway on 127.0.0.1:0 in front of a scriptable mock upstream.
 
+// Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod common;
 
 use std::time::Duration;
@@ -196,8 +199,9 @@ async fn gap_on_a_post_stream_answers_the_pending_request_with_an_error() {
         writer.message(&progress(i)).await;
     }
     // The client stays away longer than the stall budget: the window (3 events) moves on
-    // and no longer holds progress 2.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // and no longer holds progress 2. Flow control holds the reader until then, so once all
+    // eight are tagged, progress 2 has been evicted.
+    gw.tagged_at_least(8).await;
     let resp = resume(&gw, &cursor).await;
     assert_eq!(resp.status(), 200);
     let mut r = SseReader::new(resp);
@@ -533,6 +537,8 @@ async fn upstream_down_gives_502_with_json_rpc_error() {
     let j = body_json(resp).await;
     assert_eq!(j["id"], 5);
     assert_eq!(j["error"]["data"]["reason"], "upstream-unavailable");
+    // No internal detail (hyper's error text) reaches the client.
+    assert_eq!(j["error"]["message"], "mcp-reattach: upstream unavailable");
 }
 
 #[tokio::test]
@@ -732,6 +738,66 @@ async fn session_cap_sheds_the_least_recently_used_idle_session_else_503() {
     );
 }
 
+/// Issue 11 bug 3: concurrent `initialize`s at the cap. Each takes its own place before it
+/// is forwarded, so exactly `--max-sessions` reach the upstream and are tagged; the others
+/// get the documented 503 (`session-cap`, `Retry-After: 1`) without being forwarded.
+#[tokio::test]
+async fn concurrent_initializes_at_the_cap_reserve_atomically() {
+    const CAP: usize = 2;
+    const TRIES: usize = 5;
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.max_sessions = CAP).await;
+    let (tx, mut answers) = tokio::sync::mpsc::channel(TRIES);
+    for i in 0..TRIES {
+        let tx = tx.clone();
+        let addr = gw.addr;
+        tokio::spawn(async move {
+            let init = format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
+            );
+            let _ = tx.send(send(addr, post(&init, None)).await).await;
+        });
+    }
+    // The upstream holds the winners' requests unanswered; the losers are refused meanwhile.
+    let mut forwarded = Vec::new();
+    for _ in 0..CAP {
+        forwarded.push(mock.next().await);
+    }
+    for _ in 0..TRIES - CAP {
+        let resp = tokio::time::timeout(WAIT, answers.recv())
+            .await
+            .expect("the losers are refused while the winners are still at the upstream")
+            .unwrap();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["data"]["reason"], "session-cap");
+    }
+    for (n, seen) in forwarded.into_iter().enumerate() {
+        let id = seen.json_body()["id"].clone();
+        let writer = seen.respond_sse(Some(&format!("s{n}")));
+        writer
+            .message(&format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#))
+            .await;
+    }
+    for _ in 0..CAP {
+        let resp = tokio::time::timeout(WAIT, answers.recv())
+            .await
+            .expect("the winners are answered")
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut reader = SseReader::new(resp);
+        let first = reader.next().await.expect("the initialize result");
+        assert!(first.id.is_some(), "the winner's stream is tagged");
+    }
+    assert_eq!(gw.gateway.registry().len(), CAP);
+    assert!(
+        mock.nothing_within(Duration::from_millis(100)).await,
+        "only the winners were forwarded"
+    );
+}
+
 #[tokio::test]
 async fn sessions_expire_after_ttl_without_clients_and_close_upstream_streams() {
     let mut mock = Mock::start().await;
@@ -828,6 +894,25 @@ async fn stalled_client_is_detached_and_resumes_without_loss() {
         got.len() < all.len(),
         "the stalled client was detached before the end ({} events)",
         got.len()
+    );
+    // The client was told one of the two documented ways: the resumption-required event if
+    // its body could still be polled, else its connection was closed (the socket was full).
+    let text = gw.gateway.render_metrics();
+    let count = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        count("mcp_reattach_slow_consumer_detaches_total "),
+        1.0,
+        "{text}"
+    );
+    let closed = count("mcp_reattach_stalled_closes_total ");
+    assert!(
+        signalled != (closed == 1.0),
+        "exactly one of: resumption-required seen ({signalled}), connection closed ({closed})"
     );
     eprintln!(
         "stalled client got {} of {} events before detach (signal event seen: {signalled})",
@@ -940,4 +1025,30 @@ async fn x_forwarded_proto_from_the_hop_in_front_is_kept() {
         );
         assert_eq!(pending.await.unwrap().status(), 200);
     }
+}
+
+/// The harness: the mock upstream stops when its handle drops (listener and connections),
+/// so a test cannot leak a live upstream into the next one.
+#[tokio::test]
+async fn the_mock_upstream_stops_when_its_handle_drops() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    init_session(&gw, &mut mock, SID).await;
+    let addr = mock.addr;
+    drop(mock);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the mock's listener closed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The gateway's pooled connection to it is gone too: a request now fails as unavailable.
+    let resp = send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#, Some(SID)),
+    )
+    .await;
+    assert_eq!(resp.status(), 502);
 }

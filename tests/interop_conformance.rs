@@ -21,6 +21,9 @@
 //! (`CONFORMANCE` lines); `CONFORMANCE_ROUNDS` and `CONFORMANCE_POLLING_EXTRA` change the
 //! number of runs.
 
+// Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -1,5 +1,8 @@
 //! Limits and resume authorization: every bound has a test that can fail.
 
+// Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
 mod common;
 
 use std::time::Duration;
@@ -296,7 +299,19 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
     let gw = gateway(mock.addr, |c| c.max_connections = 2).await;
     let a = TcpStream::connect(gw.addr).await.unwrap();
     let b = TcpStream::connect(gw.addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both are accepted (the gateway's connection gauge says so) before the third comes.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !gw
+        .gateway
+        .render_metrics()
+        .contains("\nmcp_reattach_connections 2\n")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two connections accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let third = tokio::spawn(send(
         gw.addr,
         post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None),
@@ -350,9 +365,14 @@ async fn memory_budget_sheds_idle_sessions_then_refuses_new_ones() {
     for i in 0..14 {
         wa.message(&big(i)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.tagged_at_least(14).await;
     drop(ra);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let a = gw.gateway.registry().get("a").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.attached_clients() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "a's client left");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // Session b (client attached) pushes past the budget: a, idle, is shed.
     init_session(&gw, &mut mock, "b").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(2), Some("b"))));
@@ -389,4 +409,79 @@ async fn memory_budget_sheds_idle_sessions_then_refuses_new_ones() {
         "{text}"
     );
     drop((wa, wb));
+}
+
+/// The `mcp_reattach_memory_used_bytes` gauge (what `--memory-budget` counts).
+fn memory_used(gw: &Gw) -> u64 {
+    gw.gateway
+        .render_metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp_reattach_memory_used_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("memory_used_bytes gauge") as u64
+}
+
+/// Issue 11 bug 4: an event too large for the window, held in its stream's overflow slot
+/// for the client, is counted in `--memory-budget` while it is held and released once it
+/// was handed to the client.
+#[tokio::test]
+async fn oversized_events_held_for_a_client_count_in_the_memory_budget() {
+    const BIG: usize = 64 << 10;
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.window_bytes = 8 << 10;
+        c.priming = Priming::Always;
+    })
+    .await;
+    init_session(&gw, &mut mock, "a").await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("a"))));
+    let writer = mock.next().await.respond_sse(Some("a"));
+    let mut reader = SseReader::new(pending.await.unwrap());
+    let cursor = reader.next().await.unwrap().id.expect("primed");
+    drop(reader);
+    let session = gw.gateway.registry().get("a").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while session.attached_clients() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "client detached");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = memory_used(&gw);
+    let pad = "o".repeat(BIG);
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"pad":"{pad}"}}}}"#
+    );
+    let tagged = gw.tagged();
+    writer.message(&big).await;
+    gw.tagged_at_least(tagged + 1).await;
+    assert_eq!(session.window_usage().0, 0, "too large for the window");
+    let held = memory_used(&gw);
+    assert!(
+        held >= before + BIG as u64,
+        "the held oversized event counts in the budget: {before} -> {held}"
+    );
+    assert_eq!(gw.gateway.registry().window_bytes() as u64, held);
+
+    // The client resumes and gets it: the slot is freed, and so is its budget share.
+    let mut reader = SseReader::new(send(gw.addr, get("a", Some(&cursor))).await);
+    let got = loop {
+        let e = reader.next().await.expect("the oversized event");
+        if let Some(m) = messages(&[e]).pop() {
+            break m;
+        }
+    };
+    assert!(
+        got == big,
+        "the oversized event, whole ({} bytes)",
+        got.len()
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while memory_used(&gw) > before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the budget share was released: {}",
+            memory_used(&gw)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(writer);
 }

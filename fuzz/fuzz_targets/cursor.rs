@@ -1,44 +1,8 @@
-//! The cursor (event id) codec.
-//!
-//! Properties:
-//! 1. `Cursor::parse` never panics, on any bytes.
-//! 2. Only the canonical spelling parses: parsed → displayed is the input, byte for byte.
-//! 3. Every cursor round-trips: parse(display(c)) == c, and its display is a valid SSE id of
-//!    at most `MAX_CURSOR_LEN` bytes.
+//! Fuzz target: the cursor (event id) codec. The properties and the check are in
+//! `fuzz/checks/cursor.rs`, which `tests/fuzz_corpora.rs` also runs over this target's corpus.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use mcp_reattach::cursor::{Cursor, CursorError, MAX_CURSOR_LEN};
-use mcp_reattach::sse::is_valid_id;
+#[path = "../checks/cursor.rs"]
+mod check;
 
-fuzz_target!(|input: &[u8]| {
-    match Cursor::parse(input) {
-        Ok(c) => {
-            let text = c.to_string();
-            assert_eq!(text.as_bytes(), input, "non-canonical spelling accepted");
-            assert!(input.len() <= MAX_CURSOR_LEN);
-        }
-        Err(CursorError::TooLong) => assert!(input.len() > MAX_CURSOR_LEN),
-        Err(CursorError::Malformed) => assert!(input.len() <= MAX_CURSOR_LEN),
-    }
-    // Structured: the first 20 bytes as a cursor.
-    if input.len() >= 20 {
-        let epoch = u64::from_le_bytes(input[0..8].try_into().unwrap());
-        let stream = u32::from_le_bytes(input[8..12].try_into().unwrap());
-        let seq = u64::from_le_bytes(input[12..20].try_into().unwrap());
-        let c = Cursor { epoch, stream, seq };
-        let text = c.to_string();
-        assert!(text.len() <= MAX_CURSOR_LEN, "{text}");
-        assert!(is_valid_id(&text), "{text:?}");
-        assert_eq!(Cursor::parse(text.as_bytes()), Ok(c));
-        // Any one-byte change of a canonical id either fails or is another canonical id.
-        if input.len() > 21 {
-            let mut t = text.into_bytes();
-            let i = input[20] as usize % t.len();
-            t[i] = input[21];
-            if let Ok(c2) = Cursor::parse(&t) {
-                assert_eq!(c2.to_string().as_bytes(), &t[..]);
-            }
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|input: &[u8]| check::check(input));

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry};
+pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
@@ -594,7 +594,7 @@ impl Session {
                             self.metrics.events_evicted_undelivered.inc();
                         }
                         s.lost_upto = s.lost_upto.max(prev.seq);
-                        s.overflow = None;
+                        s.set_overflow(None, &self.budget);
                         true
                     }
                     None => true,
@@ -637,7 +637,7 @@ impl Session {
                     .window
                     .push(entry, |old| note_eviction(metrics, streams, &old));
             } else {
-                s.overflow = Some(entry);
+                s.set_overflow(Some(entry), &self.budget);
             }
             pushed += 1;
         }
@@ -691,7 +691,9 @@ impl Session {
                 st.ended.push_back(old);
                 break;
             }
-            st.streams.remove(&old);
+            if let Some(mut gone) = st.streams.remove(&old) {
+                gone.set_overflow(None, &self.budget);
+            }
             let before = st.window.bytes();
             st.window.remove_stream(old);
             self.budget.adjust(before, st.window.bytes());
@@ -1002,7 +1004,7 @@ impl Session {
         if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
             // Handed to the client: from now on a resume before it is a gap.
             s.lost_upto = s.lost_upto.max(o.seq);
-            s.overflow = None;
+            s.set_overflow(None, &self.budget);
             room = true;
         }
         let Some(sub) = s.sub.as_mut() else {
@@ -1166,6 +1168,7 @@ impl Session {
         self.budget.adjust(st.window.bytes(), 0);
         st.window = Window::new(1, 0);
         for s in st.streams.values_mut() {
+            s.set_overflow(None, &self.budget);
             if let Some(r) = s.reader.take() {
                 r.abort();
             }
@@ -1243,7 +1246,8 @@ impl Session {
             .then_some(st.last_activity)
     }
 
-    fn attached_clients(&self) -> usize {
+    /// Clients attached to this session's streams now.
+    pub fn attached_clients(&self) -> usize {
         lock(&self.state)
             .streams
             .values()

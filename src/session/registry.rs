@@ -72,6 +72,24 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     budget: Arc<Budget>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Places taken by `initialize`s on their way to the upstream ([`Reservation`]s); they
+    /// count against the session cap like sessions. Raised only under the `sessions` lock.
+    reserved: Arc<AtomicUsize>,
+}
+
+/// A place for one new session under the cap, taken before an `initialize` is forwarded and
+/// turned into the session by [`Registry::create_reserved`]; dropping it (the upstream did
+/// not create a session, the request failed) gives the place back.
+#[derive(Debug)]
+#[must_use = "a reservation holds a place under the session cap until dropped"]
+pub struct Reservation {
+    reserved: Arc<AtomicUsize>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.reserved.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The session cap is reached and every session has a client attached.
@@ -99,6 +117,7 @@ impl Registry {
             metrics,
             budget,
             sessions: Mutex::new(HashMap::new()),
+            reserved: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -118,6 +137,33 @@ impl Registry {
             return Ok(s.clone());
         }
         self.make_room(&mut map)?;
+        Ok(self.insert(&mut map, id, principal))
+    }
+
+    /// The session `id`, created in the place `reservation` holds (so it cannot fail), or
+    /// the existing one (the reservation is then given back).
+    pub fn create_reserved(
+        &self,
+        id: &str,
+        principal: u64,
+        reservation: Reservation,
+    ) -> Arc<Session> {
+        let mut map = lock(&self.sessions);
+        let s = match map.get(id) {
+            Some(s) => s.clone(),
+            None => self.insert(&mut map, id, principal),
+        };
+        // Released under the lock: the new session takes the reservation's place atomically.
+        drop(reservation);
+        s
+    }
+
+    fn insert(
+        &self,
+        map: &mut HashMap<String, Arc<Session>>,
+        id: &str,
+        principal: u64,
+    ) -> Arc<Session> {
         let s = Arc::new(Session::new(
             id.to_owned(),
             self.cfg.clone(),
@@ -127,19 +173,25 @@ impl Registry {
         ));
         map.insert(id.to_owned(), s.clone());
         tracing::debug!(mcp.session = %hash_id(id), "session created");
-        Ok(s)
+        s
     }
 
-    /// Makes room for one new session if at the cap (called before forwarding an
-    /// `initialize`, so the upstream never creates a session the gateway cannot hold).
-    pub fn reserve(&self) -> Result<(), AtCapacity> {
-        self.make_room(&mut lock(&self.sessions))
+    /// Takes a place for one new session (shedding an idle one at the cap), before an
+    /// `initialize` is forwarded, so the upstream never creates a session the gateway cannot
+    /// hold: concurrent `initialize`s at the cap cannot all pass, each holds its own place.
+    pub fn reserve(&self) -> Result<Reservation, AtCapacity> {
+        let mut map = lock(&self.sessions);
+        self.make_room(&mut map)?;
+        self.reserved.fetch_add(1, Ordering::SeqCst);
+        Ok(Reservation {
+            reserved: self.reserved.clone(),
+        })
     }
 
-    /// Room for one more session: under the session cap and the memory budget, shedding the
-    /// least recently used idle sessions if needed.
+    /// Room for one more session: under the session cap (sessions and reservations) and
+    /// the memory budget, shedding the least recently used idle sessions if needed.
     fn make_room(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
-        if map.len() >= self.cfg.max_sessions {
+        while map.len() + self.reserved.load(Ordering::SeqCst) >= self.cfg.max_sessions {
             self.shed_one(map, Eviction::SessionCap)?;
         }
         while !self.budget.admits_new() {
@@ -269,11 +321,13 @@ impl Registry {
         m.sessions.set(all.len() as i64);
         m.window_events.set(events as i64);
         m.window_bytes.set(bytes as i64);
+        m.memory_used_bytes.set(self.budget.used() as i64);
         m.attached_clients.set(clients as i64);
         m.held_standalone_streams.set(held);
     }
 
-    /// Total retained window bytes over all sessions.
+    /// Bytes counted against `--memory-budget`: all windows and every oversized event held
+    /// in a stream's overflow slot.
     pub fn window_bytes(&self) -> usize {
         self.budget.used()
     }

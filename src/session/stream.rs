@@ -37,8 +37,9 @@ impl StreamKind {
 /// for; the others will not heal by trying again.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamFailure {
-    /// The connection failed mid-stream (reset, truncated chunking, ...).
-    #[error("upstream connection failed: {0}")]
+    /// The connection failed mid-stream (reset, truncated chunking, ...). The library's text
+    /// is for the log (`Debug`); clients are told only that the connection failed.
+    #[error("upstream connection failed")]
     Connection(String),
     /// The upstream sent bytes that are not a valid SSE stream, or an event over the limit.
     #[error("{0}")]
@@ -126,7 +127,8 @@ pub(super) struct Stream {
     /// Since when the stream's client has had something to receive and made no progress
     /// (`None`: caught up, or progressing). Runs on while no client is attached.
     pub stall_since: Option<Instant>,
-    /// An event too large for the window, kept for the attached client only.
+    /// An event too large for the window, kept for the attached client only. Counted in
+    /// the memory budget: change it only through [`Stream::set_overflow`].
     pub overflow: Option<Entry>,
     pub requests: Vec<PendingRequest>,
     /// The POST that opened this stream was `initialize`.
@@ -143,6 +145,15 @@ pub(super) struct Stream {
 }
 
 impl Stream {
+    /// Puts `entry` in the overflow slot (or empties it), keeping the memory budget's count
+    /// of the slot's bytes: an oversized event held for a client is memory like any other.
+    pub fn set_overflow(&mut self, entry: Option<Entry>, budget: &super::Budget) {
+        let before = self.overflow.as_ref().map_or(0, |o| o.body.len());
+        let after = entry.as_ref().map_or(0, |e| e.body.len());
+        self.overflow = entry;
+        budget.adjust(before, after);
+    }
+
     pub fn new(
         kind: StreamKind,
         seq: u64,

@@ -58,6 +58,8 @@ struct Shared {
     bytes_to_client: AtomicU64,
     accepted: AtomicUsize,
     live: AtomicUsize,
+    /// Directions that reached their `StallAfter` limit and now hold their bytes.
+    stalled: AtomicUsize,
     /// Per connection: its kill switch (Some(true) = RST, Some(false) = FIN).
     kills: Mutex<Vec<watch::Sender<Option<bool>>>>,
     tasks: Mutex<Vec<AbortHandle>>,
@@ -85,6 +87,7 @@ impl FaultProxy {
             bytes_to_client: AtomicU64::new(0),
             accepted: AtomicUsize::new(0),
             live: AtomicUsize::new(0),
+            stalled: AtomicUsize::new(0),
             kills: Mutex::new(Vec::new()),
             tasks: Mutex::new(Vec::new()),
         });
@@ -165,6 +168,11 @@ impl FaultProxy {
 
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Directions that hit their `StallAfter` limit so far (they hold everything after it).
+    pub fn stalled(&self) -> usize {
+        self.shared.stalled.load(Ordering::SeqCst)
     }
 
     /// Connections whose both directions have not finished yet.
@@ -323,6 +331,7 @@ async fn pump(
                 }
             }
             Fault::StallAfter(_) => {
+                shared.stalled.fetch_add(1, Ordering::SeqCst);
                 let k = kill_rx.wait_for(Option::is_some).await;
                 if k.map(|v| *v == Some(true)).unwrap_or(false) {
                     rst(&src, &dst);

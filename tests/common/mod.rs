@@ -112,10 +112,18 @@ impl http_body::Body for ChannelBody {
     }
 }
 
-/// The mock upstream: every request arrives on `requests`.
+/// The mock upstream: every request arrives on `requests`. Dropping it stops it: the listener
+/// and every connection it accepted are closed.
 pub struct Mock {
     pub addr: SocketAddr,
     pub requests: mpsc::Receiver<Seen>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        self.tasks.abort_all();
+    }
 }
 
 impl Mock {
@@ -123,13 +131,17 @@ impl Mock {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(async move {
+            // Connections live in the accept task's own set: aborting it closes them all.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
+                while connections.try_join_next().is_some() {}
                 let tx = tx.clone();
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let tx = tx.clone();
                         async move {
@@ -167,7 +179,11 @@ impl Mock {
                 });
             }
         });
-        Mock { addr, requests: rx }
+        Mock {
+            addr,
+            requests: rx,
+            tasks,
+        }
     }
 
     pub async fn next(&mut self) -> Seen {

@@ -1,0 +1,362 @@
+//! The drain, phase by phase, in the library (so it is tested in-process with paused time):
+//!
+//! 1. **not ready**: `/readyz` fails at once ([`Health`]);
+//! 2. **drain delay**: the listener keeps accepting for `--drain-delay`, so load balancers
+//!    notice and deregister (skipped when quick);
+//! 3. **stop accepting**: the accept loop ends, every connection is told to finish gracefully
+//!    (hyper-util's [`GracefulShutdown`]: no keep-alive, h2 GOAWAY), and clients of
+//!    standalone GET streams, which never end on their own, are sent elsewhere at once;
+//! 4. **deadline**: POST-started streams may finish until `--drain-timeout` (or until hurried);
+//! 5. **end streams**: the remaining clients get `resumption-required` with a `retry:` hint,
+//!    which gets [`FINAL_FLUSH`] to reach them.
+//!
+//! [`Shutdown`] is the trigger (`main` maps SIGTERM to [`Mode::Graceful`] and SIGINT to
+//! [`Mode::Quick`]); [`Shutdown::stop_accepting`] runs phases 1–2 and is the future
+//! [`crate::serve_gateway`] stops accepting on; [`drain`] runs phases 3–5.
+//!
+//! Knows the gateway's registry and hyper-util's graceful shutdown; nothing of signals.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+
+use crate::proxy::Gateway;
+use crate::server::Health;
+
+/// How long the last `retry:` hints get to reach clients after the drain deadline.
+pub const FINAL_FLUSH: Duration = Duration::from_secs(2);
+
+/// How to shut down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Not ready, drain delay, then drain until `--drain-timeout` (SIGTERM).
+    Graceful,
+    /// Skip the waiting: stop accepting and end streams now (SIGINT; also cuts short a
+    /// graceful shutdown already under way).
+    Quick,
+}
+
+/// The shutdown trigger: cheap to clone; the strongest mode requested wins.
+#[derive(Clone, Debug)]
+pub struct Shutdown {
+    tx: Arc<watch::Sender<Option<Mode>>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Shutdown {
+        Shutdown::new()
+    }
+}
+
+impl Shutdown {
+    pub fn new() -> Shutdown {
+        Shutdown {
+            tx: Arc::new(watch::channel(None).0),
+        }
+    }
+
+    /// Requests a shutdown (again: a quick request cuts a graceful one short).
+    pub fn request(&self, mode: Mode) {
+        self.tx.send_modify(|m| {
+            *m = Some(match (*m, mode) {
+                (Some(Mode::Quick), _) | (_, Mode::Quick) => Mode::Quick,
+                _ => Mode::Graceful,
+            });
+        });
+    }
+
+    /// The mode requested so far, if any.
+    pub fn requested(&self) -> Option<Mode> {
+        *self.tx.borrow()
+    }
+
+    async fn wait_for(&self, pred: impl Fn(Option<Mode>) -> bool) -> Mode {
+        let mut rx = self.tx.subscribe();
+        // The sender lives in `self`: it cannot be gone while we wait.
+        let mode = match rx.wait_for(|m| pred(*m)).await {
+            Ok(m) => m.unwrap_or(Mode::Quick),
+            Err(_) => Mode::Quick,
+        };
+        mode
+    }
+
+    /// Phases 1 and 2: resolves when the gateway should stop accepting. Once a shutdown is
+    /// requested, `health` turns not ready; a graceful one keeps accepting for `drain_delay`.
+    /// A quick request, now or later during the drain, hurries the gateway.
+    pub fn stop_accepting(
+        &self,
+        health: Arc<Health>,
+        gateway: Arc<Gateway>,
+        drain_delay: Duration,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let this = self.clone();
+        async move {
+            let mode = this.wait_for(|m| m.is_some()).await;
+            health.set_ready(false);
+            if mode == Mode::Graceful {
+                tracing::info!(
+                    ?drain_delay,
+                    "shutting down: not ready; still accepting during the drain delay"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(drain_delay) => {}
+                    _ = this.wait_for(|m| m == Some(Mode::Quick)) => {}
+                }
+            }
+            // A quick request, already made or made during the rest of the drain, ends it.
+            let quick = this.clone();
+            tokio::spawn(async move {
+                quick.wait_for(|m| m == Some(Mode::Quick)).await;
+                tracing::info!("shutting down quickly");
+                gateway.hurry();
+            });
+        }
+    }
+}
+
+/// How a drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drained {
+    /// Every connection finished before the deadline.
+    Finished,
+    /// The deadline (or a quick shutdown) came first: the remaining streams were ended.
+    Ended,
+}
+
+/// Phases 3 to 5, once the accept loop has stopped: tells every watched connection to finish
+/// gracefully and standalone clients to resume elsewhere, waits for the connections until
+/// `drain_timeout` (or [`Gateway::hurry`]), then ends the remaining streams and gives their
+/// hints [`FINAL_FLUSH`] to get out.
+pub async fn drain(
+    gateway: &Gateway,
+    connections: GracefulShutdown,
+    drain_timeout: Duration,
+) -> Drained {
+    tracing::info!(
+        connections = connections.count(),
+        ?drain_timeout,
+        "draining"
+    );
+    let all_done = connections.shutdown();
+    tokio::pin!(all_done);
+    // Standalone GET streams never end on their own: send those clients elsewhere now.
+    gateway.registry().end_clients(true);
+    let finished = tokio::select! {
+        () = &mut all_done => true,
+        () = tokio::time::sleep(drain_timeout) => false,
+        () = gateway.hurried() => false,
+    };
+    if finished {
+        tracing::info!("drained");
+        return Drained::Finished;
+    }
+    tracing::info!("drain deadline: ending remaining streams");
+    gateway.registry().end_clients(false);
+    let _ = tokio::time::timeout(FINAL_FLUSH, all_done).await;
+    tracing::info!("drained");
+    Drained::Ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attach::AttachBody;
+    use crate::config::Config;
+    use crate::session::StreamKind;
+    use crate::sse::{Decoder, Event};
+    use bytes::Bytes;
+    use http_body_util::BodyExt;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+    use std::convert::Infallible;
+    use tokio::time::Instant;
+
+    fn gateway() -> Arc<Gateway> {
+        Gateway::new(Config::new("http://127.0.0.1:1".parse().unwrap()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn graceful_is_not_ready_at_once_and_keeps_accepting_for_the_drain_delay() {
+        let (shutdown, health, gw) = (Shutdown::new(), Health::new(), gateway());
+        let stop = shutdown.stop_accepting(health.clone(), gw, Duration::from_secs(5));
+        let stop = tokio::spawn(stop);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(health.is_ready(), "nothing requested yet");
+        assert!(!stop.is_finished());
+        let t0 = Instant::now();
+        shutdown.request(Mode::Graceful);
+        tokio::task::yield_now().await;
+        assert!(!health.is_ready(), "not ready at once");
+        stop.await.unwrap();
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(5),
+            "accepting for the delay"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn quick_cuts_the_drain_delay_short_and_hurries_the_drain() {
+        let (shutdown, health, gw) = (Shutdown::new(), Health::new(), gateway());
+        let stop = tokio::spawn(shutdown.stop_accepting(
+            health.clone(),
+            gw.clone(),
+            Duration::from_secs(5),
+        ));
+        let t0 = Instant::now();
+        shutdown.request(Mode::Graceful);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shutdown.request(Mode::Quick);
+        assert_eq!(shutdown.requested(), Some(Mode::Quick));
+        stop.await.unwrap();
+        assert_eq!(t0.elapsed(), Duration::from_secs(1));
+        // The drain that follows is hurried: it ends streams without waiting its timeout.
+        tokio::time::timeout(Duration::from_millis(1), gw.hurried())
+            .await
+            .expect("hurried");
+        // A graceful request after a quick one stays quick.
+        shutdown.request(Mode::Graceful);
+        assert_eq!(shutdown.requested(), Some(Mode::Quick));
+    }
+
+    /// A client of one attached stream, served over an in-memory connection watched by
+    /// `graceful`: the events it reads arrive on the returned channel.
+    async fn client(
+        gw: &Arc<Gateway>,
+        graceful: &GracefulShutdown,
+        kind: StreamKind,
+    ) -> (u32, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let session = gw.registry().get_or_create("s", 0).unwrap();
+        let (stream, generation, _) =
+            session.open_stream(kind, vec!["1".into()], false, false, None, None);
+        let body = AttachBody::new(session, stream, generation, None, None);
+        let (near, far) = tokio::io::duplex(64 << 10);
+        let body = std::sync::Mutex::new(Some(body));
+        let svc = hyper::service::service_fn(move |_req: http::Request<Incoming>| {
+            let body = body.lock().unwrap().take().expect("one request");
+            async move { Ok::<_, Infallible>(http::Response::new(body)) }
+        });
+        let conn =
+            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(far), svc);
+        tokio::spawn(graceful.watch(conn));
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(near))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let resp = sender
+            .send_request(
+                http::Request::get("/mcp")
+                    .body(http_body_util::Empty::<Bytes>::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut body = resp.into_body();
+            let mut decoder = Decoder::new(1 << 20);
+            while let Some(Ok(frame)) = body.frame().await {
+                let mut out = Vec::new();
+                if let Ok(d) = frame.into_data() {
+                    decoder.feed(&d, &mut out).unwrap();
+                }
+                for e in out {
+                    let _ = tx.send(e);
+                }
+            }
+        });
+        (stream, rx)
+    }
+
+    fn is_shutdown(e: &Event) -> bool {
+        e.event.as_deref() == Some(crate::jsonrpc::EVENT_RESUMPTION_REQUIRED)
+            && e.data.as_deref().is_some_and(|d| d.contains("shutdown"))
+    }
+
+    async fn next_real(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Event {
+        loop {
+            let e = rx.recv().await.expect("an event");
+            if e.data.as_deref().is_some_and(|d| !d.is_empty()) {
+                return e;
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_sends_standalone_clients_away_at_once_and_ends_the_rest_at_the_deadline() {
+        let gw = gateway();
+        let graceful = GracefulShutdown::new();
+        let (_, mut standalone) = client(&gw, &graceful, StreamKind::Standalone).await;
+        let (post, mut call) = client(&gw, &graceful, StreamKind::Post).await;
+        let session = gw.registry().get("s").unwrap();
+        let t0 = Instant::now();
+        let drain = tokio::spawn({
+            let gw = gw.clone();
+            async move { drain(&gw, graceful, Duration::from_secs(30)).await }
+        });
+        // Phase 3: the standalone client is sent elsewhere at once.
+        let e = next_real(&mut standalone).await;
+        assert!(is_shutdown(&e), "{e:?}");
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        // Phase 4: the POST-started stream keeps flowing until the deadline.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let note = Event {
+            event: Some("message".into()),
+            data: Some("{\"n\":1}".into()),
+            ..Event::default()
+        };
+        session.push_events(post, &mut vec![note], None);
+        assert_eq!(
+            next_real(&mut call).await.data.as_deref(),
+            Some("{\"n\":1}")
+        );
+        assert!(!drain.is_finished());
+        // Phase 5: at the deadline the remaining client is told to resume elsewhere.
+        let e = next_real(&mut call).await;
+        assert!(is_shutdown(&e), "{e:?}");
+        assert_eq!(t0.elapsed(), Duration::from_secs(30));
+        assert_eq!(drain.await.unwrap(), Drained::Ended);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_returns_as_soon_as_every_stream_finished() {
+        let gw = gateway();
+        let graceful = GracefulShutdown::new();
+        let (post, mut call) = client(&gw, &graceful, StreamKind::Post).await;
+        let session = gw.registry().get("s").unwrap();
+        let t0 = Instant::now();
+        let drain = tokio::spawn({
+            let gw = gw.clone();
+            async move { drain(&gw, graceful, Duration::from_secs(30)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let answer = Event {
+            event: Some("message".into()),
+            data: Some("{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}".into()),
+            ..Event::default()
+        };
+        session.push_events(post, &mut vec![answer], None);
+        session.end_stream(post, crate::session::End::Complete);
+        assert!(next_real(&mut call).await.data.unwrap().contains("result"));
+        assert_eq!(drain.await.unwrap(), Drained::Finished);
+        assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hurried_drain_ends_streams_without_waiting_for_the_deadline() {
+        let gw = gateway();
+        let graceful = GracefulShutdown::new();
+        let (_, mut call) = client(&gw, &graceful, StreamKind::Post).await;
+        let t0 = Instant::now();
+        gw.hurry();
+        assert_eq!(
+            drain(&gw, graceful, Duration::from_secs(30)).await,
+            Drained::Ended
+        );
+        assert!(is_shutdown(&next_real(&mut call).await));
+        assert!(t0.elapsed() < Duration::from_secs(30));
+    }
+}
