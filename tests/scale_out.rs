@@ -19,6 +19,7 @@
 //! Without HAProxy the tests say so on stderr and pass, unless `CI_REQUIRE_HAPROXY` is set
 //! (`.ci/run` sets it and installs the package). The cases run one at a time (a lock), each on
 //! its own processes; every wait is bounded.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 mod support;
 
