@@ -17,6 +17,7 @@
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through; error → response | retention rules |
 //! | [`server`] | accept loops for the proxy and admin listeners, graceful drain | protocol details |
+//! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
 //! `main.rs` only parses flags, installs logging and signals, binds, and calls [`serve_gateway`]
@@ -33,6 +34,7 @@ pub mod proxy;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod tls;
 pub mod upstream;
 pub mod window;
 

@@ -1,5 +1,5 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection, each able to
-//! be closed by the session layer when its client stalls) and the admin listener
+//! Accept loops: the proxy listener (HTTP/1.1 and h2, in the clear or over TLS, one task per
+//! connection, each able to be closed by the session layer when its client stalls) and the admin listener
 //! (`/healthz`, `/readyz`). Takes listeners and a shutdown future; binding and signals are
 //! `main`'s job, so tests run the real server on `127.0.0.1:0`.
 
@@ -47,6 +47,7 @@ pub async fn serve_gateway(
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let cfg = gateway.config().clone();
+    let _reloader = cfg.tls.as_ref().map(|t| AbortOnDrop(t.spawn_reloader()));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -96,14 +97,31 @@ pub async fn serve_gateway(
         tokio::spawn(async move {
             let _guard = guard;
             let _slot = slot;
+            // TLS first when configured; the handshake counts against --header-read-timeout.
+            let (io, client_subject) = match &gateway.config().tls {
+                None => (crate::tls::Stream::Plain(tcp), None),
+                Some(tls) => {
+                    let timeout = gateway.config().header_read_timeout;
+                    match crate::tls::accept(tls, tcp, timeout).await {
+                        Ok(accepted) => accepted,
+                        Err(e) => {
+                            metrics.connection_error(e.kind());
+                            tracing::debug!(%remote, error = ?e, "TLS connection not established");
+                            metrics.connections.dec();
+                            return;
+                        }
+                    }
+                }
+            };
             let kill = Arc::new(Notify::new());
             let conn = Conn {
                 remote,
                 kill: kill.clone(),
+                client_subject,
             };
             let svc =
                 service_fn(move |req: Request<Incoming>| gateway.clone().handle(req, conn.clone()));
-            let serving = builder.serve_connection(TokioIo::new(tcp), svc);
+            let serving = builder.serve_connection(TokioIo::new(io), svc);
             tokio::pin!(serving);
             let mut draining = false;
             loop {
@@ -131,6 +149,10 @@ pub async fn serve_gateway(
         });
     }
     drop(listener);
+    gateway
+        .registry()
+        .metrics()
+        .drain_started(cfg.drain_timeout + FINAL_FLUSH);
     tracing::info!(connections = live.count(), drain_timeout = ?cfg.drain_timeout, "draining");
     let _ = drain_tx.send(true);
     // Standalone GET streams never end on their own: send those clients elsewhere now.
