@@ -231,14 +231,24 @@ impl ServerTls {
     /// connections get the new certificate (connections already open keep theirs). A bad
     /// pair is refused with a log line and the old certificate kept.
     pub fn reload(&self) -> Reload {
-        let files =
-            std::fs::read(&self.cert_path).and_then(|c| Ok((c, std::fs::read(&self.key_path)?)));
+        let files = std::fs::read(&self.cert_path)
+            .map_err(|e| ("--tls-cert", e))
+            .and_then(|c| {
+                Ok((
+                    c,
+                    std::fs::read(&self.key_path).map_err(|e| ("--tls-key", e))?,
+                ))
+            });
         let (cert_pem, key_pem) = match files {
             Ok(f) => f,
-            Err(e) => {
-                // Mid-rotation a file may be briefly missing; the next look will tell.
-                tracing::debug!(error = %e, "TLS files not readable; keeping the current certificate");
-                return Reload::Unchanged;
+            Err((flag, e)) => {
+                // Mid-rotation a file may be briefly missing: say so once, keep serving.
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                if !seen.0.is_empty() || !seen.1.is_empty() {
+                    *seen = (Vec::new(), Vec::new());
+                    tracing::warn!(flag, error = %e, "TLS files not readable; still serving the previous certificate");
+                }
+                return Reload::Refused;
             }
         };
         {
@@ -463,6 +473,44 @@ pub async fn accept(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pair(cn: &str) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().unwrap();
+        (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn reload_takes_good_pairs_refuses_bad_ones_once_and_keeps_the_old() {
+        let dir = std::env::temp_dir().join(format!("mcp-reattach-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let (c1, k1) = pair("one");
+        let (c2, k2) = pair("two");
+        std::fs::write(&cert, &c1).unwrap();
+        std::fs::write(&key, &k1).unwrap();
+        let tls = ServerTls::load(&cert, &key, None).unwrap();
+        let current = || tls.resolver.current.read().unwrap().cert[0].to_vec();
+        let first = current();
+        assert_eq!(tls.reload(), Reload::Unchanged);
+        std::fs::write(&cert, &c2).unwrap();
+        assert_eq!(tls.reload(), Reload::Refused, "key of another certificate");
+        assert_eq!(
+            tls.reload(),
+            Reload::Unchanged,
+            "refused once, not on every look"
+        );
+        assert_eq!(current(), first);
+        std::fs::remove_file(&key).unwrap();
+        assert_eq!(tls.reload(), Reload::Refused);
+        std::fs::write(&key, &k2).unwrap();
+        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_ne!(current(), first);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn plaintext_response_length_is_right() {

@@ -409,6 +409,10 @@ fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
     replace(&key, &expired.key);
     gw.wait_log("new TLS certificate refused", "expired");
     assert_eq!(served_now(), one.der);
+    // A file gone missing (mid-rotation): said once, the old certificate kept.
+    std::fs::remove_file(&key).unwrap();
+    gw.wait_log("TLS files not readable", "--tls-key");
+    assert_eq!(served_now(), one.der);
     // Then a good pair is taken.
     replace(&key, &two.key);
     replace(&cert, &two.cert);
