@@ -36,7 +36,8 @@ struct Args {
     /// `sse-single` (the four single ones), `sse` (all eight), `idle`, `window`.
     #[arg(long)]
     only: Option<String>,
-    /// Comma-separated arms to run (default: all): direct, naive, nginx, mcp-reattach.
+    /// Comma-separated arms to run (default: all): direct, naive, nginx, mcp-reattach,
+    /// nginx-tls, mcp-reattach-tls (the TLS arms: json and saturating SSE only).
     #[arg(long)]
     arms: Option<String>,
     /// SO_SNDBUF of the mock's connections in the SSE scenarios, KiB (the kernel doubles it);
@@ -91,6 +92,10 @@ enum Arm {
     Naive,
     Nginx,
     Reattach,
+    /// nginx terminating TLS (the client speaks TLS 1.3 to it).
+    NginxTls,
+    /// mcp-reattach terminating TLS (--tls-cert/--tls-key).
+    ReattachTls,
 }
 
 impl Arm {
@@ -100,12 +105,33 @@ impl Arm {
             Arm::Naive => "naive",
             Arm::Nginx => "nginx",
             Arm::Reattach => "mcp-reattach",
+            Arm::NginxTls => "nginx-tls",
+            Arm::ReattachTls => "mcp-reattach-tls",
         }
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, Arm::NginxTls | Arm::ReattachTls)
+    }
+
+    fn is_nginx(self) -> bool {
+        matches!(self, Arm::Nginx | Arm::NginxTls)
     }
 }
 
 const ALL: [Arm; 4] = [Arm::Direct, Arm::Naive, Arm::Nginx, Arm::Reattach];
 const PROXIES: [Arm; 3] = [Arm::Naive, Arm::Nginx, Arm::Reattach];
+/// The TLS arms, run in the json and saturating SSE scenarios.
+const TLS_ARMS: [Arm; 2] = [Arm::NginxTls, Arm::ReattachTls];
+/// Every arm, for summaries and for reading results back.
+const EVERY: [Arm; 6] = [
+    Arm::Direct,
+    Arm::Naive,
+    Arm::Nginx,
+    Arm::Reattach,
+    Arm::NginxTls,
+    Arm::ReattachTls,
+];
 
 #[derive(Clone)]
 enum Kind {
@@ -160,7 +186,7 @@ fn main() {
             .iter()
             .map(|r| Record {
                 scenario: r["scenario"].as_str().unwrap_or("").to_owned(),
-                arm: ALL
+                arm: EVERY
                     .into_iter()
                     .find(|a| a.name() == r["arm"].as_str().unwrap_or(""))
                     .unwrap_or(Arm::Direct),
@@ -214,6 +240,13 @@ fn main() {
     if nginx.is_none() {
         eprintln!("warning: nginx not found; the nginx arm is skipped");
     }
+    let certs = match make_certs(&tmp.0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("warning: no TLS certificates ({e}); the TLS arms are skipped");
+            None
+        }
+    };
     let scenarios = scenarios(&a);
     // Commit and worktree state now: the binaries were just built from them.
     let machine = machine_info(&a);
@@ -229,7 +262,8 @@ fn main() {
                 .arms
                 .iter()
                 .copied()
-                .filter(|&arm| arm != Arm::Nginx || nginx.is_some())
+                .filter(|&arm| !arm.is_nginx() || nginx.is_some())
+                .filter(|&arm| !arm.tls() || certs.is_some())
                 .filter(|&arm| {
                     a.arms
                         .as_deref()
@@ -240,7 +274,7 @@ fn main() {
             arms.rotate_left((round + si) % n);
             for arm in arms {
                 let t = Instant::now();
-                let rec = run_one(&a, &tmp, sc, arm, round, nginx.as_deref());
+                let rec = run_one(&a, &tmp, sc, arm, round, nginx.as_deref(), certs.as_ref());
                 eprintln!(
                     "[{:>5.0}s] round {} {:<16} {:<13} {:>5.1}s {} {}",
                     started.elapsed().as_secs_f64(),
@@ -332,7 +366,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: "json".into(),
             group: "json",
             title: "Small JSON POST, saturating (8 keep-alive connections, closed loop)".into(),
-            arms: ALL.to_vec(),
+            arms: ALL.iter().chain(&TLS_ARMS).copied().collect(),
             load: s(&["json", "--conns", "8", "--duration-ms", &dur]),
             kind: Kind::Run,
             gateway_flags: vec![],
@@ -382,7 +416,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
                     } else {
                         format!("SSE saturating, {label} events, {streams} stream(s), {burst} events per upstream write")
                     },
-                    arms: ALL.to_vec(),
+                    arms: ALL.iter().chain(&TLS_ARMS).copied().collect(),
                     load: s(&[
                         "sse",
                         "--streams",
@@ -642,7 +676,7 @@ fn start_mock(a: &Args, pin: bool, extra: &[String]) -> (Proc, SocketAddr) {
     )
 }
 
-fn nginx_conf(dir: &Path, listen: u16, upstream: SocketAddr) -> PathBuf {
+fn nginx_conf(dir: &Path, listen: u16, upstream: SocketAddr, tls: Option<&Certs>) -> PathBuf {
     let conf = dir.join("nginx.conf");
     for d in ["logs", "tmp"] {
         let _ = std::fs::create_dir_all(dir.join(d));
@@ -667,7 +701,7 @@ http {{
     keepalive_requests 1000000;
     upstream mcp {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}
     server {{
-        listen 127.0.0.1:{listen} backlog=4096;
+        listen 127.0.0.1:{listen}{ssl} backlog=4096;{certs}
         location / {{
             proxy_pass http://mcp;
             proxy_http_version 1.1;
@@ -679,13 +713,113 @@ http {{
     }}
 }}
 "#,
-        dir = dir.display()
+        dir = dir.display(),
+        ssl = if tls.is_some() { " ssl" } else { "" },
+        certs = tls.map_or(String::new(), |c| format!(
+            "\n        ssl_certificate {};\n        ssl_certificate_key {};\n        ssl_protocols TLSv1.2 TLSv1.3;",
+            c.cert.display(),
+            c.key.display()
+        )),
     );
     std::fs::write(&conf, text).unwrap();
     conf
 }
 
+/// A CA and a server certificate for 127.0.0.1 (ECDSA P-256), made with openssl.
+struct Certs {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn make_certs(dir: &Path) -> Result<Certs, String> {
+    let d = dir.join("tls");
+    std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+    let p = |n: &str| d.join(n).to_string_lossy().into_owned();
+    std::fs::write(
+        d.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let steps: [Vec<String>; 3] = [
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &p("ca.key"),
+            "-out",
+            &p("ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=bench CA",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        [
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &p("key.pem"),
+            "-out",
+            &p("leaf.csr"),
+            "-subj",
+            "/CN=localhost",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        [
+            "x509",
+            "-req",
+            "-in",
+            &p("leaf.csr"),
+            "-CA",
+            &p("ca.pem"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &p("cert.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &p("ext.cnf"),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(&args)
+            .output()
+            .map_err(|e| format!("openssl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "openssl {}: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(Certs {
+        ca: d.join("ca.pem"),
+        cert: d.join("cert.pem"),
+        key: d.join("key.pem"),
+    })
+}
+
 /// Starts the arm's proxy (None for direct); returns it and the address the client targets.
+// One parameter per thing an arm may need; a struct for them would only move the list.
+#[allow(clippy::too_many_arguments)]
 fn start_proxy(
     a: &Args,
     tmp: &Tmp,
@@ -694,6 +828,7 @@ fn start_proxy(
     extra: &[String],
     nginx: Option<&Path>,
     pin: bool,
+    certs: Option<&Certs>,
 ) -> Result<(Option<Proc>, SocketAddr), String> {
     if arm == Arm::Direct {
         return Ok((None, upstream));
@@ -706,15 +841,20 @@ fn start_proxy(
             c.arg(listen.to_string()).arg(upstream.to_string());
             c
         }
-        Arm::Nginx => {
+        Arm::Nginx | Arm::NginxTls => {
             let dir = tmp.0.join(format!("nginx-{port}"));
             let _ = std::fs::create_dir_all(&dir);
-            let conf = nginx_conf(&dir, port, upstream);
+            let tls = if arm.tls() {
+                Some(certs.ok_or("no certificates for the TLS arm")?)
+            } else {
+                None
+            };
+            let conf = nginx_conf(&dir, port, upstream, tls);
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, nginx.unwrap());
             c.arg("-p").arg(&dir).arg("-c").arg(conf);
             c
         }
-        Arm::Reattach => {
+        Arm::Reattach | Arm::ReattachTls => {
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, &a.gateway);
             c.arg("--upstream")
                 .arg(format!("http://{upstream}"))
@@ -723,6 +863,13 @@ fn start_proxy(
                 .arg("--admin-listen")
                 .arg(format!("127.0.0.1:{}", free_port()))
                 .args(extra);
+            if arm.tls() {
+                let certs = certs.ok_or("no certificates for the TLS arm")?;
+                c.arg("--tls-cert")
+                    .arg(&certs.cert)
+                    .arg("--tls-key")
+                    .arg(&certs.key);
+            }
             c
         }
         Arm::Direct => unreachable!(),
@@ -736,7 +883,7 @@ fn start_proxy(
         .map_err(|e| format!("start {}: {e}", arm.name()))?;
     let p = Proc {
         child,
-        graceful: arm == Arm::Nginx,
+        graceful: arm.is_nginx(),
     };
     if !wait_port(listen, Duration::from_secs(10)) {
         return Err(format!("{} did not listen on {listen}", arm.name()));
@@ -751,6 +898,7 @@ fn run_one(
     arm: Arm,
     round: usize,
     nginx: Option<&Path>,
+    certs: Option<&Certs>,
 ) -> Record {
     let mut rec = Record {
         scenario: sc.key.clone(),
@@ -769,13 +917,14 @@ fn run_one(
         vec![]
     };
     let (mock, upstream) = start_mock(a, pin, &mock_flags);
-    let (proxy, target) = match start_proxy(a, tmp, arm, upstream, &sc.gateway_flags, nginx, pin) {
-        Ok(x) => x,
-        Err(e) => {
-            rec.failures.push(format!("error: {e}"));
-            return rec;
-        }
-    };
+    let (proxy, target) =
+        match start_proxy(a, tmp, arm, upstream, &sc.gateway_flags, nginx, pin, certs) {
+            Ok(x) => x,
+            Err(e) => {
+                rec.failures.push(format!("error: {e}"));
+                return rec;
+            }
+        };
     // Let the proxy settle before the base sample.
     std::thread::sleep(Duration::from_millis(200));
     let pids = proxy
@@ -785,7 +934,13 @@ fn run_one(
     let rss0 = procfs::rss_kib(&pids);
     let cpu0 = procfs::cpu_seconds(&pids);
     let mut load = pinned_if(a, pin, 0, &a.bin.join("load"));
-    load.arg("--target").arg(target.to_string()).args(&sc.load);
+    load.arg("--target").arg(target.to_string());
+    if arm.tls() {
+        if let Some(c) = certs {
+            load.arg("--tls-ca").arg(&c.ca);
+        }
+    }
+    load.args(&sc.load);
     load.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(Stdio::piped());
@@ -981,7 +1136,7 @@ fn summarize(scs: &[Scenario], recs: &[Record]) -> Value {
     let mut out = serde_json::Map::new();
     for sc in scs {
         let mut per_arm = serde_json::Map::new();
-        for arm in ALL {
+        for arm in EVERY {
             let rs: Vec<&Record> = recs
                 .iter()
                 .filter(|r| r.scenario == sc.key && r.arm == arm)
@@ -1101,6 +1256,15 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             rx,
             "≥ 1.00".into(),
             rx.map(|v| v >= 1.0),
+        );
+        let rt = med(s, sc, Arm::ReattachTls, "events_per_s");
+        let xt = med(s, sc, Arm::NginxTls, "events_per_s");
+        let v = rt.zip(xt).map(|(a, b)| a / b);
+        push(
+            format!("{sc}: events/s mcp-reattach-tls / nginx-tls"),
+            v,
+            "≥ 1.00".into(),
+            v.map(|v| v >= 1.0),
         );
     }
     for sc in ["sse-16k-1", "sse-16k-8"] {
@@ -1472,7 +1636,10 @@ const METHOD: &str = r#"## Method
   pass-through, `bench/src/bin/naive-proxy.rs`: the cost floor of one hop built from the same
   libraries), `nginx` (Debian's nginx, `proxy_buffering off`, HTTP/1.1 upstream keep-alive,
   one worker: the config is in `bench/src/bin/bench.rs`), `mcp-reattach` (the release binary,
-  default flags unless a scenario says otherwise).
+  default flags unless a scenario says otherwise). In the `json` and saturating SSE scenarios
+  also `nginx-tls` and `mcp-reattach-tls`: the same two terminating TLS (ECDSA P-256
+  certificate made with openssl per job; the load client speaks TLS 1.3 with rustls and ring,
+  HTTP/1.1 by ALPN; the upstream hop stays plain).
 - **Placement.** Two cores: the proxy under test is pinned to core 1; the mock upstream and the
   load client share core 0 in every arm, direct included. Each arm-run starts fresh processes.
   The paced-latency scenarios run unpinned (`--pin-paced` pins them too): on this VM a wake-up
