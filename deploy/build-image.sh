@@ -4,7 +4,8 @@
 #   deploy/build-image.sh            # build, then smoke-test with podman
 #   deploy/build-image.sh --no-run   # build only
 #
-# 1. A static binary on the host: the musl target when rustup has it (or can add it),
+# 1. A static binary on the host: the musl target when rustup has it (or can add it) and
+#    musl-gcc is installed,
 #    otherwise glibc with +crt-static (glibc's static resolver cannot load its NSS modules in
 #    an empty image, so host names may not resolve: give --upstream an IP address then; the
 #    sidecar's 127.0.0.1 is fine).
@@ -38,8 +39,11 @@ done
 # --- 1. static binary ---------------------------------------------------------------------------
 arch="$(uname -m)"
 musl="$arch-unknown-linux-musl"
-if rustup target list --installed 2>/dev/null | grep -qx "$musl" \
-   || rustup target add "$musl" >/dev/null 2>&1; then
+# ring (rustls' crypto) compiles C for the target: the musl target also needs musl-gcc
+# (Debian: musl-tools).
+if command -v musl-gcc >/dev/null \
+   && { rustup target list --installed 2>/dev/null | grep -qx "$musl" \
+        || rustup target add "$musl" >/dev/null 2>&1; }; then
   target="$musl"
   echo "== cargo build --release --target $target"
   (cd "$repo" && cargo build --release --locked --target "$target")

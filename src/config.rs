@@ -31,6 +31,15 @@ pub enum ResumeAuth {
     None,
 }
 
+/// What identifies the principal a session is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrincipalSource {
+    /// The value of `--principal-header` (default `Authorization`).
+    Header,
+    /// The subject of the client certificate verified with `--tls-client-ca` (mTLS).
+    ClientCert,
+}
+
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -73,7 +82,7 @@ pub struct GatewayArgs {
     )]
     pub listen: SocketAddr,
 
-    /// Base URL of the MCP server to proxy to (http only), e.g. http://127.0.0.1:3000.
+    /// Base URL of the MCP server to proxy to (http or https), e.g. http://127.0.0.1:3000.
     /// Request paths and queries are forwarded as received. Required unless running `demo`.
     #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
     pub upstream: Option<http::Uri>,
@@ -197,6 +206,17 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_PRINCIPAL_HEADER")]
     pub principal_header: Option<http::HeaderName>,
 
+    /// What the principal is: `header` (the value of --principal-header) or `client-cert`
+    /// (the subject of the client's certificate; needs --tls-client-ca).
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_PRINCIPAL_SOURCE",
+        value_enum,
+        default_value = "header"
+    )]
+    pub principal_source: PrincipalSource,
+
     /// Who may re-attach to a session: `principal` (the same principal header value as the
     /// request that created it), `upstream` (whoever the upstream accepts a `ping` from, with
     /// the caller's credentials), or `none`.
@@ -218,6 +238,43 @@ pub struct GatewayArgs {
         value_delimiter = ','
     )]
     pub allowed_origins: Vec<String>,
+
+    /// Serve TLS on --listen with this certificate (PEM; the chain after the leaf). Re-read
+    /// when the file changes; a bad new certificate is refused and the old one kept.
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_TLS_CERT",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// How often the --tls-cert and --tls-key files are checked for changes (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// Require client certificates signed by a CA in this PEM file (mTLS; needs --tls-cert).
+    #[arg(
+        long,
+        global = true,
+        env = "MCP_REATTACH_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+
+    /// Trust only the CA certificates in this PEM file for an https --upstream (default: the
+    /// platform's roots).
+    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CA")]
+    pub upstream_ca: Option<std::path::PathBuf>,
 
     /// Log format: text or json.
     #[arg(
@@ -273,6 +330,11 @@ pub struct Config {
     pub resume_auth: ResumeAuth,
     /// Empty: any Origin.
     pub allowed_origins: Vec<String>,
+    pub principal_source: PrincipalSource,
+    /// TLS on the proxy listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
+    pub tls: Option<crate::tls::ServerTls>,
+    /// The client config for an https upstream; `None`: the platform's roots.
+    pub upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Config {
@@ -303,6 +365,9 @@ impl Config {
             principal_header: None,
             resume_auth: ResumeAuth::Principal,
             allowed_origins: Vec::new(),
+            principal_source: PrincipalSource::Header,
+            tls: None,
+            upstream_tls: None,
         }
     }
 
@@ -342,17 +407,47 @@ impl Config {
                 .map(|o| o.trim().to_owned())
                 .filter(|o| !o.is_empty())
                 .collect(),
+            principal_source: args.principal_source,
+            tls: None,
+            upstream_tls: None,
         }
+    }
+
+    /// Loads the TLS material the flags name into `self` (`tls`, `upstream_tls`); the error
+    /// names the flag of the file that cannot be used.
+    pub fn load_tls(mut self, args: &GatewayArgs) -> Result<Config, crate::tls::TlsError> {
+        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+            let mut tls = crate::tls::ServerTls::load(cert, key, args.tls_client_ca.as_deref())?;
+            tls.reload_interval = args.tls_reload_interval;
+            self.tls = Some(tls);
+        }
+        if self.principal_source == PrincipalSource::ClientCert && args.tls_client_ca.is_none() {
+            return Err(crate::tls::TlsError {
+                flag: "--principal-source",
+                path: "client-cert".into(),
+                reason: "needs --tls-client-ca (clients must present certificates)".into(),
+            });
+        }
+        if self.upstream.scheme_str() == Some("https") || args.upstream_ca.is_some() {
+            self.upstream_tls = Some(std::sync::Arc::new(crate::tls::upstream_client_config(
+                args.upstream_ca.as_deref(),
+            )?));
+        }
+        Ok(self)
     }
 }
 
-/// Parses an upstream base URL: `http://host[:port]` with an optional trailing `/`.
+/// Parses an upstream base URL: `http(s)://host[:port]` with an optional trailing `/`.
 pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => return Err(format!("scheme {other:?} is not supported (use http)")),
-        None => return Err("missing scheme (expected http://host:port)".into()),
+        Some("http" | "https") => {}
+        Some(other) => {
+            return Err(format!(
+                "scheme {other:?} is not supported (use http or https)"
+            ))
+        }
+        None => return Err("missing scheme (expected http://host:port or https://…)".into()),
     }
     if uri.authority().is_none() {
         return Err("missing host".into());
@@ -443,7 +538,8 @@ mod tests {
     fn upstreams() {
         assert!(parse_upstream("http://127.0.0.1:3000").is_ok());
         assert!(parse_upstream("http://127.0.0.1:3000/").is_ok());
-        assert!(parse_upstream("https://x").is_err());
+        assert!(parse_upstream("https://x").is_ok());
+        assert!(parse_upstream("ftp://x").is_err());
         assert!(parse_upstream("127.0.0.1:3000").is_err());
         assert!(parse_upstream("http://h/mcp").is_err());
     }

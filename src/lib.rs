@@ -17,8 +17,9 @@
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
 //! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through | retention rules |
-//! | [`server`] | accept loops for the proxy and admin listeners; per-connection and per-HTTP/2-stream stall kill | protocol details |
+//! | [`server`] | accept loops for the proxy (plain or TLS) and admin listeners; per-connection and per-HTTP/2-stream stall kill | protocol details |
 //! | [`shutdown`] | the drain phases: not ready, drain delay, stop accepting, deadline, end streams; the [`shutdown::Shutdown`] trigger | signals, sockets |
+//! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
 //! `main.rs` only parses flags, installs logging, maps SIGTERM / SIGINT to a graceful / quick
@@ -37,6 +38,7 @@ pub mod server;
 pub mod session;
 pub mod shutdown;
 pub mod sse;
+pub mod tls;
 pub mod upstream;
 pub mod window;
 

@@ -80,13 +80,15 @@ enum StartError {
         source: std::io::Error,
     },
     #[error("{0}")]
+    Tls(#[from] mcp_reattach::tls::TlsError),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
 impl StartError {
     fn exit_code(&self) -> u8 {
         match self {
-            StartError::Bind { .. } => EX_USAGE,
+            StartError::Bind { .. } | StartError::Tls(_) => EX_USAGE,
             StartError::Io(_) => 1,
         }
     }
@@ -99,6 +101,7 @@ async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<TcpListe
 }
 
 async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
+    let config = config.load_tls(args)?;
     let listener = bind("--listen", args.listen).await?;
     let admin = bind("--admin-listen", args.admin_listen).await?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, "mcp-reattach started");

@@ -18,6 +18,58 @@ use prometheus_client::registry::{Registry, Unit};
 type Label = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
 
+/// `resumes_total` outcomes (docs/operations.md lists their meaning).
+const RESUME_OUTCOMES: [&str; 11] = [
+    "resumed",
+    "reattached",
+    "gap",
+    "malformed_cursor",
+    "foreign_cursor",
+    "cursor_ahead",
+    "stream_expired",
+    "stream_ended",
+    "unknown_session",
+    "unauthorized",
+    "duplicate_request",
+];
+/// `requests_rejected_total` reasons.
+const REJECT_REASONS: [&str; 6] = [
+    "bad_session_header",
+    "body_too_large",
+    "body_read",
+    "body_timeout",
+    "at_capacity",
+    "origin_not_allowed",
+];
+/// `session_evictions_total` reasons.
+const SESSION_EVICTION_REASONS: [&str; 5] = [
+    "ttl",
+    "delete",
+    "upstream_404",
+    "session_cap",
+    "memory_budget",
+];
+/// `upstream_errors_total` kinds.
+const UPSTREAM_ERROR_KINDS: [&str; 7] = [
+    "connect",
+    "request",
+    "timeout",
+    "stream",
+    "invalid_event",
+    "hold",
+    "resume",
+];
+/// `connection_errors_total` kinds.
+const CONNECTION_ERROR_KINDS: [&str; 7] = [
+    "header_timeout",
+    "head_too_large",
+    "client_gone",
+    "other",
+    "plaintext_on_tls",
+    "tls_handshake_timeout",
+    "tls_handshake",
+];
+
 /// Every metric the gateway exports (names prefixed `mcp_reattach_`).
 pub struct Metrics {
     registry: Registry,
@@ -39,6 +91,12 @@ pub struct Metrics {
     pub upstream_paused_seconds: Counter<f64, AtomicU64>,
     pub connections: Gauge,
     pub connections_accepted: Counter,
+    /// `--memory-budget`, so alerts can compare `window_bytes` with it.
+    pub memory_budget_bytes: Gauge,
+    /// Unix time the drain started (the gateway stopped accepting); 0 while serving.
+    pub drain_started: Gauge<f64, AtomicU64>,
+    /// How long the drain may take: `--drain-timeout` plus the final flush.
+    pub drain_deadline: Gauge<f64, AtomicU64>,
     rejected: Family<Label, Counter>,
     connection_errors: Family<Label, Counter>,
     resumes: Family<Label, Counter>,
@@ -82,6 +140,9 @@ impl Metrics {
             upstream_paused_seconds: Counter::default(),
             connections: Gauge::default(),
             connections_accepted: Counter::default(),
+            memory_budget_bytes: Gauge::default(),
+            drain_started: Gauge::default(),
+            drain_deadline: Gauge::default(),
             rejected: Family::default(),
             connection_errors: Family::default(),
             resumes: Family::default(),
@@ -190,6 +251,24 @@ impl Metrics {
             "Client connections accepted",
             m.connections_accepted.clone(),
         );
+        registry.register_with_unit(
+            "memory_budget",
+            "The budget for all session windows together (--memory-budget)",
+            Unit::Bytes,
+            m.memory_budget_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "drain_started_timestamp",
+            "Unix time the drain started (the gateway stopped accepting); 0 while serving",
+            Unit::Seconds,
+            m.drain_started.clone(),
+        );
+        registry.register_with_unit(
+            "drain_deadline",
+            "Longest the drain may take once started (--drain-timeout plus the final flush)",
+            Unit::Seconds,
+            m.drain_deadline.clone(),
+        );
         registry.register(
             "requests_rejected",
             "Requests the gateway refused itself, by reason",
@@ -216,6 +295,23 @@ impl Metrics {
             Unit::Seconds,
             m.request_duration.clone(),
         );
+        // The label values alerts and dashboards select on exist from the start (at 0), so
+        // `rate()` and `increase()` see the first occurrence and scrapes declare every family.
+        for outcome in RESUME_OUTCOMES {
+            let _ = m.resumes.get_or_create(&[("outcome", outcome)]);
+        }
+        for reason in REJECT_REASONS {
+            let _ = m.rejected.get_or_create(&[("reason", reason)]);
+        }
+        for reason in SESSION_EVICTION_REASONS {
+            let _ = m.session_evictions.get_or_create(&[("reason", reason)]);
+        }
+        for kind in UPSTREAM_ERROR_KINDS {
+            let _ = m.upstream_errors.get_or_create(&[("kind", kind)]);
+        }
+        for kind in CONNECTION_ERROR_KINDS {
+            let _ = m.connection_errors.get_or_create(&[("kind", kind)]);
+        }
         Metrics { registry, ..m }
     }
 
@@ -246,6 +342,15 @@ impl Metrics {
     /// Counts an upstream failure by kind (`connect`, `stream`, `invalid_event`).
     pub fn upstream_error(&self, kind: &'static str) {
         self.upstream_errors.get_or_create(&[("kind", kind)]).inc();
+    }
+
+    /// Records that the drain started now and may take `deadline`.
+    pub fn drain_started(&self, deadline: std::time::Duration) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.drain_deadline.set(deadline.as_secs_f64());
+        self.drain_started.set(now);
     }
 
     /// Records one finished request.

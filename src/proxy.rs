@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use crate::access::{AccessLog, Observed, StreamStats};
 use crate::attach::AttachBody;
-use crate::config::{Config, Priming, ResumeAuth};
+use crate::config::{Config, Priming, PrincipalSource, ResumeAuth};
 use crate::cursor::Cursor;
 use crate::error::Refusal;
 pub use crate::error::{codes, ProxyError};
@@ -59,6 +59,8 @@ pub struct Conn {
     pub remote: std::net::SocketAddr,
     /// Notified to close the client connection (a stalled client whose body cannot be polled).
     pub kill: Arc<Notify>,
+    /// The subject of the client's verified TLS certificate (mTLS), if any.
+    pub client_subject: Option<Arc<str>>,
 }
 
 /// The gateway: configuration, the session registry and the upstream client.
@@ -75,6 +77,9 @@ impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
         let cfg = Arc::new(cfg);
         let metrics = Arc::new(Metrics::new());
+        metrics
+            .memory_budget_bytes
+            .set(i64::try_from(cfg.memory_budget).unwrap_or(i64::MAX));
         Arc::new(Gateway {
             registry: Arc::new(Registry::new(cfg.clone(), metrics)),
             upstream: Arc::new(Upstream::new(cfg.clone())),
@@ -188,7 +193,7 @@ impl Gateway {
                 }
             }
         }
-        let principal = self.principal(req.headers());
+        let principal = self.principal(req.headers(), conn);
 
         // A standalone cursor that cannot be resumed exactly re-attaches to the session.
         let mut reattach: Option<Reattach> = None;
@@ -540,7 +545,14 @@ impl Gateway {
 
     /// The caller's principal: a keyed hash of its principal header (`Authorization` unless
     /// `--principal-header`), absent header included. The key is random per process.
-    fn principal(&self, headers: &HeaderMap) -> u64 {
+    fn principal(&self, headers: &HeaderMap, conn: &Conn) -> u64 {
+        if self.cfg.principal_source == PrincipalSource::ClientCert {
+            // The verified certificate's subject; the connection was refused without one.
+            let mut h = self.principal_key.build_hasher();
+            h.write_u8(2);
+            h.write(conn.client_subject.as_deref().unwrap_or("").as_bytes());
+            return h.finish();
+        }
         let name = self
             .cfg
             .principal_header

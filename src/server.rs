@@ -1,8 +1,8 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2c, one task per connection; an HTTP/1.1
-//! connection, or a single HTTP/2 stream, can be ended by the session layer when its client
-//! stalls) and the admin listener (`/healthz`, `/readyz`, `/metrics`). Takes listeners and a
-//! shutdown future; the drain is [`crate::shutdown`]'s, binding and signals are `main`'s, so
-//! tests run the real server on `127.0.0.1:0`.
+//! Accept loops: the proxy listener (HTTP/1.1 and h2, in the clear or over TLS, one task per
+//! connection; an HTTP/1.1 connection, or a single HTTP/2 stream, can be ended by the session
+//! layer when its client stalls) and the admin listener (`/healthz`, `/readyz`, `/metrics`).
+//! Takes listeners and a shutdown future; the drain is [`crate::shutdown`]'s, binding and
+//! signals are `main`'s, so tests run the real server on `127.0.0.1:0`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -53,6 +53,7 @@ pub async fn serve_gateway(
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let cfg = gateway.config().clone();
+    let _reloader = cfg.tls.as_ref().map(|t| AbortOnDrop(t.spawn_reloader()));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -89,6 +90,22 @@ pub async fn serve_gateway(
         let span = tracing::debug_span!("connection", %remote);
         let task = async move {
             let _slot = slot;
+            // TLS first when configured; the handshake counts against --header-read-timeout.
+            let (io, client_subject) = match &gateway.config().tls {
+                None => (crate::tls::Stream::Plain(tcp), None),
+                Some(tls) => {
+                    let timeout = gateway.config().header_read_timeout;
+                    match crate::tls::accept(tls, tcp, timeout).await {
+                        Ok(accepted) => accepted,
+                        Err(e) => {
+                            metrics.connection_error(e.kind());
+                            tracing::debug!(%remote, error = ?e, "TLS connection not established");
+                            metrics.connections.dec();
+                            return;
+                        }
+                    }
+                }
+            };
             let kill = Arc::new(Notify::new());
             let exec = StreamExec {
                 pending: Arc::default(),
@@ -105,10 +122,17 @@ pub async fn serve_gateway(
                 } else {
                     conn_kill.clone()
                 };
-                gateway.clone().handle(req, Conn { remote, kill })
+                gateway.clone().handle(
+                    req,
+                    Conn {
+                        remote,
+                        kill,
+                        client_subject: client_subject.clone(),
+                    },
+                )
             });
             // Watched: the drain tells it to finish gracefully and waits for it.
-            let serving = watcher.watch(builder.serve_connection(TokioIo::new(tcp), svc));
+            let serving = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
             tokio::select! {
                 res = serving => {
                     if let Err(e) = res {

@@ -140,6 +140,11 @@ pub async fn drain(
         ?drain_timeout,
         "draining"
     );
+    // The alerting rules compare the drain's age with this deadline (deploy/prometheus/).
+    gateway
+        .registry()
+        .metrics()
+        .drain_started(drain_timeout + FINAL_FLUSH);
     let all_done = connections.shutdown();
     tokio::pin!(all_done);
     // Standalone GET streams never end on their own: send those clients elsewhere now.

@@ -16,6 +16,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -52,14 +53,30 @@ const MAX_UPSTREAM_RETRY: Duration = Duration::from_secs(30);
 /// The pooled client to the upstream MCP server.
 pub struct Upstream {
     cfg: Arc<Config>,
-    client: Client<HttpConnector, UpBody>,
+    client: Client<HttpsConnector<HttpConnector>, UpBody>,
 }
 
 impl Upstream {
     pub fn new(cfg: Arc<Config>) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(cfg.upstream_connect_timeout));
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
+        http.enforce_http(false);
+        // http:// upstreams connect in the clear; https:// ones with the configured roots and
+        // SNI from the URL's host (hyper-rustls' default).
+        let tls = match &cfg.upstream_tls {
+            Some(c) => (**c).clone(),
+            None if cfg.upstream.scheme_str() == Some("https") => {
+                crate::tls::platform_client_config()
+            }
+            // Never used for an http:// upstream; no need to load the platform's roots.
+            None => crate::tls::no_roots_client_config(),
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             // Without a timer the idle timeout is never applied and idle upstream
@@ -118,7 +135,12 @@ impl Upstream {
         }
         // What the hop in front said (an ingress terminating TLS says `https`) stays.
         if !headers.contains_key(X_FORWARDED_PROTO) {
-            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+            let proto = if self.cfg.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
         }
         // Upstream connections are HTTP/1.1 whatever the client spoke (the request's
         // version is left at its default).

@@ -170,6 +170,115 @@ async fn metrics_during_a_resume_pass_promtool() {
     drop(writer);
 }
 
+/// The alerting rules and the dashboard in deploy/prometheus name only metrics a running
+/// gateway exports, and the rules pass `promtool check rules` and `promtool test rules`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_rules_and_dashboard_use_only_exported_metrics() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus");
+    let rules = std::fs::read_to_string(dir.join("mcp-reattach.rules.yml")).unwrap();
+    let dashboard = std::fs::read_to_string(dir.join("mcp-reattach-dashboard.json")).unwrap();
+
+    // A gateway after some traffic: a session, a call streamed, a failed resume.
+    let mut mock = Mock::start().await;
+    let gw = start_gateway(mock.addr, &["--memory-budget", "64MiB"]);
+    let g = Gw {
+        addr: gw.addr,
+        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
+            "http://127.0.0.1:1".parse().unwrap(),
+        )),
+    };
+    init_session(&g, &mut mock, "s1").await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("s1"))));
+    let writer = mock.next().await.respond_sse(Some("s1"));
+    let mut reader = SseReader::new(pending.await.unwrap());
+    writer.message(&result(1)).await;
+    drop(writer);
+    assert_eq!(messages(&reader.rest().await), vec![result(1)]);
+    let _ = send(gw.addr, get("s1", Some("garbage"))).await;
+    let admin = gw.admin;
+    let (status, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(&text, "mcp_reattach_memory_budget_bytes"),
+        (64u64 << 20) as f64
+    );
+
+    // What the exposition declares: every family has a TYPE line, samples or not.
+    let mut exported = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            exported.insert(name.to_owned());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    exported.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    for (what, source) in [("rules", &rules), ("dashboard", &dashboard)] {
+        let used = metric_names(source);
+        assert!(used.len() >= 8, "{what} use only {used:?}");
+        let missing: Vec<_> = used.difference(&exported).collect();
+        assert!(
+            missing.is_empty(),
+            "{what} use metrics the gateway does not export: {missing:?}\nexported: {exported:?}"
+        );
+        eprintln!("{what}: {} metric names, all exported", used.len());
+    }
+
+    match promtool(&["check", "rules", "mcp-reattach.rules.yml"], &dir) {
+        Some((ok, out)) => {
+            assert!(ok, "promtool check rules failed:\n{out}");
+            eprintln!("promtool check rules: {out}");
+            let (ok, out) =
+                promtool(&["test", "rules", "mcp-reattach.rules.test.yml"], &dir).unwrap();
+            assert!(ok, "promtool test rules failed:\n{out}");
+            eprintln!("promtool test rules: {out}");
+        }
+        None => {
+            assert!(
+                std::env::var_os("CI_REQUIRE_PROMTOOL").is_none(),
+                "promtool is required in CI"
+            );
+            eprintln!("promtool not installed; skipped the rule checks (CI installs it)");
+        }
+    }
+}
+
+/// Every `mcp_reattach_…` identifier in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("mcp_reattach_") {
+        let preceded = rest[..i].chars().next_back().is_some_and(ident);
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !ident(c)).unwrap_or(tail.len());
+        if !preceded {
+            out.insert(tail[..end].to_owned());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+fn promtool(args: &[&str], dir: &std::path::Path) -> Option<(bool, String)> {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()?;
+    let msg = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success(), msg))
+}
+
 fn promtool_check(text: &str) -> Option<(bool, String)> {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
@@ -266,6 +375,20 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
     assert!(last.data.as_deref().unwrap().contains("shutdown"));
     eprintln!("GET stream ended {:?} after SIGTERM", t0.elapsed());
     assert!(t0.elapsed() < Duration::from_secs(3));
+    // The drain is visible to the McpReattachDrainOverdue alert: when it started, its deadline.
+    let (_, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = metric(&text, "mcp_reattach_drain_started_timestamp_seconds");
+    assert!(
+        started > now - 5.0 && started <= now + 1.0,
+        "{started} vs {now}"
+    );
+    assert_eq!(metric(&text, "mcp_reattach_drain_deadline_seconds"), 5.0);
 
     // The in-flight call completes.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -294,11 +294,86 @@ pub mod http {
 
     use std::io;
     use std::net::SocketAddr;
+    use std::pin::Pin;
+    use std::sync::{Arc, OnceLock};
+    use std::task::{Context, Poll};
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
     use tokio::net::TcpStream;
 
     use crate::clock::now_ns;
+
+    static TLS: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+
+    /// Makes every later [`Conn::connect`] speak TLS (HTTP/1.1 by ALPN), trusting the CA
+    /// certificates in `ca_pem`.
+    pub fn use_tls(ca_pem: &std::path::Path) -> io::Result<()> {
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pki_types::CertificateDer::pem_file_iter(ca_pem)
+            .map_err(|e| io::Error::other(e.to_string()))?
+        {
+            roots
+                .add(c.map_err(|e| io::Error::other(e.to_string()))?)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| io::Error::other(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let _ = TLS.set(Arc::new(cfg));
+        Ok(())
+    }
+
+    /// A connection to the target: plain TCP or TLS over it.
+    pub enum Stream {
+        Plain(TcpStream),
+        Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    }
+
+    impl AsyncRead for Stream {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            match self.get_mut() {
+                Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+                Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            }
+        }
+    }
+
+    impl AsyncWrite for Stream {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            match self.get_mut() {
+                Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+                Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            }
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            match self.get_mut() {
+                Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+                Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            }
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            match self.get_mut() {
+                Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+                Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            }
+        }
+    }
 
     pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
@@ -397,7 +472,7 @@ pub mod http {
     }
 
     pub struct Conn {
-        pub stream: TcpStream,
+        pub stream: Stream,
         buf: Vec<u8>,
         pos: usize,
         /// Bytes asked of the kernel per `read` (the buffer grows to hold this much).
@@ -408,8 +483,18 @@ pub mod http {
 
     impl Conn {
         pub async fn connect(addr: SocketAddr) -> io::Result<Conn> {
-            let stream = TcpStream::connect(addr).await?;
-            stream.set_nodelay(true)?;
+            let tcp = TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            let stream = match TLS.get() {
+                None => Stream::Plain(tcp),
+                Some(cfg) => {
+                    let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+                    let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                        .connect(name, tcp)
+                        .await?;
+                    Stream::Tls(Box::new(tls))
+                }
+            };
             Ok(Conn {
                 stream,
                 buf: Vec::with_capacity(16 * 1024),

@@ -28,6 +28,13 @@ What is checked, and with what:
   the request header, `option persist` + `option redispatch`, /readyz health checks on the admin
   port fast enough for --drain-delay, idle timeouts above the keep-alive interval, no compression
   and no hash balancing.
+* Monitoring: the chart's PrometheusRule (off by default) carries exactly the rules of
+  deploy/prometheus/mcp-reattach.rules.yml (only the runbook prefix may differ) and passes
+  `promtool check rules` when promtool is on PATH; every alert has a severity, a summary and a
+  runbook link to an existing section of docs/operations.md; the dashboard ConfigMap carries
+  exactly deploy/prometheus/mcp-reattach-dashboard.json; the chart's copies in files/ are
+  identical to deploy/prometheus/. (The PrometheusRule CRD's own schema is not available
+  offline; `promtool` and the comparison cover its content.)
 
 * Envoy Gateway kinds (EnvoyPatchPolicy, BackendTrafficPolicy): the openAPIV3Schema of
   Envoy Gateway v1.9's CRDs (vendored in tools/crds/) with jsonschema, plus an unknown-field
@@ -783,6 +790,101 @@ def check_haproxy(path: Path):
 # ---------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------
+# Monitoring: alerting rules and the Grafana dashboard
+# ---------------------------------------------------------------------------------------------
+
+PROM = DEPLOY / "prometheus"
+RULES = PROM / "mcp-reattach.rules.yml"
+DASHBOARD = PROM / "mcp-reattach-dashboard.json"
+
+
+def github_anchors(md: str) -> set[str]:
+    anchors = set()
+    fenced = False
+    for line in md.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        m = not fenced and re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            text = m.group(1).strip().lower()
+            text = re.sub(r"[^\w\- ]", "", text)
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def chart_files_match(chart: Path):
+    for f in (RULES, DASHBOARD):
+        copy_ = chart / "files" / f.name
+        if copy_.read_bytes() != f.read_bytes():
+            raise AssertionError(f"{rel(copy_)} differs from {rel(f)}: copy it again")
+
+
+def rules_well_formed():
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    anchors = github_anchors((REPO / "docs" / "operations.md").read_text())
+    alerts = [r for g in groups for r in g["rules"] if "alert" in r]
+    if not alerts:
+        raise AssertionError("no alerts")
+    for r in alerts:
+        name = r["alert"]
+        if r.get("labels", {}).get("severity") not in ("critical", "warning", "info"):
+            raise AssertionError(f"{name}: no severity label")
+        ann = r.get("annotations", {})
+        if not ann.get("summary"):
+            raise AssertionError(f"{name}: no summary")
+        link = ann.get("runbook_url", "")
+        page, _, anchor = link.partition("#")
+        if page != "docs/operations.md" or anchor not in anchors:
+            raise AssertionError(f"{name}: runbook_url {link!r} is not a section of docs/operations.md")
+    return f"{len(alerts)} alerts, each with a runbook section"
+
+
+def prometheus_rule_validate(obj: dict, base_url: str):
+    if obj["apiVersion"] != "monitoring.coreos.com/v1" or obj["kind"] != "PrometheusRule":
+        raise AssertionError(f"unexpected {obj['apiVersion']} {obj['kind']}")
+    if set(obj) != {"apiVersion", "kind", "metadata", "spec"} or set(obj["spec"]) != {"groups"}:
+        raise AssertionError(f"unexpected fields: {sorted(obj)} / {sorted(obj['spec'])}")
+    groups = copy.deepcopy(obj["spec"]["groups"])
+    for g in groups:
+        for r in g["rules"]:
+            url = r.get("annotations", {}).get("runbook_url", "")
+            if base_url:
+                if not url.startswith(base_url):
+                    raise AssertionError(f"{r.get('alert')}: runbook_url {url!r} lacks {base_url!r}")
+                r["annotations"]["runbook_url"] = url[len(base_url):]
+    if groups != yaml.safe_load(RULES.read_text())["groups"]:
+        raise AssertionError(f"spec.groups differ from {rel(RULES)}")
+    if shutil.which("promtool"):
+        with tempfile.NamedTemporaryFile("w", suffix=".yml") as f:
+            yaml.safe_dump({"groups": obj["spec"]["groups"]}, f)
+            f.flush()
+            out = subprocess.run(["promtool", "check", "rules", f.name],
+                                 capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise AssertionError(f"promtool check rules: {out.stdout}{out.stderr}")
+
+
+def dashboard_configmap_validate(obj: dict):
+    data = obj.get("data", {})
+    if list(data) != ["mcp-reattach.json"]:
+        raise AssertionError(f"unexpected keys {list(data)}")
+    if json.loads(data["mcp-reattach.json"]) != json.loads(DASHBOARD.read_text()):
+        raise AssertionError(f"dashboard differs from {rel(DASHBOARD)}")
+
+
+def renders(docs: list[dict], kind: str):
+    if not any(d["kind"] == kind for d in docs):
+        raise AssertionError(f"no {kind}")
+
+
+def monitoring_off_by_default(docs: list[dict]):
+    extra = [d["kind"] + " " + d["metadata"]["name"] for d in docs
+             if d["kind"] == "PrometheusRule" or d["kind"] == "ConfigMap"]
+    if extra:
+        raise AssertionError(f"rendered by default: {extra}")
+
+
 def main() -> int:
     sets: dict[str, list[dict]] = {}
     base = DEPLOY / "kubernetes" / "base"
@@ -804,6 +906,21 @@ def main() -> int:
           {"gateway": {"logFormat": "xml"}})
     check("helm values.schema.json rejects a bare extraArgs word", helm_rejects, chart,
           {"gateway": {"extraArgs": ["retry-hint=2s"]}})
+    check("helm values.schema.json rejects prometheusRule.enabled=\"yes\"", helm_rejects, chart,
+          {"prometheusRule": {"enabled": "yes"}})
+    if sets["helm defaults"]:
+        check("helm defaults render no PrometheusRule or dashboard ConfigMap",
+              monitoring_off_by_default, sets["helm defaults"])
+    check(f"{rel(chart)}/files are copies of {rel(PROM)}", chart_files_match, chart)
+    detail = check(f"alerts in {rel(RULES)} have severity, summary, runbook section",
+                   rules_well_formed)
+    if detail:
+        print(f"       {detail}")
+    monitoring_values = yaml.safe_load((chart / "ci" / "monitoring-values.yaml").read_text())
+    base_url = monitoring_values["prometheusRule"]["runbookBaseUrl"]
+    monitored = sets.get("helm monitoring-values.yaml") or []
+    for kind in ("PrometheusRule", "ConfigMap"):
+        check(f"helm monitoring-values.yaml renders a {kind}", renders, monitored, kind)
 
     # Hand-written objects of the load-balancer examples.
     lb = DEPLOY / "loadbalancers"
@@ -821,6 +938,12 @@ def main() -> int:
     for source, obj in objects:
         label = f"{source}: {obj['kind']} {obj['metadata'].get('name')}"
         group = obj["apiVersion"].split("/")[0]
+        if group == "monitoring.coreos.com":
+            check(f"rules == {rel(RULES)}, promtool  {label}", prometheus_rule_validate, obj,
+                  base_url)
+            continue
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("-dashboard"):
+            check(f"dashboard == {rel(DASHBOARD)}  {label}", dashboard_configmap_validate, obj)
         if group == "networking.istio.io":
             check(f"istio schema  {label}", istio_validate, obj)
         elif group == "gateway.networking.k8s.io":

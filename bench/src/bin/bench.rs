@@ -38,7 +38,7 @@ struct Args {
     #[arg(long)]
     only: Option<String>,
     /// Comma-separated arms to run (default: all): direct, naive, nginx, mcp-reattach,
-    /// ts-eventstore (storm only).
+    /// ts-eventstore (storm only), nginx-tls, mcp-reattach-tls (the TLS arms: json and saturating SSE only).
     #[arg(long)]
     arms: Option<String>,
     /// The ts-eventstore arm's Node package (`server.mjs`, its `node_modules` installed by
@@ -100,6 +100,10 @@ enum Arm {
     /// No gateway: the TypeScript SDK's StreamableHTTPServerTransport with its
     /// InMemoryEventStore serves the storm itself (bench/ts-eventstore/server.mjs).
     TsEventStore,
+    /// nginx terminating TLS (the client speaks TLS 1.3 to it).
+    NginxTls,
+    /// mcp-reattach terminating TLS (--tls-cert/--tls-key).
+    ReattachTls,
 }
 
 impl Arm {
@@ -110,20 +114,34 @@ impl Arm {
             Arm::Nginx => "nginx",
             Arm::Reattach => "mcp-reattach",
             Arm::TsEventStore => "ts-eventstore",
+            Arm::NginxTls => "nginx-tls",
+            Arm::ReattachTls => "mcp-reattach-tls",
         }
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, Arm::NginxTls | Arm::ReattachTls)
+    }
+
+    fn is_nginx(self) -> bool {
+        matches!(self, Arm::Nginx | Arm::NginxTls)
     }
 }
 
 const ALL: [Arm; 4] = [Arm::Direct, Arm::Naive, Arm::Nginx, Arm::Reattach];
-/// Every arm, the storm-only one included.
-const EVERY: [Arm; 5] = [
+const PROXIES: [Arm; 3] = [Arm::Naive, Arm::Nginx, Arm::Reattach];
+/// The TLS arms, run in the json and saturating SSE scenarios.
+const TLS_ARMS: [Arm; 2] = [Arm::NginxTls, Arm::ReattachTls];
+/// Every arm, for summaries and for reading results back (the storm-only and TLS ones too).
+const EVERY: [Arm; 7] = [
     Arm::Direct,
     Arm::Naive,
     Arm::Nginx,
     Arm::Reattach,
     Arm::TsEventStore,
+    Arm::NginxTls,
+    Arm::ReattachTls,
 ];
-const PROXIES: [Arm; 3] = [Arm::Naive, Arm::Nginx, Arm::Reattach];
 
 #[derive(Clone)]
 enum Kind {
@@ -239,6 +257,13 @@ fn main() {
             a.ts_eventstore.display()
         );
     }
+    let certs = match make_certs(&tmp.0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("warning: no TLS certificates ({e}); the TLS arms are skipped");
+            None
+        }
+    };
     let scenarios = scenarios(&a);
     // Commit and worktree state now: the binaries were just built from them.
     let machine = machine_info(&a);
@@ -254,7 +279,8 @@ fn main() {
                 .arms
                 .iter()
                 .copied()
-                .filter(|&arm| arm != Arm::Nginx || nginx.is_some())
+                .filter(|&arm| !arm.is_nginx() || nginx.is_some())
+                .filter(|&arm| !arm.tls() || certs.is_some())
                 .filter(|&arm| arm != Arm::TsEventStore || ts_ok)
                 .filter(|&arm| {
                     a.arms
@@ -266,7 +292,7 @@ fn main() {
             arms.rotate_left((round + si) % n);
             for arm in arms {
                 let t = Instant::now();
-                let rec = run_one(&a, &tmp, sc, arm, round, nginx.as_deref());
+                let rec = run_one(&a, &tmp, sc, arm, round, nginx.as_deref(), certs.as_ref());
                 eprintln!(
                     "[{:>5.0}s] round {} {:<16} {:<13} {:>5.1}s {} {}",
                     started.elapsed().as_secs_f64(),
@@ -359,7 +385,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: "json".into(),
             group: "json",
             title: "Small JSON POST, saturating (8 keep-alive connections, closed loop)".into(),
-            arms: ALL.to_vec(),
+            arms: ALL.iter().chain(&TLS_ARMS).copied().collect(),
             load: s(&["json", "--conns", "8", "--duration-ms", &dur]),
             kind: Kind::Run,
             gateway_flags: vec![],
@@ -409,7 +435,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
                     } else {
                         format!("SSE saturating, {label} events, {streams} stream(s), {burst} events per upstream write")
                     },
-                    arms: ALL.to_vec(),
+                    arms: ALL.iter().chain(&TLS_ARMS).copied().collect(),
                     load: s(&[
                         "sse",
                         "--streams",
@@ -706,7 +732,7 @@ fn start_mock(a: &Args, pin: bool, extra: &[String]) -> (Proc, SocketAddr) {
     )
 }
 
-fn nginx_conf(dir: &Path, listen: u16, upstream: SocketAddr) -> PathBuf {
+fn nginx_conf(dir: &Path, listen: u16, upstream: SocketAddr, tls: Option<&Certs>) -> PathBuf {
     let conf = dir.join("nginx.conf");
     for d in ["logs", "tmp"] {
         let _ = std::fs::create_dir_all(dir.join(d));
@@ -731,7 +757,7 @@ http {{
     keepalive_requests 1000000;
     upstream mcp {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}
     server {{
-        listen 127.0.0.1:{listen} backlog=4096;
+        listen 127.0.0.1:{listen}{ssl} backlog=4096;{certs}
         location / {{
             proxy_pass http://mcp;
             proxy_http_version 1.1;
@@ -743,13 +769,113 @@ http {{
     }}
 }}
 "#,
-        dir = dir.display()
+        dir = dir.display(),
+        ssl = if tls.is_some() { " ssl" } else { "" },
+        certs = tls.map_or(String::new(), |c| format!(
+            "\n        ssl_certificate {};\n        ssl_certificate_key {};\n        ssl_protocols TLSv1.2 TLSv1.3;",
+            c.cert.display(),
+            c.key.display()
+        )),
     );
     std::fs::write(&conf, text).unwrap();
     conf
 }
 
+/// A CA and a server certificate for 127.0.0.1 (ECDSA P-256), made with openssl.
+struct Certs {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn make_certs(dir: &Path) -> Result<Certs, String> {
+    let d = dir.join("tls");
+    std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
+    let p = |n: &str| d.join(n).to_string_lossy().into_owned();
+    std::fs::write(
+        d.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let steps: [Vec<String>; 3] = [
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &p("ca.key"),
+            "-out",
+            &p("ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=bench CA",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        [
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &p("key.pem"),
+            "-out",
+            &p("leaf.csr"),
+            "-subj",
+            "/CN=localhost",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        [
+            "x509",
+            "-req",
+            "-in",
+            &p("leaf.csr"),
+            "-CA",
+            &p("ca.pem"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &p("cert.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &p("ext.cnf"),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(&args)
+            .output()
+            .map_err(|e| format!("openssl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "openssl {}: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(Certs {
+        ca: d.join("ca.pem"),
+        cert: d.join("cert.pem"),
+        key: d.join("key.pem"),
+    })
+}
+
 /// Starts the arm's proxy (None for direct); returns it and the address the client targets.
+// One parameter per thing an arm may need; a struct for them would only move the list.
+#[allow(clippy::too_many_arguments)]
 fn start_proxy(
     a: &Args,
     tmp: &Tmp,
@@ -758,6 +884,7 @@ fn start_proxy(
     extra: &[String],
     nginx: Option<&Path>,
     pin: bool,
+    certs: Option<&Certs>,
 ) -> Result<(Option<Proc>, SocketAddr), String> {
     if arm == Arm::Direct {
         return Ok((None, upstream));
@@ -770,15 +897,20 @@ fn start_proxy(
             c.arg(listen.to_string()).arg(upstream.to_string());
             c
         }
-        Arm::Nginx => {
+        Arm::Nginx | Arm::NginxTls => {
             let dir = tmp.0.join(format!("nginx-{port}"));
             let _ = std::fs::create_dir_all(&dir);
-            let conf = nginx_conf(&dir, port, upstream);
+            let tls = if arm.tls() {
+                Some(certs.ok_or("no certificates for the TLS arm")?)
+            } else {
+                None
+            };
+            let conf = nginx_conf(&dir, port, upstream, tls);
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, nginx.unwrap());
             c.arg("-p").arg(&dir).arg("-c").arg(conf);
             c
         }
-        Arm::Reattach => {
+        Arm::Reattach | Arm::ReattachTls => {
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, &a.gateway);
             c.arg("--upstream")
                 .arg(format!("http://{upstream}"))
@@ -787,6 +919,13 @@ fn start_proxy(
                 .arg("--admin-listen")
                 .arg(format!("127.0.0.1:{}", free_port()))
                 .args(extra);
+            if arm.tls() {
+                let certs = certs.ok_or("no certificates for the TLS arm")?;
+                c.arg("--tls-cert")
+                    .arg(&certs.cert)
+                    .arg("--tls-key")
+                    .arg(&certs.key);
+            }
             c
         }
         Arm::Direct | Arm::TsEventStore => unreachable!(),
@@ -800,7 +939,7 @@ fn start_proxy(
         .map_err(|e| format!("start {}: {e}", arm.name()))?;
     let p = Proc {
         child,
-        graceful: arm == Arm::Nginx,
+        graceful: arm.is_nginx(),
     };
     if !wait_port(listen, Duration::from_secs(10)) {
         return Err(format!("{} did not listen on {listen}", arm.name()));
@@ -815,6 +954,7 @@ fn run_one(
     arm: Arm,
     round: usize,
     nginx: Option<&Path>,
+    certs: Option<&Certs>,
 ) -> Record {
     let mut rec = Record {
         scenario: sc.key.clone(),
@@ -843,7 +983,7 @@ fn run_one(
         }
     } else {
         let (mock, upstream) = start_mock(a, pin, &mock_flags);
-        match start_proxy(a, tmp, arm, upstream, &sc.gateway_flags, nginx, pin) {
+        match start_proxy(a, tmp, arm, upstream, &sc.gateway_flags, nginx, pin, certs) {
             Ok((p, t)) => (Some(mock), p, t),
             Err(e) => {
                 rec.failures.push(format!("error: {e}"));
@@ -860,7 +1000,13 @@ fn run_one(
     let rss0 = procfs::rss_kib(&pids);
     let cpu0 = procfs::cpu_seconds(&pids);
     let mut load = pinned_if(a, pin, 0, &a.bin.join("load"));
-    load.arg("--target").arg(target.to_string()).args(&sc.load);
+    load.arg("--target").arg(target.to_string());
+    if arm.tls() {
+        if let Some(c) = certs {
+            load.arg("--tls-ca").arg(&c.ca);
+        }
+    }
+    load.args(&sc.load);
     if arm == Arm::TsEventStore {
         load.arg("--plain-store");
     }
@@ -1226,6 +1372,15 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             v,
             "≤ 1.00".into(),
             v.map(|v| v <= 1.0),
+        );
+        let rt = med(s, sc, Arm::ReattachTls, "events_per_s");
+        let xt = med(s, sc, Arm::NginxTls, "events_per_s");
+        let v = rt.zip(xt).map(|(a, b)| a / b);
+        push(
+            format!("{sc}: events/s mcp-reattach-tls / nginx-tls"),
+            v,
+            "≥ 1.00".into(),
+            v.map(|v| v >= 1.0),
         );
     }
     for sc in ["sse-16k-1", "sse-16k-8"] {
@@ -1643,7 +1798,10 @@ const METHOD: &str = r#"## Method
   `ts-eventstore`: no gateway and no mock, the TypeScript MCP SDK resuming streams itself
   (`bench/ts-eventstore/server.mjs`: `StreamableHTTPServerTransport`, stateful sessions, the
   SDK's `InMemoryEventStore`, one per session as in the SDK's example server), placed and
-  measured as a proxy under test is.
+  measured as a proxy under test is.  In the `json` and saturating SSE scenarios
+  also `nginx-tls` and `mcp-reattach-tls`: the same two terminating TLS (ECDSA P-256
+  certificate made with openssl per job; the load client speaks TLS 1.3 with rustls and ring,
+  HTTP/1.1 by ALPN; the upstream hop stays plain).
 - **Placement.** Two cores: the proxy under test is pinned to core 1; the mock upstream and the
   load client share core 0 in every arm, direct included. Each arm-run starts fresh processes.
   The paced-latency scenarios run unpinned (`--pin-paced` pins them too): on this VM a wake-up

@@ -33,6 +33,10 @@ use serde_json::{json, Value};
 struct Cli {
     #[arg(long)]
     target: SocketAddr,
+    /// Speak TLS to the target, trusting the CA certificates in this PEM file (the sse and
+    /// json modes; json with --rate stays plain).
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
     #[arg(long, default_value = "/mcp")]
     path: String,
     #[command(subcommand)]
@@ -128,6 +132,12 @@ enum Mode {
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(ca) = &cli.tls_ca {
+        if let Err(e) = http::use_tls(ca) {
+            println!("{}", json!({"error": format!("--tls-ca: {e}")}));
+            std::process::exit(2);
+        }
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
