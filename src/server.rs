@@ -147,7 +147,9 @@ pub async fn serve_gateway(
             }
             metrics.connections.dec();
         };
-        tokio::spawn(task.instrument(span));
+        // Boxed: the connection's future (TLS state, both HTTP versions' connection state) is
+        // ~10 KB, and spawning a future moves it by value more than once.
+        tokio::spawn(Box::pin(task.instrument(span)));
     }
     drop(listener);
     shutdown::drain(&gateway, graceful, cfg.drain_timeout).await;
