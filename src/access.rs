@@ -162,34 +162,30 @@ impl Sink {
         let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
         let mut out = String::with_capacity(256);
         // Writing into a String cannot fail.
+        let Line {
+            method,
+            status,
+            duration_ms,
+            bytes,
+            events,
+            replayed,
+            outcome,
+            session,
+        } = l;
         let _ = if self.json {
             writeln!(
                 out,
                 "{{\"timestamp\":\"{now}\",\"level\":\"INFO\",\"message\":\"request finished\",\
-                 \"http.method\":\"{}\",\"http.status\":{},\"duration_ms\":{},\"bytes\":{},\
-                 \"events\":{},\"replayed\":{},\"outcome\":\"{}\",\"mcp.session\":\"{}\"}}",
-                l.method,
-                l.status,
-                l.duration_ms,
-                l.bytes,
-                l.events,
-                l.replayed,
-                l.outcome,
-                l.session
+                 \"http.method\":\"{method}\",\"http.status\":{status},\"duration_ms\":{duration_ms},\
+                 \"bytes\":{bytes},\"events\":{events},\"replayed\":{replayed},\
+                 \"outcome\":\"{outcome}\",\"mcp.session\":\"{session}\"}}"
             )
         } else {
             writeln!(
                 out,
-                "{now}  INFO request finished http.method={} http.status={} duration_ms={} \
-                 bytes={} events={} replayed={} outcome=\"{}\" mcp.session=\"{}\"",
-                l.method,
-                l.status,
-                l.duration_ms,
-                l.bytes,
-                l.events,
-                l.replayed,
-                l.outcome,
-                l.session
+                "{now}  INFO request finished http.method={method} http.status={status} \
+                 duration_ms={duration_ms} bytes={bytes} events={events} replayed={replayed} \
+                 outcome=\"{outcome}\" mcp.session=\"{session}\""
             )
         };
         let _ = self.writer.clone().write_all(out.as_bytes());

@@ -73,7 +73,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{ChildProc, NextLine, Relay, SseBody, SseEvent, Upstream};
+use support::{free_port, ChildProc, NextLine, Relay, SseBody, SseEvent, Upstream};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
@@ -112,13 +112,6 @@ struct Gateway {
     admin: SocketAddr,
 }
 
-/// A port that was free a moment ago (the gateway binds it right after).
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("picking a free port")
-}
-
 fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
@@ -150,26 +143,12 @@ impl Gateway {
             &args,
             &support::repo_dir(),
         );
-        let http = http_client();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let ok = http
-                .get(format!("http://{admin}/healthz"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if ok {
-                break;
-            }
-            if Instant::now() >= deadline || proc.wait_exit(Duration::ZERO).await.is_some() {
-                panic!(
-                    "the gateway did not start on {addr} (admin {admin}); stderr:\n{}",
-                    proc.stderr_lines().join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::wait_http_ok(
+            &mut proc,
+            &format!("http://{admin}/healthz"),
+            &format!("the gateway on {addr} (admin {admin})"),
+        )
+        .await;
         Gateway {
             _proc: proc,
             addr,

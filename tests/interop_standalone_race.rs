@@ -75,7 +75,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{ChildProc, NextLine, SseBody, Upstream};
+use support::{free_port, ChildProc, NextLine, SseBody, Upstream};
 use tokio::time::Instant;
 
 const PROTOCOL: &str = "2025-11-25";
@@ -111,13 +111,6 @@ struct Gateway {
     _proc: ChildProc,
     addr: SocketAddr,
     admin: SocketAddr,
-}
-
-/// A port that was free a moment ago (the gateway binds it right after).
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("picking a free port")
 }
 
 fn http_client() -> reqwest::Client {

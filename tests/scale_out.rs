@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    ensure_npm_deps, interop_dir, node_bin, repo_dir, wait_listening, ChildProc, NextLine, Relay,
+    ensure_npm_deps, free_port, interop_dir, node_bin, repo_dir, wait_listening, ChildProc,
+    NextLine, Relay,
 };
 use tokio::time::Instant;
 
@@ -73,13 +74,6 @@ fn haproxy_or_skip(case: &str) -> Option<PathBuf> {
          CI installs it and sets CI_REQUIRE_HAPROXY=1) ***\n"
     );
     None
-}
-
-/// A port that was free a moment ago (the process under test binds it right after).
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("picking a free port")
 }
 
 fn http_client() -> reqwest::Client {
@@ -257,25 +251,12 @@ impl Replica {
             &args,
             &repo_dir(),
         );
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let ok = http_client()
-                .get(format!("http://{admin}/readyz"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if ok {
-                break;
-            }
-            if Instant::now() >= deadline || gateway.wait_exit(Duration::ZERO).await.is_some() {
-                panic!(
-                    "{name}'s gateway did not start; stderr:\n{}",
-                    gateway.stderr_lines().join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::wait_http_ok(
+            &mut gateway,
+            &format!("http://{admin}/readyz"),
+            &format!("{name}'s gateway"),
+        )
+        .await;
         Replica {
             name,
             server,

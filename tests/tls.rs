@@ -38,6 +38,7 @@ use rcgen::{
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use support::free_port;
 use tokio::net::{TcpListener, TcpStream};
 
 // ---------------------------------------------------------------------------------------------
@@ -437,13 +438,6 @@ impl Drop for Binary {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 impl Binary {

@@ -1002,6 +1002,41 @@ impl TsServer {
 // More toolchains: Node.js 22 (for the conformance suite) and the Python SDK's virtualenv
 // ---------------------------------------------------------------------------------------------
 
+/// A port that was free a moment ago (the process under test binds it right after).
+pub fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("picking a free port")
+}
+
+/// Polls `url` until it answers 2xx (15 s at most), failing with `what` and the process's
+/// stderr if `proc` exits first or time runs out.
+pub async fn wait_http_ok(proc: &mut ChildProc, url: &str, what: &str) {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("reqwest client");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ok = http
+            .get(url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ok {
+            return;
+        }
+        if Instant::now() >= deadline || proc.wait_exit(Duration::ZERO).await.is_some() {
+            panic!(
+                "{what} did not start; stderr:\n{}",
+                proc.stderr_lines().join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The crate's root directory (the repository).
 pub fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
