@@ -471,3 +471,90 @@ fn admin_endpoints() {
     );
     assert_eq!(http_get(gw.admin, "/nope").unwrap().0, 404);
 }
+
+/// The binary formats its access lines itself (not through tracing's formatter): in either
+/// `--log-format` each finished request is one line with the documented fields, the JSON one a
+/// valid object.
+#[test]
+fn access_lines_in_both_log_formats() {
+    for format in ["json", "text"] {
+        let (addr, admin) = (free_port(), free_port());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-reattach"))
+            .args([
+                "--upstream",
+                &format!("http://{}", free_port()),
+                "--listen",
+                &addr.to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+                "--log-format",
+                format,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let gateway = Gateway { child, addr, admin };
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while http_get(gateway.admin, "/healthz").is_err() {
+            assert!(Instant::now() < deadline, "gateway did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Refused by the gateway itself (a cursor it never issued): no upstream needed.
+        let mut s = TcpStream::connect(gateway.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET /mcp HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\nLast-Event-ID: nope\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).unwrap();
+        let status: u16 = response[9..12].parse().unwrap();
+        let line = loop {
+            let l = lines
+                .recv_timeout(Duration::from_secs(10))
+                .expect("an access line on stdout");
+            if l.contains("request finished") {
+                break l;
+            }
+        };
+        if format == "json" {
+            let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object");
+            assert_eq!(v["level"], "INFO", "{line}");
+            assert_eq!(v["message"], "request finished", "{line}");
+            assert_eq!(v["http.method"], "GET", "{line}");
+            assert_eq!(v["http.status"], status, "{line}");
+            assert_eq!(v["mcp.session"], "-", "{line}");
+            for field in [
+                "timestamp",
+                "duration_ms",
+                "bytes",
+                "events",
+                "replayed",
+                "outcome",
+            ] {
+                assert!(v.get(field).is_some(), "{field} missing: {line}");
+            }
+        } else {
+            for field in [
+                " INFO request finished ".to_string(),
+                "http.method=GET ".to_string(),
+                format!("http.status={status} "),
+                "mcp.session=\"-\"".to_string(),
+                "outcome=\"".to_string(),
+            ] {
+                assert!(line.contains(&field), "{field:?} missing: {line}");
+            }
+        }
+    }
+}
