@@ -6,8 +6,11 @@
 //! `session`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -131,7 +134,19 @@ impl Gateway {
             http.method = %method,
             mcp.session = session.as_deref().map(tracing::field::display),
         );
-        let routed = self.route(req, &conn).instrument(span.clone()).await;
+        let routed = if method == Method::POST {
+            // A POST's exchange with the upstream must not hang on the client's connection:
+            // dropped with it (a client that goes away or half-closes before the upstream's
+            // response head), it would cancel a request the upstream already started, and the
+            // client's retransmission would run the tool again. Dropped early, it finishes in
+            // a task of its own; a stream it opens is read into the window, where the
+            // retransmission finds it.
+            let (me, conn) = (self.clone(), conn.clone());
+            FinishOnDrop::new(async move { me.route(req, &conn).await }.instrument(span.clone()))
+                .await
+        } else {
+            self.route(req, &conn).instrument(span.clone()).await
+        };
         let mut resp = match routed {
             Ok(r) => r,
             Err(refusal) => span.in_scope(|| {
@@ -283,6 +298,9 @@ impl Gateway {
         } else {
             None
         };
+        // Held until this request's stream opened (or it ended otherwise): a retransmission
+        // arriving meanwhile waits for it instead of being forwarded a second time.
+        let mut _forwarding = None;
         if let Some(s) = session_id
             .as_deref()
             .filter(|_| !modern)
@@ -294,11 +312,20 @@ impl Gateway {
             }
             if parts.method == Method::POST && !info.request_ids.is_empty() {
                 let sid = session_id.as_deref().unwrap_or_default();
-                if let Some(r) = self
-                    .retransmission(sid, &s, &parts, &info, principal, conn)
-                    .await
-                {
-                    return r.map_err(|e| e.for_request(single_id));
+                loop {
+                    if let Some(r) = self
+                        .retransmission(sid, &s, &parts, &info, principal, conn)
+                        .await
+                    {
+                        return r.map_err(|e| e.for_request(single_id));
+                    }
+                    match s.begin_forward(&info.request_ids) {
+                        Some(f) => {
+                            _forwarding = Some(f);
+                            break;
+                        }
+                        None => s.forward_settled(&info.request_ids).await,
+                    }
                 }
             }
         }
@@ -692,4 +719,83 @@ fn sse_headers(h: &mut HeaderMap, sid: &str) {
 
 fn is_visible_ascii(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|c| (0x21..=0x7e).contains(c))
+}
+
+/// A future that, dropped before it is done, is not cancelled: it finishes in a task of its
+/// own and its output is dropped there. Costs one allocation while the caller waits for it:
+/// `bench/callgrind` JSON POST 75.8 k -> 77.6 k Ir; spawning every POST and joining it cost
+/// 82.0 k.
+struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>)
+where
+    F::Output: Send + 'static;
+
+impl<F: Future + Send + 'static> FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    fn new(fut: F) -> Self {
+        FinishOnDrop(Some(Box::pin(fut)))
+    }
+}
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let fut = self
+            .0
+            .as_mut()
+            .expect("FinishOnDrop polled after completion");
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(fut) = self.0.take() {
+            // Outside a runtime (it is being torn down) there is nothing left to finish on.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    drop(fut.await);
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_future_dropped_before_it_is_done_finishes_in_its_own_task() {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let fut = FinishOnDrop::new(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            d.store(true, Ordering::SeqCst);
+        });
+        // The waiter gives up first (the client's connection closes).
+        assert!(tokio::time::timeout(Duration::from_millis(10), fut)
+            .await
+            .is_err());
+        assert!(!done.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(done.load(Ordering::SeqCst), "it ran to the end anyway");
+    }
+
+    #[tokio::test]
+    async fn a_future_awaited_to_the_end_gives_its_output_once() {
+        assert_eq!(FinishOnDrop::new(async { 7 }).await, 7);
+    }
 }

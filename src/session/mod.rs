@@ -91,6 +91,9 @@ struct State {
     inflight: VecDeque<Sent>,
     inflight_events: usize,
     inflight_bytes: usize,
+    /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no
+    /// answer yet): a retransmission of one waits for it instead of being forwarded again.
+    forwarding: Vec<String>,
 }
 
 /// One MCP session as the gateway sees it.
@@ -108,6 +111,28 @@ pub struct Session {
     state: Mutex<State>,
     /// Woken when an attempt to open the held standalone stream settles.
     hold_settled: Notify,
+    /// Woken when a forwarded POST settles (see [`Session::begin_forward`]).
+    forward_settled: Notify,
+}
+
+/// A forwarded POST's request ids, in flight until this drops (see [`Session::begin_forward`]).
+#[derive(Debug)]
+pub struct Forwarding {
+    session: Arc<Session>,
+    ids: Vec<String>,
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        let mut st = lock(&self.session.state);
+        for id in &self.ids {
+            if let Some(i) = st.forwarding.iter().position(|f| f == id) {
+                st.forwarding.swap_remove(i);
+            }
+        }
+        drop(st);
+        self.session.forward_settled.notify_waiters();
+    }
 }
 
 /// Where the gateway stands in holding the session's standalone stream for its client.
@@ -261,12 +286,14 @@ impl Session {
                 inflight: VecDeque::new(),
                 inflight_events: 0,
                 inflight_bytes: 0,
+                forwarding: Vec::new(),
             }),
             cfg,
             metrics,
             budget,
             principal: AtomicU64::new(principal),
             hold_settled: Notify::new(),
+            forward_settled: Notify::new(),
         }
     }
 
@@ -811,6 +838,37 @@ impl Session {
             lost,
             reason,
         })
+    }
+
+    /// Marks a POST carrying `ids` as forwarded until the returned guard drops (after its
+    /// stream opened, so the ids are carried, or it ended otherwise). `None` while a POST
+    /// carrying one of `ids` is still in flight: the caller waits for it
+    /// ([`Session::forward_settled`]) and then takes it as a retransmission, so a client that
+    /// retries before the upstream's response head does not run the tool twice.
+    pub fn begin_forward(self: &Arc<Self>, ids: &[String]) -> Option<Forwarding> {
+        let mut st = lock(&self.state);
+        if ids.iter().any(|id| st.forwarding.contains(id)) {
+            return None;
+        }
+        st.forwarding.extend(ids.iter().cloned());
+        Some(Forwarding {
+            session: self.clone(),
+            ids: ids.to_vec(),
+        })
+    }
+
+    /// Waits until no POST carrying one of `ids` is in flight.
+    pub async fn forward_settled(&self, ids: &[String]) {
+        loop {
+            let settled = self.forward_settled.notified();
+            if !ids
+                .iter()
+                .any(|id| lock(&self.state).forwarding.contains(id))
+            {
+                return;
+            }
+            settled.await;
+        }
     }
 
     /// Whether a retained stream of this session was started by a POST carrying one of `ids`.

@@ -778,3 +778,33 @@ fn failure_frames_carry_an_id_only_for_a_client_that_already_has_one() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
+    let s = Arc::new(session(cfg(|_| {})));
+    let ids = vec!["7".to_owned(), "8".to_owned()];
+    let first = s.begin_forward(&ids).expect("nothing in flight yet");
+    assert!(
+        s.begin_forward(&["8".to_owned()]).is_none(),
+        "8 is in flight"
+    );
+    assert!(
+        s.begin_forward(&["9".to_owned()]).is_some(),
+        "other ids are not held"
+    );
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move { s.forward_settled(&["7".to_owned()]).await })
+    };
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        !waiter.is_finished(),
+        "waits while the forward is in flight"
+    );
+    drop(first);
+    tokio::time::timeout(Duration::from_millis(1), waiter)
+        .await
+        .expect("settled when the guard drops")
+        .unwrap();
+    assert!(s.begin_forward(&ids).is_some(), "free again");
+}
