@@ -21,13 +21,13 @@
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod common;
+mod support;
 
 use std::net::SocketAddr;
 
-use common::*;
 use mcp_reattach::sse::{Decoder, Event};
 use mcp_reattach::Priming;
+use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -68,36 +68,13 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// What a client that processed exactly `raw` (a prefix of the response) has: the complete
 /// SSE events of the de-chunked body. Panics on framing the gateway must never produce.
 fn complete_events(raw: &[u8]) -> Vec<Event> {
-    let Some(h) = find(raw, b"\r\n\r\n") else {
+    let Some((head, sse)) = split_chunked_response(raw) else {
         return Vec::new();
     };
-    let head = String::from_utf8_lossy(&raw[..h]).to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 200 "), "{head}");
     assert!(head.contains("transfer-encoding: chunked"), "{head}");
     assert!(head.contains("content-type: text/event-stream"), "{head}");
-    let body = &raw[h + 4..];
-    let mut sse = Vec::new();
-    let mut i = 0;
-    while let Some(eol) = find(&body[i..], b"\r\n") {
-        let line = std::str::from_utf8(&body[i..i + eol]).unwrap();
-        let size = usize::from_str_radix(line.split(';').next().unwrap().trim(), 16)
-            .unwrap_or_else(|_| panic!("chunk size line {line:?}"));
-        if size == 0 {
-            break;
-        }
-        let start = i + eol + 2;
-        let end = (start + size).min(body.len());
-        sse.extend_from_slice(&body[start..end]);
-        if start + size + 2 > body.len() {
-            break;
-        }
-        assert_eq!(&body[start + size..start + size + 2], b"\r\n", "chunk end");
-        i = start + size + 2;
-    }
-    let mut d = Decoder::new(1 << 20);
-    let mut out = Vec::new();
-    d.feed(&sse, &mut out).expect("gateway output is valid SSE");
-    out
+    parse_sse(&sse)
 }
 
 fn seq_of(id: &str) -> u64 {
@@ -238,7 +215,7 @@ impl Bench {
                     last = false;
                     break;
                 }
-                let have = common::messages(&complete_events(&raw)).len();
+                let have = support::messages(&complete_events(&raw)).len();
                 let head_done = find(&raw, b"\r\n\r\n").is_some();
                 if head_done && have == written {
                     if written == N {
@@ -271,7 +248,7 @@ impl Bench {
         cut(tcp, p);
 
         let events = complete_events(&raw);
-        let had = common::messages(&events);
+        let had = support::messages(&events);
         assert_eq!(
             had,
             all[..had.len()],
@@ -387,7 +364,7 @@ impl Bench {
                     }
                     drop(w);
                     let rest = r.rest().await;
-                    delivered.extend(common::messages(&rest));
+                    delivered.extend(support::messages(&rest));
                 } else {
                     assert!(r.rest().await.is_empty());
                 }
@@ -421,13 +398,13 @@ impl Bench {
                 let first = r.next().await.expect("an event");
                 match first.event.as_deref() {
                     Some("mcp-reattach/resumed") => {
-                        let got = common::messages(&r.rest().await);
+                        let got = support::messages(&r.rest().await);
                         assert_eq!(got, all, "an old stream is replayed whole or not at all");
                         Ancient::Replayed
                     }
                     Some("mcp-reattach/resumption-failed") => {
                         let rest = r.rest().await;
-                        let errs = common::messages(&rest);
+                        let errs = support::messages(&rest);
                         assert_eq!(errs.len(), 1, "{rest:?}");
                         let e: serde_json::Value = serde_json::from_str(&errs[0]).unwrap();
                         assert_eq!(e["id"], rid);
@@ -484,14 +461,14 @@ async fn resumed(
             let s = seq_of(e.id.as_deref().unwrap());
             assert!(s > prev, "strictly after the cursor, increasing");
             prev = s;
-            got.extend(common::messages(&[e]));
+            got.extend(support::messages(&[e]));
         }
     } else {
         for e in r.rest().await {
             let s = seq_of(e.id.as_deref().unwrap());
             assert!(s > prev, "strictly after the cursor, increasing");
             prev = s;
-            got.extend(common::messages(&[e]));
+            got.extend(support::messages(&[e]));
         }
         assert_eq!(got.len(), replay);
     }

@@ -25,7 +25,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{ChildProc, NextLine, Relay, TsServer};
+use support::{ChildProc, Gw, NextLine, Relay, Upstream};
 
 /// What one run of `ts-client.mjs` printed.
 #[derive(Debug, Default)]
@@ -138,37 +138,6 @@ async fn run_ts_client(
     run
 }
 
-/// The gateway under test, in this test's runtime.
-struct Gateway {
-    addr: std::net::SocketAddr,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Gateway {
-    async fn start(upstream: &TsServer) -> Gateway {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind gateway");
-        let addr = listener.local_addr().expect("gateway addr");
-        let config = mcp_reattach::Config::new(upstream.base_url().parse().expect("upstream uri"));
-        let task = tokio::spawn(mcp_reattach::serve(
-            listener,
-            config,
-            std::future::pending::<()>(),
-        ));
-        Gateway { addr, task }
-    }
-
-    /// A note for failure messages: `serve` must run until shutdown.
-    fn state(&self) -> &'static str {
-        if self.task.is_finished() {
-            "the gateway's serve() task has ENDED (it must run until shutdown)"
-        } else {
-            "the gateway's serve() task is running"
-        }
-    }
-}
-
 /// Asserts the client saw progress 1..=steps exactly once each, in order, then `done <steps>`.
 fn assert_complete(run: &ClientRun, steps: u64, context: &str) {
     let want: Vec<u64> = (1..=steps).collect();
@@ -192,14 +161,14 @@ fn assert_complete(run: &ClientRun, steps: u64, context: &str) {
 /// ts-server (sse) ← gateway ← relay, for one test.
 struct Stack {
     relay: Relay,
-    gateway: Gateway,
-    _server: TsServer,
+    gateway: Gw,
+    _server: Upstream,
 }
 
 impl Stack {
     async fn start(mode: &str) -> Stack {
-        let server = TsServer::start(mode).await;
-        let gateway = Gateway::start(&server).await;
+        let server = Upstream::ts(mode).await;
+        let gateway = Gw::start(&server.base_url(), |_| {}).await;
         let relay = Relay::start(gateway.addr);
         Stack {
             relay,
@@ -397,7 +366,7 @@ async fn ts_client_gives_up_when_refused_past_retry_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_direct_no_cut_gets_result() {
-    let server = TsServer::start("sse").await;
+    let server = Upstream::ts("sse").await;
     let relay = Relay::start(server.addr);
     let run = run_ts_client(&relay.url("/mcp"), 5, 50, 10_000, |_| {}).await;
     assert_complete(
@@ -413,7 +382,7 @@ async fn control_direct_cut_loses_result() {
     // to resume from: after the cut it never reconnects the POST stream (it does reconnect
     // its standalone GET stream, without Last-Event-ID), and the call can only time out.
     // This is the problem the gateway exists to fix.
-    let server = TsServer::start("sse").await;
+    let server = Upstream::ts("sse").await;
     let relay = Relay::start(server.addr);
     let mut cut = 0;
     let run = run_ts_client(&relay.url("/mcp"), 8, 150, 4_000, |p| {
@@ -452,21 +421,21 @@ fn resumable_control() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_resumable_server_survives_cut() {
-    let server = TsServer::start("sse-resumable").await;
+    let server = Upstream::ts("sse-resumable").await;
     let relay = Relay::start(server.addr);
     scenario_one_cut(&relay, resumable_control).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_resumable_server_survives_three_cuts() {
-    let server = TsServer::start("sse-resumable").await;
+    let server = Upstream::ts("sse-resumable").await;
     let relay = Relay::start(server.addr);
     scenario_three_cuts(&relay, resumable_control).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_resumable_server_survives_cut_then_refusal() {
-    let server = TsServer::start("sse-resumable").await;
+    let server = Upstream::ts("sse-resumable").await;
     let relay = Relay::start(server.addr);
     scenario_cut_then_refusal(&relay, resumable_control).await;
 }

@@ -13,29 +13,17 @@
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod common;
 mod support;
 
 use std::time::Duration;
 
-use common::*;
 use http::Request;
 use http_body_util::Full;
 use mcp_reattach::Priming;
+use support::*;
 use tokio::time::Instant;
 
 const SID: &str = "sess-fc";
-
-/// The value of an unlabelled counter in the gateway's exposition.
-fn metric(gw: &Gw, name: &str) -> f64 {
-    let text = gw.gateway.render_metrics();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("metric {name} missing"))
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 async fn start_call(gw: &Gw, mock: &mut Mock, id: u64) -> (SseReader, SseWriter) {
     let pending = tokio::spawn(send(gw.addr, post(&call(id), Some(SID))));
@@ -100,9 +88,15 @@ async fn a_client_at_a_tenth_of_the_upstream_rate_gets_everything() {
     }
     let took = start.elapsed();
     let upstream_took = upstream.await.unwrap();
-    let pauses = metric(&gw, "mcp_reattach_upstream_pauses_total");
-    let paused = metric(&gw, "mcp_reattach_upstream_paused_seconds_total");
-    let undelivered = metric(&gw, "mcp_reattach_events_evicted_undelivered_total");
+    let pauses = gw
+        .metric("mcp_reattach_upstream_pauses_total")
+        .expect("metric exported");
+    let paused = gw
+        .metric("mcp_reattach_upstream_paused_seconds_total")
+        .expect("metric exported");
+    let undelivered = gw
+        .metric("mcp_reattach_events_evicted_undelivered_total")
+        .expect("metric exported");
     eprintln!(
         "slow client: {} of {N} progress events, result={got_result}, client {took:?}, upstream held back for {upstream_took:?}, pauses={pauses}, paused={paused:.1}s, evicted undelivered={undelivered}",
         seen.len()
@@ -174,10 +168,14 @@ async fn cut_and_reconnect_after(wait: Duration) -> (Vec<u64>, Vec<mcp_reattach:
     );
     eprintln!(
         "  detached={} stalled={} pauses={} evicted_undelivered={}",
-        metric(&gw, "mcp_reattach_streams_detached_total"),
-        metric(&gw, "mcp_reattach_slow_consumer_detaches_total"),
-        metric(&gw, "mcp_reattach_upstream_pauses_total"),
-        metric(&gw, "mcp_reattach_events_evicted_undelivered_total"),
+        gw.metric("mcp_reattach_streams_detached_total")
+            .expect("metric exported"),
+        gw.metric("mcp_reattach_slow_consumer_detaches_total")
+            .expect("metric exported"),
+        gw.metric("mcp_reattach_upstream_pauses_total")
+            .expect("metric exported"),
+        gw.metric("mcp_reattach_events_evicted_undelivered_total")
+            .expect("metric exported"),
     );
     eprintln!("  first event data: {:?}", events[0].data);
     (got, events)
@@ -226,6 +224,99 @@ fn retransmit(id: u64, cursor: Option<&str>) -> Request<Full<bytes::Bytes>> {
             .insert("last-event-id", c.parse().unwrap());
     }
     req
+}
+
+/// The client's connection drops after the upstream got the POST but before its response
+/// head: the upstream's exchange goes on (not cancelled: the upstream never sees its
+/// connection close), its stream is read into the window, and the client's retransmission
+/// gets every event of it without the tool running again.
+#[tokio::test]
+async fn a_client_gone_before_the_response_head_cancels_nothing_and_its_retransmission_gets_it_all()
+{
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.priming = Priming::Always).await;
+    init_session(&gw, &mut mock, SID).await;
+    let client = tokio::spawn(send(gw.addr, post(&call(7), Some(SID))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 7);
+    // The client goes away while the upstream is still working on the head.
+    client.abort();
+    let _ = client.await;
+    eventually_connections(&gw, 0).await;
+    let base = gw.tagged();
+    let writer = seen.respond_sse(Some(SID));
+    writer.message(&progress(1)).await;
+    writer.message(&result(7)).await;
+    gw.tagged_at_least(base + 2).await;
+    assert!(
+        !writer.closed_within(Duration::from_millis(100)).await,
+        "the upstream's stream stays open: a client gone is never a cancel"
+    );
+    drop(writer);
+    let mut r = SseReader::new(send(gw.addr, retransmit(7, None)).await);
+    let events = r.rest().await;
+    assert_eq!(events[0].event.as_deref(), Some("mcp-reattach/resumed"));
+    assert_eq!(messages(&events), vec![progress(1), result(7)]);
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "the retransmission was not forwarded: the tool runs once"
+    );
+}
+
+/// The client retries its POST while the first one is still waiting for the upstream's
+/// response head: the retry waits for it and is answered from its stream, never forwarded
+/// (forwarded, the tool would run twice), whether the first client is gone by then or not.
+#[tokio::test]
+async fn a_retransmission_before_the_response_head_waits_for_it_and_is_not_forwarded() {
+    for first_client_leaves in [true, false] {
+        let mut mock = Mock::start().await;
+        let gw = gateway(mock.addr, |c| c.priming = Priming::Always).await;
+        init_session(&gw, &mut mock, SID).await;
+        let first = tokio::spawn(send(gw.addr, post(&call(8), Some(SID))));
+        let seen = mock.next().await;
+        assert_eq!(seen.json_body()["id"], 8);
+        if first_client_leaves {
+            first.abort();
+        }
+        let retry = tokio::spawn(send(gw.addr, retransmit(8, None)));
+        assert!(
+            mock.nothing_within(Duration::from_millis(300)).await,
+            "the retransmission waits for the first exchange: the tool runs once \
+             (first client gone: {first_client_leaves})"
+        );
+        let writer = seen.respond_sse(Some(SID));
+        writer.message(&progress(1)).await;
+        writer.message(&result(8)).await;
+        drop(writer);
+        let mut r = SseReader::new(retry.await.unwrap());
+        let events = r.rest().await;
+        assert_eq!(events[0].event.as_deref(), Some("mcp-reattach/resumed"));
+        assert_eq!(messages(&events), vec![progress(1), result(8)]);
+        if !first_client_leaves {
+            // One client per stream: the retry took the stream over from the first response
+            // (a client retries because it gave that one up), which ends without the events.
+            let got = SseReader::new(first.await.unwrap()).rest().await;
+            assert_eq!(messages(&got), Vec::<String>::new());
+        }
+        assert!(mock.nothing_within(Duration::from_millis(100)).await);
+    }
+}
+
+/// Waits until the gateway holds at most `n` client connections (its connection gauge).
+async fn eventually_connections(gw: &Gw, n: u64) {
+    let gauge = || {
+        gw.metric("mcp_reattach_connections")
+            .expect("gauge exported") as u64
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while gauge() > n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway still holds {} client connections",
+            gauge()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]

@@ -3,15 +3,15 @@
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use mcp_reattach::Priming;
+use support::*;
 
 const SID: &str = "sess-1";
 
@@ -845,12 +845,14 @@ async fn oversized_or_invalid_headers_are_rejected_clearly() {
 
 /// A client that stops reading is detached within the stall timeout (its connection is
 /// closed if its body cannot even be polled), the upstream is never blocked, and the client
-/// re-attaches from its last complete event with nothing lost or doubled.
-#[tokio::test]
+/// re-attaches from its last complete event with nothing lost or doubled. Paused clock: the
+/// upstream's whole burst goes through before the stall timeout could even fire.
+#[tokio::test(start_paused = true)]
 async fn stalled_client_is_detached_and_resumes_without_loss() {
     let mut mock = Mock::start().await;
+    let stall = Duration::from_millis(300);
     let gw = gateway(mock.addr, |c| {
-        c.stall_timeout = Duration::from_millis(300);
+        c.stall_timeout = stall;
         c.window_events = 100_000;
         c.window_bytes = 256 << 20;
         c.priming = Priming::Always;
@@ -864,16 +866,21 @@ async fn stalled_client_is_detached_and_resumes_without_loss() {
         .map(|i| format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"i":{i},"pad":"{filler}"}}}}"#))
         .chain(std::iter::once(result(1)))
         .collect();
-    let started = std::time::Instant::now();
+    let base = gw.tagged();
+    let started = tokio::time::Instant::now();
     for m in &all {
         writer.message(m).await;
     }
     drop(writer);
+    // The gateway read the whole burst (not just the mock's channel taking it) before the
+    // stall timeout could fire: the stalled client never held the upstream back.
+    gw.tagged_at_least(base + all.len() as u64).await;
+    let took = started.elapsed();
     assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "the upstream was never blocked by the stalled client"
+        took < stall,
+        "the upstream was never blocked by the stalled client: its burst took {took:?}"
     );
-    tokio::time::sleep(Duration::from_millis(2000)).await; // the client reads nothing
+    tokio::time::sleep(2 * stall).await; // the client reads nothing
     let mut got = Vec::new();
     let mut cursor = None;
     let mut signalled = false;
@@ -928,8 +935,8 @@ async fn stalled_client_is_detached_and_resumes_without_loss() {
 
 /// A 2025-11-25 upstream that sets its own ids may close a stream early ("SSE polling"): the
 /// gateway resumes it upstream with the upstream's last id after its `retry:`, and the client
-/// sees one uninterrupted stream.
-#[tokio::test]
+/// sees one uninterrupted stream. Paused clock: the reconnect comes exactly `retry:` later.
+#[tokio::test(start_paused = true)]
 async fn upstream_that_closes_early_is_resumed_upstream_with_its_own_ids() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
@@ -943,11 +950,12 @@ async fn upstream_that_closes_early_is_resumed_upstream_with_its_own_ids() {
         ))
         .await;
     drop(writer); // closes the stream before answering
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let again = mock.next().await;
+    let waited = started.elapsed();
     assert!(
-        started.elapsed() >= Duration::from_millis(90),
-        "retry honoured"
+        waited >= Duration::from_millis(100) && waited <= Duration::from_millis(105),
+        "retry honoured: reconnected after {waited:?}"
     );
     assert_eq!(again.method, http::Method::GET);
     assert_eq!(again.headers["last-event-id"], "up-2");

@@ -1,18 +1,18 @@
 //! HTTP/2 (h2c) clients: several sessions' streams share one connection, and what happens to
 //! one stream (a stall) stays with that stream.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use mcp_reattach::Priming;
+use support::*;
 use tokio::net::TcpStream;
 
 /// One h2c connection to the gateway whose per-stream receive window is small, so a stream

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{interop_dir, ChildProc, NextLine, Upstream};
+use support::{interop_dir, ChildProc, Gw, NextLine, Upstream};
 
 /// The conformance CLI (run with Node.js 22).
 fn conformance_js() -> PathBuf {
@@ -337,17 +337,7 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 async fn start_gateway(upstream: &Upstream) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind gateway");
-    let addr = listener.local_addr().expect("gateway addr");
-    let config = mcp_reattach::Config::new(upstream.base_url().parse().expect("upstream uri"));
-    tokio::spawn(mcp_reattach::serve(
-        listener,
-        config,
-        std::future::pending::<()>(),
-    ));
-    addr
+    Gw::start(&upstream.base_url(), |_| {}).await.addr
 }
 
 /// The runs of one comparison, both sides.

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{interop_dir, ChildProc, NextLine, Relay, Upstream};
+use support::{interop_dir, ChildProc, Gw, NextLine, Relay, Upstream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -403,18 +403,7 @@ async fn start_gateway(
     upstream: &Upstream,
     tweak: impl FnOnce(&mut mcp_reattach::Config),
 ) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind gateway");
-    let addr = listener.local_addr().expect("gateway addr");
-    let mut config = mcp_reattach::Config::new(upstream.base_url().parse().expect("upstream uri"));
-    tweak(&mut config);
-    tokio::spawn(mcp_reattach::serve(
-        listener,
-        config,
-        std::future::pending::<()>(),
-    ));
-    addr
+    Gw::start(&upstream.base_url(), tweak).await.addr
 }
 
 type Hook = Box<dyn FnMut(&Value, &mut Faults) + Send>;

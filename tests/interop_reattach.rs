@@ -72,8 +72,9 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use mcp_reattach::sse::Event;
 use serde_json::{json, Value};
-use support::{free_port, ChildProc, NextLine, Relay, SseBody, SseEvent, Upstream};
+use support::{free_port, ChildProc, NextLine, Relay, SseBody, SseEventExt, Upstream};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
@@ -505,7 +506,7 @@ struct Exchange {
     status: u16,
     content_type: String,
     /// SSE events (an SSE response).
-    events: Vec<SseEvent>,
+    events: Vec<Event>,
     /// JSON-RPC messages: of the `message` events, or the JSON body.
     messages: Vec<Value>,
     /// Non-SSE body text.
@@ -529,7 +530,7 @@ impl Exchange {
     }
 
     fn first_kind(&self) -> Option<&str> {
-        self.events.first().map(SseEvent::kind)
+        self.events.first().map(|e| e.kind())
     }
 
     fn brief(&self) -> String {
@@ -549,7 +550,7 @@ impl Exchange {
             self.took.as_millis(),
             self.events
                 .iter()
-                .map(SseEvent::brief)
+                .map(|e| e.brief())
                 .collect::<Vec<_>>()
                 .join("\n      ")
         )
@@ -853,7 +854,7 @@ async fn post_retransmission(up: Up) {
         || {
             format!(
                 "retransmission of id 7: first event {:?}, want `mcp-reattach/resumed` with an id",
-                retry7.events.first().map(SseEvent::brief)
+                retry7.events.first().map(|e| e.brief())
             )
         },
     );
@@ -866,8 +867,8 @@ async fn post_retransmission(up: Up) {
     let mut datas: Vec<&str> = retry7
         .events
         .iter()
-        .filter(|e| !e.data.is_empty())
-        .map(|e| e.data.as_str())
+        .filter_map(|e| e.data.as_deref())
+        .filter(|d| !d.is_empty())
         .collect();
     let n = datas.len();
     datas.sort_unstable();

@@ -75,7 +75,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{free_port, ChildProc, NextLine, SseBody, Upstream};
+use support::{free_port, ChildProc, NextLine, SseBody, SseEventExt, Upstream};
 use tokio::time::Instant;
 
 const PROTOCOL: &str = "2025-11-25";

@@ -3,16 +3,16 @@
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use mcp_reattach::config::ResumeAuth;
 use mcp_reattach::Priming;
+use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -271,22 +271,44 @@ async fn oversized_heads_get_431() {
     );
 }
 
-#[tokio::test]
+/// Sends part of a head and nothing more; returns how long until the gateway closed the
+/// connection, on tokio's clock.
+async fn slow_head_closed_after(gw: &Gw) -> Duration {
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"GET /mcp HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let mut out = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    assert!(r.is_ok(), "connection closed by the gateway");
+    started.elapsed()
+}
+
+/// Paused clock: the cut comes at the header-read deadline, not before, and within a timer
+/// slot or two after.
+#[tokio::test(start_paused = true)]
 async fn slow_headers_are_cut_at_the_header_read_timeout() {
+    let mock = Mock::start().await;
+    let timeout = Duration::from_millis(300);
+    let gw = gateway(mock.addr, |c| c.header_read_timeout = timeout).await;
+    let waited = slow_head_closed_after(&gw).await;
+    assert!(
+        waited >= timeout && waited <= timeout + Duration::from_millis(5),
+        "{waited:?}"
+    );
+}
+
+/// The real-time smoke of the same timer (hyper's, on tokio's clock): the one wall-clock
+/// check that it fires at all outside a paused runtime (wide bounds: real scheduling).
+#[tokio::test]
+async fn slow_headers_are_cut_in_real_time() {
     let mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| {
         c.header_read_timeout = Duration::from_millis(300)
     })
     .await;
-    let mut s = TcpStream::connect(gw.addr).await.unwrap();
-    s.write_all(b"GET /mcp HTTP/1.1\r\nhost: x\r\nx-slow: ")
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let mut out = Vec::new();
-    let r = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    assert!(r.is_ok(), "connection closed by the gateway");
-    let waited = started.elapsed();
+    let waited = slow_head_closed_after(&gw).await;
     assert!(
         waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
         "{waited:?}"
@@ -413,11 +435,7 @@ async fn memory_budget_sheds_idle_sessions_then_refuses_new_ones() {
 
 /// The `mcp_reattach_memory_used_bytes` gauge (what `--memory-budget` counts).
 fn memory_used(gw: &Gw) -> u64 {
-    gw.gateway
-        .render_metrics()
-        .lines()
-        .find_map(|l| l.strip_prefix("mcp_reattach_memory_used_bytes "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
+    gw.metric("mcp_reattach_memory_used_bytes")
         .expect("memory_used_bytes gauge") as u64
 }
 

@@ -4,7 +4,7 @@
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod common;
+mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::*;
 use http::Response;
 use http_body_util::Full;
+use support::*;
 
 struct Gateway {
     child: Child,
@@ -27,13 +27,6 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 fn start_gateway(upstream: SocketAddr, extra: &[&str]) -> Gateway {
@@ -103,13 +96,7 @@ fn sigterm(child: &Child) {
 async fn metrics_during_a_resume_pass_promtool() {
     let mut mock = Mock::start().await;
     let gw = start_gateway(mock.addr, &["--priming", "always"]);
-    let g = Gw {
-        addr: gw.addr,
-        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
-            "http://127.0.0.1:1".parse().unwrap(),
-        )),
-    };
-    init_session(&g, &mut mock, "s1").await;
+    init_session(&gw.addr, &mut mock, "s1").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("s1"))));
     let writer = mock.next().await.respond_sse(Some("s1"));
     let mut reader = SseReader::new(pending.await.unwrap());
@@ -181,13 +168,7 @@ async fn alert_rules_and_dashboard_use_only_exported_metrics() {
     // A gateway after some traffic: a session, a call streamed, a failed resume.
     let mut mock = Mock::start().await;
     let gw = start_gateway(mock.addr, &["--memory-budget", "64MiB"]);
-    let g = Gw {
-        addr: gw.addr,
-        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
-            "http://127.0.0.1:1".parse().unwrap(),
-        )),
-    };
-    init_session(&g, &mut mock, "s1").await;
+    init_session(&gw.addr, &mut mock, "s1").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("s1"))));
     let writer = mock.next().await.respond_sse(Some("s1"));
     let mut reader = SseReader::new(pending.await.unwrap());
@@ -311,13 +292,7 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
             "750ms",
         ],
     );
-    let g = Gw {
-        addr: gw.addr,
-        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
-            "http://127.0.0.1:1".parse().unwrap(),
-        )),
-    };
-    init_session(&g, &mut mock, "s1").await;
+    init_session(&gw.addr, &mut mock, "s1").await;
     // A standalone GET stream and a tool call, both in flight.
     let pending = tokio::spawn(send(gw.addr, get("s1", None)));
     let get_writer = mock.next().await.respond_sse(Some("s1"));
@@ -426,13 +401,7 @@ async fn drain_deadline_ends_streams_that_do_not_finish() {
         mock.addr,
         &["--drain-delay", "0s", "--drain-timeout", "500ms"],
     );
-    let g = Gw {
-        addr: gw.addr,
-        gateway: mcp_reattach::Gateway::new(mcp_reattach::Config::new(
-            "http://127.0.0.1:1".parse().unwrap(),
-        )),
-    };
-    init_session(&g, &mut mock, "s1").await;
+    init_session(&gw.addr, &mut mock, "s1").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(7), Some("s1"))));
     let call_writer = mock.next().await.respond_sse(Some("s1"));
     let mut call_stream = SseReader::new(pending.await.unwrap());

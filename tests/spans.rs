@@ -1,12 +1,12 @@
 //! Tracing spans: one per connection and one per request (`http.method`, `mcp.session`), so
 //! a debug log of one session can be followed.
 
-mod common;
+mod support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use support::*;
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);

@@ -14,7 +14,6 @@
 //!   client-cert` only the certificate's subject that created a session may resume it.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-mod common;
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -26,7 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::*;
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -39,6 +37,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use support::free_port;
+use support::*;
 use tokio::net::{TcpListener, TcpStream};
 
 // ---------------------------------------------------------------------------------------------
@@ -191,19 +190,11 @@ async fn tls_send(
     tls_try_send(addr, cfg, req).await.unwrap()
 }
 
-const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
-
 /// Initializes session `sid` through the gateway over TLS (the mock answers with JSON).
 async fn tls_init(addr: SocketAddr, cfg: &Arc<rustls::ClientConfig>, mock: &mut Mock, sid: &str) {
     let c = cfg.clone();
-    let pending = tokio::spawn(async move { tls_send(addr, &c, post(INIT, None)).await });
-    mock.next().await.respond(
-        Response::builder()
-            .header("content-type", "application/json")
-            .header("mcp-session-id", sid)
-            .body(Full::new(Bytes::from_static(br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#)))
-            .unwrap(),
-    );
+    let pending = tokio::spawn(async move { tls_send(addr, &c, post(INITIALIZE, None)).await });
+    mock.next().await.respond_initialized(sid);
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 200);
 }
@@ -229,19 +220,11 @@ async fn tls_gateway(
 /// after closing it, so the client may see the close first.
 async fn wait_counter(gw: &Gw, line: &str, n: f64) {
     let deadline = Instant::now() + WAIT;
-    while counter(gw, line) < n {
-        assert!(Instant::now() < deadline, "{line} = {}", counter(gw, line));
+    let value = || gw.metric(line).unwrap_or(0.0);
+    while value() < n {
+        assert!(Instant::now() < deadline, "{line} = {}", value());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-fn counter(gw: &Gw, line: &str) -> f64 {
-    gw.gateway
-        .render_metrics()
-        .lines()
-        .find_map(|l| l.strip_prefix(line).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -257,7 +240,7 @@ async fn ts_sdk_client_resumes_a_cut_stream_through_tls() {
     let ca_path = write(&dir, "ca.pem", &ca.pem);
     let cert = write(&dir, "cert.pem", &pair.cert);
     let key = write(&dir, "key.pem", &pair.key);
-    let server = support::TsServer::start("sse").await;
+    let server = support::Upstream::ts("sse").await;
     let gw = tls_gateway(server.addr, &cert, &key, None, |_| {}).await;
     let relay = support::Relay::start(gw.addr);
     let url = format!("https://localhost:{}/mcp", relay.addr().port());
@@ -673,40 +656,47 @@ async fn plaintext_on_the_tls_port_gets_a_400_not_a_hang() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_handshake_is_bounded_by_the_header_read_timeout() {
-    let dir = scratch("slow");
+/// A TLS gateway whose handshake deadline (`--header-read-timeout`) is `timeout`.
+async fn slow_handshake_gateway(name: &str, timeout: Duration) -> (Gw, Mock) {
+    let dir = scratch(name);
     let ca = ca("test CA");
     let pair = server_leaf(&ca, "server");
     let cert = write(&dir, "cert.pem", &pair.cert);
     let key = write(&dir, "key.pem", &pair.key);
     let mock = Mock::start().await;
     let gw = tls_gateway(mock.addr, &cert, &key, None, |c| {
-        c.header_read_timeout = Duration::from_millis(300);
+        c.header_read_timeout = timeout;
     })
     .await;
-    let addr = gw.addr;
-    // One client says nothing; another starts a handshake record and stalls.
-    for opening in [&b""[..], &[0x16, 0x03, 0x01][..]] {
-        let t0 = Instant::now();
-        let read = tokio::task::spawn_blocking(move || {
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(opening).unwrap();
-            let mut buf = [0u8; 64];
-            s.read(&mut buf)
-        })
+    (gw, mock)
+}
+
+/// Connects, sends `opening` and then nothing; returns how long (tokio's clock) until the
+/// gateway closed the connection, asserting it did close it (not our read timing out).
+async fn handshake_closed_after(addr: SocketAddr, opening: &[u8]) -> Duration {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    s.write_all(opening).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
         .await
-        .unwrap();
-        let waited = t0.elapsed();
+        .expect("closed by the gateway, not timed out on our side");
+    assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+    t0.elapsed()
+}
+
+/// One client says nothing; another starts a handshake record and stalls. Paused clock: each
+/// is closed exactly at the deadline.
+#[tokio::test(start_paused = true)]
+async fn the_handshake_is_bounded_by_the_header_read_timeout() {
+    let timeout = Duration::from_millis(300);
+    let (gw, _mock) = slow_handshake_gateway("slow", timeout).await;
+    for opening in [&b""[..], &[0x16, 0x03, 0x01][..]] {
+        let waited = handshake_closed_after(gw.addr, opening).await;
         assert!(
-            matches!(read, Ok(0) | Err(_))
-                && !matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-            "closed, not timed out on our side: {read:?}"
-        );
-        assert!(
-            waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
-            "closed after {waited:?}"
+            waited >= timeout && waited <= timeout + Duration::from_millis(5),
+            "{opening:?}: closed after {waited:?}"
         );
     }
     wait_counter(
@@ -715,6 +705,18 @@ async fn the_handshake_is_bounded_by_the_header_read_timeout() {
         2.0,
     )
     .await;
+}
+
+/// The real-time smoke of the handshake deadline: the one wall-clock check that it fires at
+/// all outside a paused runtime (wide bounds: real scheduling).
+#[tokio::test]
+async fn the_handshake_deadline_fires_in_real_time() {
+    let (gw, _mock) = slow_handshake_gateway("slow-rt", Duration::from_millis(300)).await;
+    let waited = handshake_closed_after(gw.addr, &[0x16, 0x03, 0x01]).await;
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -739,7 +741,7 @@ async fn alpn_offers_h2_and_h2_requests_are_served() {
     let req = Request::post("https://localhost/mcp")
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
-        .body(Full::new(Bytes::from_static(INIT.as_bytes())))
+        .body(Full::new(Bytes::from_static(INITIALIZE.as_bytes())))
         .unwrap();
     let pending = tokio::spawn(sender.send_request(req));
     mock.next().await.respond(
@@ -838,13 +840,12 @@ async fn https_upstream_with_a_private_ca_and_sni_from_the_host() {
 
     // The platform's roots do not trust the private CA: 502, counted as a connect failure.
     let platform = gateway(mock.addr, |cfg| cfg.upstream = upstream.clone()).await;
-    let resp = send(platform.addr, post(INIT, None)).await;
+    let resp = send(platform.addr, post(INITIALIZE, None)).await;
     assert_eq!(resp.status(), 502);
     assert_eq!(
-        counter(
-            &platform,
-            "mcp_reattach_upstream_errors_total{kind=\"connect\"}"
-        ),
+        platform
+            .metric("mcp_reattach_upstream_errors_total{kind=\"connect\"}")
+            .unwrap_or(0.0),
         1.0
     );
     assert!(mock.nothing_within(Duration::from_millis(100)).await);
@@ -879,7 +880,7 @@ async fn mtls_client_certificate_subject_is_the_resume_principal() {
         client_config(&server_ca.pem, None, &[b"http/1.1"]),
         client_config(&server_ca.pem, Some(&stranger), &[b"http/1.1"]),
     ] {
-        let r = tls_try_send(gw.addr, &cfg, post(INIT, None)).await;
+        let r = tls_try_send(gw.addr, &cfg, post(INITIALIZE, None)).await;
         assert!(
             r.is_err(),
             "served without a valid client certificate: {r:?}"
@@ -908,7 +909,8 @@ async fn mtls_client_certificate_subject_is_the_resume_principal() {
     let resp = tls_send(gw.addr, &as_bob, get("s1", Some(&cursor))).await;
     assert_eq!(resp.status(), 404, "bob may not resume alice's stream");
     assert_eq!(
-        counter(&gw, "mcp_reattach_resumes_total{outcome=\"unauthorized\"}"),
+        gw.metric("mcp_reattach_resumes_total{outcome=\"unauthorized\"}")
+            .unwrap_or(0.0),
         1.0
     );
     // Alice resumes, from a new connection, and gets what she missed.

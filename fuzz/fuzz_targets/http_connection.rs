@@ -1,201 +1,24 @@
-//! A whole client connection through the real gateway (HTTP/1.1, or h2c when the bytes start
-//! with the HTTP/2 preface) in front of a stub upstream, all in this process on 127.0.0.1:0.
-//!
-//! Input: `[mode][bytes written on a fresh TCP connection to the gateway...]`. Mode bit 0:
-//! half-close the connection after writing (else keep it open and read until 50 ms of
-//! silence); bits 1-2: write in one piece, in 7-byte pieces, or in pieces at each LF.
-//!
-//! Properties: no panic anywhere in the gateway (libFuzzer's panic hook aborts on a panic in
-//! any task), no response that is not HTTP, and after every input the gateway still answers a
-//! normal `initialize` on a new connection within 5 s.
+//! Fuzz target: a whole client connection through the real gateway in front of a stub
+//! upstream. The harness, the properties and the check are in `fuzz/checks/http_connection.rs`,
+//! which `tests/fuzz_corpora.rs` also runs over this target's corpus. Ignoring SIGPIPE is here:
+//! it is unsafe code, which the main crate's tests forbid (and do not need: Rust's own `main`
+//! already ignores it).
 #![no_main]
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::Duration;
+#[path = "../checks/http_connection.rs"]
+mod check;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use libfuzzer_sys::fuzz_target;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use std::sync::Once;
 
-struct Harness {
-    rt: tokio::runtime::Runtime,
-    gateway: SocketAddr,
-}
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// The stub upstream: POST `initialize` → JSON with a session id; other POST and GET → a
-/// short SSE response (CRLF, an upstream id, a comment) that ends; DELETE → 200; else 200 JSON.
-async fn upstream(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
-    let sid = parts
-        .headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .unwrap_or_else(|| format!("fz-{}", COUNTER.fetch_add(1, Ordering::Relaxed) % 32));
-    let text = String::from_utf8_lossy(&body);
-    let mut b = Response::builder().header("mcp-session-id", sid.as_str());
-    let resp = match parts.method {
-        http::Method::POST if text.contains("\"initialize\"") => b
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"stub","version":"0"}}}"#,
-            ))),
-        http::Method::POST | http::Method::GET => b
-            .header("content-type", "text/event-stream")
-            .body(Full::new(Bytes::from_static(
-                b": hello\r\nid: up-1\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\r\n\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\r\n\r\n",
-            ))),
-        http::Method::DELETE => b.body(Full::new(Bytes::new())),
-        _ => {
-            b = b.header("content-type", "application/json");
-            b.body(Full::new(Bytes::from_static(b"{}")))
-        }
-    };
-    Ok(resp.unwrap())
-}
-
-fn harness() -> &'static Harness {
-    static H: OnceLock<Harness> = OnceLock::new();
-    H.get_or_init(|| {
+libfuzzer_sys::fuzz_target!(|input: &[u8]| {
+    static SIGPIPE: Once = Once::new();
+    SIGPIPE.call_once(|| {
         // libFuzzer's C++ main skips Rust's runtime setup, which ignores SIGPIPE: a write to a
         // connection the peer reset would kill the process (the real binary ignores it).
-        // SAFETY: setting a signal disposition to SIG_IGN before any thread is started.
+        // SAFETY: setting a signal disposition to SIG_IGN before the check starts any thread.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let gateway = rt.block_on(async {
-            let up = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let up_addr = up.local_addr().unwrap();
-            tokio::spawn(async move {
-                loop {
-                    let Ok((tcp, _)) = up.accept().await else {
-                        continue;
-                    };
-                    tokio::spawn(
-                        hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(tcp), service_fn(upstream)),
-                    );
-                }
-            });
-            let mut cfg = mcp_reattach::Config::new(format!("http://{up_addr}").parse().unwrap());
-            cfg.keepalive = None;
-            cfg.session_ttl = Duration::from_secs(1);
-            cfg.sweep_interval = Duration::from_millis(50);
-            cfg.stall_timeout = Duration::from_secs(1);
-            cfg.max_sessions = 256;
-            cfg.max_request_bytes = 64 << 10;
-            cfg.max_event_bytes = 64 << 10;
-            cfg.priming = mcp_reattach::Priming::Always;
-            let gw = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = gw.local_addr().unwrap();
-            tokio::spawn(mcp_reattach::serve_gateway(
-                gw,
-                mcp_reattach::Gateway::new(cfg),
-                std::future::pending(),
-            ));
-            addr
-        });
-        Harness { rt, gateway }
-    })
-}
-
-const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fuzz","version":"0"}}}"#;
-
-/// A normal request on a new connection: the gateway must still serve.
-async fn still_serving(addr: SocketAddr) {
-    let check = async {
-        let mut tcp = TcpStream::connect(addr).await.expect("gateway accepts");
-        let req = format!(
-            "POST /mcp HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{INIT}",
-            INIT.len()
-        );
-        tcp.write_all(req.as_bytes()).await.expect("write");
-        let mut resp = Vec::new();
-        tcp.read_to_end(&mut resp).await.expect("read");
-        resp
-    };
-    let resp = tokio::time::timeout(Duration::from_secs(5), check)
-        .await
-        .expect("the gateway still answers a normal request within 5 s");
-    assert!(
-        resp.starts_with(b"HTTP/1.1 200 "),
-        "normal request after a fuzz input: {:?}",
-        String::from_utf8_lossy(&resp[..resp.len().min(200)])
-    );
-}
-
-async fn one(addr: SocketAddr, mode: u8, data: &[u8]) {
-    let mut tcp = TcpStream::connect(addr).await.expect("connect");
-    let pieces: Vec<&[u8]> = match (mode >> 1) % 3 {
-        0 => vec![data],
-        1 => data.chunks(7).collect(),
-        _ => data.split_inclusive(|&b| b == b'\n').collect(),
-    };
-    let write = async {
-        for p in pieces {
-            tcp.write_all(p).await?;
-            tcp.flush().await?;
-        }
-        if mode & 1 == 1 {
-            tcp.shutdown().await?;
-        }
-        Ok::<_, std::io::Error>(())
-    };
-    // The gateway may stop reading (a rejected request): that is fine.
-    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 8192];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        let idle = if mode & 1 == 1 {
-            Duration::from_secs(2)
-        } else {
-            Duration::from_millis(50)
-        };
-        let wait = idle.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        match tokio::time::timeout(wait, tcp.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
-            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-    if !got.is_empty() && !data.starts_with(b"PRI * HTTP/2.0") {
-        assert!(
-            got.starts_with(b"HTTP/1.1 ") || got.starts_with(b"HTTP/1.0 "),
-            "the gateway answered with something that is not HTTP/1.x: {:?}",
-            String::from_utf8_lossy(&got[..got.len().min(200)])
-        );
-    }
-}
-
-fuzz_target!(|input: &[u8]| {
-    let h = harness();
-    let (mode, data) = match input.split_first() {
-        Some((m, d)) => (*m, d),
-        None => (0, input),
-    };
-    h.rt.block_on(async {
-        one(h.gateway, mode, data).await;
-        still_serving(h.gateway).await;
     });
+    check::check(input)
 });
