@@ -132,9 +132,7 @@ async fn run_ts_client(
         .wait_exit(Duration::from_secs(5))
         .await
         .map(|s| s.code().unwrap_or(-1));
-    // Let the stderr forwarder catch up with the last lines before taking them.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    run.stderr = client.stderr_lines();
+    run.stderr = client.stderr_to_end(Duration::from_secs(2)).await;
     run
 }
 

@@ -601,9 +601,10 @@ async fn event_larger_than_the_window_is_forwarded_but_cannot_be_resumed() {
         "forwarded to the attached client"
     );
     drop(reader);
+    let base = gw.tagged();
     writer.message(&result(1)).await;
     drop(writer);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    gw.tagged_at_least(base + 1).await;
     let resp = resume(&gw, &cursor).await;
     let events = SseReader::new(resp).rest().await;
     assert_eq!(

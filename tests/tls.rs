@@ -272,8 +272,7 @@ async fn ts_sdk_client_resumes_a_cut_stream_through_tls() {
         }
     }
     let _ = client.wait_exit(Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let stderr = client.stderr_lines();
+    let stderr = client.stderr_to_end(Duration::from_secs(2)).await;
     assert!(cuts >= 1, "the cut hit no connection");
     assert_eq!(progress, (1..=8).collect::<Vec<_>>(), "{stderr:#?}");
     assert_eq!(

@@ -21,6 +21,8 @@ pub struct ChildProc {
     stdin: Option<std::process::ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
     stderr: Arc<Mutex<Vec<String>>>,
+    /// Set when the stderr forwarder reached the end of the pipe.
+    stderr_done: Arc<AtomicBool>,
 }
 
 impl ChildProc {
@@ -89,6 +91,8 @@ impl ChildProc {
         });
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let kept = stderr.clone();
+        let stderr_done = Arc::new(AtomicBool::new(false));
+        let done = stderr_done.clone();
         let child_stderr = child.stderr.take().expect("piped stderr");
         let prefix = name.to_string();
         // Threads spawned by a test inherit its output capture, so this shows with the test.
@@ -98,6 +102,7 @@ impl ChildProc {
                 eprintln!("[{prefix}] {l}");
                 kept.lock().unwrap().push(l);
             }
+            done.store(true, Ordering::SeqCst);
         });
         let stdin = child.stdin.take();
         ChildProc {
@@ -106,6 +111,7 @@ impl ChildProc {
             stdin,
             lines,
             stderr,
+            stderr_done,
         }
     }
 
@@ -167,6 +173,17 @@ impl ChildProc {
     /// stderr lines so far.
     pub fn stderr_lines(&self) -> Vec<String> {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// Every stderr line, once the pipe has ended (the process exited and the forwarder took
+    /// its last lines), or what there is after `timeout` (a child of the process may hold the
+    /// pipe open).
+    pub async fn stderr_to_end(&self, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        while !self.stderr_done.load(Ordering::SeqCst) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.stderr_lines()
     }
 
     /// Waits at most `timeout` for the process to exit.
