@@ -1061,3 +1061,36 @@ async fn the_mock_upstream_stops_when_its_handle_drops() {
     .await;
     assert_eq!(resp.status(), 502);
 }
+
+// The judge of every test above: the harness's own SSE parser (tests/support/sse.rs), checked
+// here once rather than in every test crate that includes the harness.
+fn all_splits(input: &[u8]) -> Vec<Vec<mcp_reattach::sse::Event>> {
+    (0..=input.len())
+        .map(|i| {
+            let mut p = SseParser::new();
+            let mut out = Vec::new();
+            p.feed(&input[..i], &mut out).unwrap();
+            p.feed(&input[i..], &mut out).unwrap();
+            out
+        })
+        .collect()
+}
+
+#[test]
+fn the_harness_sse_parser_follows_the_spec_at_every_split() {
+    let input = "\u{feff}: keep-alive\r\nid: 1.2\nevent: message\ndata: a\ndata:b\nretry: 50\n\n\
+                 data\n\nid: x\n\n:only a comment\n\nid: 3\ndata: partial";
+    for out in all_splits(input.as_bytes()) {
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0].id.as_deref(), Some("1.2"));
+        assert_eq!(out[0].event.as_deref(), Some("message"));
+        assert_eq!(out[0].data.as_deref(), Some("a\nb"));
+        assert_eq!(out[0].retry, Some(50));
+        assert_eq!(out[1].data.as_deref(), Some(""));
+        assert_eq!(out[1].id, None);
+        assert_eq!(out[2].id.as_deref(), Some("x"));
+        assert_eq!(out[2].data, None);
+    }
+    let mut p = SseParser::new();
+    assert!(p.feed(b"data: \xff\n\n", &mut Vec::new()).is_err());
+}
