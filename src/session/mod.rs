@@ -10,6 +10,7 @@
 //! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates) and
 //! [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
 
+mod hold;
 mod registry;
 mod stream;
 
@@ -24,6 +25,8 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use self::hold::Hold;
+pub use self::hold::{Attempt, HoldStart, Phase};
 pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
@@ -80,8 +83,6 @@ struct State {
     standalone: Option<u32>,
     standalone_history: VecDeque<u32>,
     hold: Hold,
-    /// Delay before the gateway reopens an upstream standalone stream that ended.
-    rehold_delay: Duration,
     closed: bool,
     next_generation: u64,
     /// The in-flight reserve: the most recent batches written to clients (any stream),
@@ -111,6 +112,8 @@ pub struct Session {
     state: Mutex<State>,
     /// Woken when an attempt to open the held standalone stream settles.
     hold_settled: Notify,
+    /// Cuts the holder's wait short (a client's `GET` wants the stream now).
+    hold_kick: Arc<Notify>,
     /// Woken when a forwarded POST settles (see [`Session::begin_forward`]).
     forward_settled: Notify,
 }
@@ -134,21 +137,6 @@ impl Drop for Forwarding {
         self.session.forward_settled.notify_waiters();
     }
 }
-
-/// Where the gateway stands in holding the session's standalone stream for its client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hold {
-    /// Not opening one now.
-    Idle,
-    /// An upstream `GET` is in flight; a client's `GET` waits for it.
-    Opening,
-    /// The upstream has no standalone stream (405): the client's `GET` is forwarded.
-    Unsupported,
-}
-
-/// The first and the longest delay before reopening a standalone stream the upstream ended.
-const REHOLD_MIN: Duration = Duration::from_secs(1);
-const REHOLD_MAX: Duration = Duration::from_secs(60);
 
 /// The answer to a resume request that the gateway can serve.
 #[derive(Debug)]
@@ -279,8 +267,7 @@ impl Session {
                 protocol_version: None,
                 standalone: None,
                 standalone_history: VecDeque::new(),
-                hold: Hold::Idle,
-                rehold_delay: REHOLD_MIN,
+                hold: Hold::new(),
                 closed: false,
                 next_generation: 0,
                 inflight: VecDeque::new(),
@@ -293,6 +280,7 @@ impl Session {
             budget,
             principal: AtomicU64::new(principal),
             hold_settled: Notify::new(),
+            hold_kick: Arc::new(Notify::new()),
             forward_settled: Notify::new(),
         }
     }
@@ -449,96 +437,6 @@ impl Session {
         if st.standalone_history.len() > STANDALONE_HISTORY {
             st.standalone_history.pop_front();
         }
-    }
-
-    /// Starts an attempt to open the held standalone stream upstream: `false` when there is
-    /// nothing to do (the session is closed, holds a live one, an attempt is under way, or
-    /// the upstream has none).
-    pub fn begin_hold(&self) -> bool {
-        let mut st = lock(&self.state);
-        let live = st
-            .standalone
-            .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()));
-        if st.closed || live || st.hold != Hold::Idle {
-            return false;
-        }
-        st.hold = Hold::Opening;
-        true
-    }
-
-    /// Ends an attempt that did not open a stream; `unsupported`: the upstream has none (405).
-    pub fn end_hold(&self, unsupported: bool) {
-        let mut st = lock(&self.state);
-        st.hold = if unsupported {
-            Hold::Unsupported
-        } else {
-            Hold::Idle
-        };
-        drop(st);
-        self.hold_settled.notify_waiters();
-    }
-
-    /// Opens the standalone stream the gateway holds for the session's client (none attached
-    /// yet: its events are kept for the first client's `GET`). `None` if the session closed
-    /// meanwhile or a client's own standalone stream got there first.
-    pub fn open_held_standalone(&self) -> Option<u32> {
-        let mut st = lock(&self.state);
-        st.hold = Hold::Idle;
-        let live = st
-            .standalone
-            .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()));
-        let opened = (!st.closed && !live).then(|| {
-            st.last_seq += 1;
-            let seq = st.last_seq;
-            let stream = st.next_stream;
-            st.next_stream += 1;
-            st.streams.insert(
-                stream,
-                Stream::new(StreamKind::Standalone, seq, Vec::new(), false, None),
-            );
-            Self::set_standalone(&mut st, stream);
-            stream
-        });
-        drop(st);
-        self.hold_settled.notify_waiters();
-        opened
-    }
-
-    /// Waits (at most `limit`) for an attempt to open the held standalone stream to settle,
-    /// so a client's `GET` arriving meanwhile attaches to it instead of racing it upstream.
-    pub async fn hold_settled(&self, limit: Duration) {
-        let _ = tokio::time::timeout(limit, async {
-            loop {
-                let settled = self.hold_settled.notified();
-                if lock(&self.state).hold != Hold::Opening {
-                    return;
-                }
-                settled.await;
-            }
-        })
-        .await;
-    }
-
-    /// After the standalone stream `stream` ended: how long to wait before holding a new one
-    /// (`None`: not a standalone stream, or the session has closed or holds another). The
-    /// delay doubles while the upstream keeps ending streams that carried nothing.
-    pub fn rehold_after(&self, stream: u32) -> Option<Duration> {
-        let mut st = lock(&self.state);
-        let carried = st
-            .streams
-            .get(&stream)
-            .filter(|s| s.kind == StreamKind::Standalone)
-            .map(|s| s.last_seq > s.first_seq)?;
-        if st.closed || st.standalone.is_some() || st.hold != Hold::Idle {
-            return None;
-        }
-        let delay = if carried {
-            REHOLD_MIN
-        } else {
-            (st.rehold_delay * 2).min(REHOLD_MAX)
-        };
-        st.rehold_delay = delay;
-        Some(delay)
     }
 
     /// Remembers the task reading the upstream for `stream`, so closing the session stops it.
@@ -1223,6 +1121,7 @@ impl Session {
     fn close(&self) {
         let mut st = lock(&self.state);
         st.closed = true;
+        st.hold.abort();
         self.budget.adjust(st.window.bytes(), 0);
         st.window = Window::new(1, 0);
         for s in st.streams.values_mut() {

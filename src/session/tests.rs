@@ -719,10 +719,10 @@ async fn a_held_standalone_stream_keeps_messages_for_its_first_client() {
         c.window_events = 4;
         c.stall_timeout = Duration::from_secs(1);
     }));
-    assert!(s.begin_hold());
-    assert!(!s.begin_hold(), "one attempt at a time");
+    assert_eq!(s.hold_start(), HoldStart::Spawn);
+    assert_eq!(s.hold_start(), HoldStart::Nothing, "one attempt at a time");
     let held = s.open_held_standalone().expect("opened");
-    assert!(!s.begin_hold(), "one held stream");
+    assert_eq!(s.hold_start(), HoldStart::Nothing, "one held stream");
     // The server sends before any client GET; the window fills and the reader waits, however
     // long the client takes (the session TTL bounds this, not the stall budget).
     assert!(!s.push_events(held, &mut numbered(0, 6, 0), None));
@@ -748,16 +748,69 @@ async fn a_held_standalone_stream_keeps_messages_for_its_first_client() {
 #[test]
 fn a_405_marks_the_upstream_without_standalone_stream() {
     let s = session(cfg(|_| {}));
-    assert!(s.begin_hold());
-    s.end_hold(true);
-    assert!(
-        !s.begin_hold(),
+    assert_eq!(s.hold_start(), HoldStart::Spawn);
+    s.hold_failed(Attempt::Unsupported);
+    assert_eq!(
+        s.hold_start(),
+        HoldStart::Nothing,
         "no retry storm against an upstream that has none"
     );
     let t = session(cfg(|_| {}));
-    assert!(t.begin_hold());
-    t.end_hold(false);
-    assert!(t.begin_hold(), "a failed attempt may be retried");
+    assert_eq!(t.hold_start(), HoldStart::Spawn);
+    t.hold_failed(Attempt::GiveUp);
+    assert_eq!(
+        t.hold_start(),
+        HoldStart::Spawn,
+        "a failed attempt may be retried"
+    );
+}
+
+#[test]
+fn a_waiting_holder_is_kicked_not_doubled() {
+    let s = session(cfg(|_| {}));
+    assert_eq!(s.hold_start(), HoldStart::Spawn);
+    assert!(s.hold_attempt());
+    s.hold_failed(Attempt::Retry);
+    assert_eq!(s.hold_phase(), Phase::Backoff);
+    // A client's GET during the backoff: the holder tries now, and the GET waits for it.
+    assert_eq!(s.hold_start(), HoldStart::Kicked);
+    assert_eq!(s.hold_phase(), Phase::Opening);
+    assert_eq!(s.hold_start(), HoldStart::Nothing, "one attempt at a time");
+    let held = s.open_held_standalone().expect("opened");
+    assert_eq!(s.hold_phase(), Phase::Holding);
+    // The upstream ends the held stream having sent nothing: the rest grows.
+    s.end_stream(held, End::Complete);
+    assert_eq!(s.hold_rest(held), Some(hold::REHOLD_MIN * 2));
+    assert_eq!(s.hold_phase(), Phase::Resting);
+    assert_eq!(s.hold_start(), HoldStart::Kicked);
+}
+
+#[test]
+fn a_client_stream_that_ends_hands_the_session_to_a_holder_once() {
+    let s = session(cfg(|_| {}));
+    let (stream, _, _) = s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    let (post, _, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    s.end_stream(post, End::Complete);
+    assert_eq!(
+        s.hold_after_client_stream(post),
+        None,
+        "not a standalone stream"
+    );
+    s.end_stream(stream, End::Complete);
+    assert!(s.hold_after_client_stream(stream).is_some());
+    assert_eq!(s.hold_phase(), Phase::Resting);
+    assert_eq!(s.hold_after_client_stream(stream), None, "one holder");
+}
+
+#[tokio::test]
+async fn closing_the_session_stops_its_holder() {
+    let reg = Registry::new(cfg(|_| {}), Arc::default());
+    let s = reg.get_or_create("s", 0).expect("created");
+    let task = tokio::spawn(std::future::pending::<()>());
+    s.set_holder(task.abort_handle());
+    reg.remove("s", Eviction::Delete);
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    assert_eq!(s.hold_phase(), Phase::Idle);
 }
 
 #[test]

@@ -1,0 +1,115 @@
+//! Who the caller is and whether it may attach to a session's streams: the principal (a keyed
+//! hash of its principal header or client certificate) and the `--resume-auth` decision,
+//! taken at most once per request (with `upstream`, one `ping` to the upstream).
+//!
+//! Knows request headers and the upstream client; nothing of routes.
+
+use std::hash::{BuildHasher, Hasher};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::Method;
+use http_body_util::{BodyExt, Limited};
+
+use super::inbound::Inbound;
+use super::{Conn, Gateway};
+use crate::config::{PrincipalSource, ResumeAuth};
+use crate::session::Session;
+use crate::upstream::{full_body, LAST_EVENT_ID};
+
+impl Gateway {
+    /// The caller's principal: a keyed hash of its principal header (`Authorization` unless
+    /// `--principal-header`), absent header included, or of its verified client
+    /// certificate's subject. The key is random per process.
+    pub(super) fn principal(&self, headers: &HeaderMap, conn: &Conn) -> u64 {
+        let mut h = self.principal_key.build_hasher();
+        if self.cfg.principal_source == PrincipalSource::ClientCert {
+            // The verified certificate's subject; the connection was refused without one.
+            h.write_u8(2);
+            h.write(conn.client_subject.as_deref().unwrap_or("").as_bytes());
+            return h.finish();
+        }
+        let name = self
+            .cfg
+            .principal_header
+            .as_ref()
+            .unwrap_or(&header::AUTHORIZATION);
+        match headers.get(name) {
+            Some(v) => {
+                h.write_u8(1);
+                h.write(v.as_bytes());
+            }
+            None => h.write_u8(0),
+        }
+        h.finish()
+    }
+
+    /// Whether the caller of `inb` may attach to `session`'s streams, per `--resume-auth`:
+    /// decided on first use and remembered for the rest of the request.
+    pub(super) async fn authorized(&self, inb: &mut Inbound, session: &Session) -> bool {
+        if let Some(known) = inb.authorized {
+            return known;
+        }
+        let ok = match self.cfg.resume_auth {
+            ResumeAuth::None => true,
+            ResumeAuth::Principal => session.principal() == inb.principal,
+            ResumeAuth::Upstream => {
+                let ok = self
+                    .upstream_accepts(&inb.parts.headers, &inb.parts.uri)
+                    .await;
+                if ok {
+                    // Credentials rotate (token refresh): bind to the latest accepted one.
+                    session.set_principal(inb.principal);
+                }
+                ok
+            }
+        };
+        inb.authorized = Some(ok);
+        ok
+    }
+
+    /// Asks the upstream whether the caller's credentials are good for this session: a
+    /// JSON-RPC `ping` with the caller's headers must succeed.
+    async fn upstream_accepts(&self, headers: &HeaderMap, uri: &http::Uri) -> bool {
+        const PING_ID: &str = "mcp-reattach-resume-auth";
+        let mut headers = headers.clone();
+        headers.remove(LAST_EVENT_ID);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        let body = format!(r#"{{"jsonrpc":"2.0","id":"{PING_ID}","method":"ping"}}"#);
+        let body = full_body(Bytes::from(body));
+        let upstream = self
+            .upstream
+            .request(Method::POST, uri.clone(), headers, body, None);
+        let check = async {
+            let resp = self.upstream.send(upstream).await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            let bytes = Limited::new(resp.into_body(), 1 << 20)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes();
+            // JSON or SSE: either way the answer is a response to our id with a result.
+            let text = String::from_utf8_lossy(&bytes);
+            let answered = text.lines().any(|l| {
+                let json = l.strip_prefix("data:").map_or(l, str::trim_start);
+                serde_json::from_str::<serde_json::Value>(json)
+                    .is_ok_and(|v| v["id"] == PING_ID && v.get("result").is_some())
+            });
+            answered.then_some(())
+        };
+        matches!(
+            tokio::time::timeout(self.cfg.upstream_header_timeout, check).await,
+            Ok(Some(()))
+        )
+    }
+}

@@ -1,0 +1,260 @@
+//! The forwarding routes: pass-through (modern era) and forward-and-tag (every other legacy
+//! request), as a flat sequence of steps: reserve a place under the session cap, claim the
+//! request ids, send, evict on the upstream's answer, adopt the answered session, hold the
+//! standalone stream once the session is initialized, tag an SSE answer.
+//!
+//! Knows the upstream client and the session API; the rules of tagging live in `session`.
+
+use std::sync::Arc;
+
+use http::{Method, Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::inbound::Inbound;
+use super::respond::pass_through;
+use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
+use crate::attach::AttachBody;
+use crate::error::{ProxyError, Refusal};
+use crate::session::{Eviction, Forwarding, Reattach, Reservation, Session, StreamKind};
+use crate::upstream::{full_body, hold, is_sse, spawn_reader, Source};
+
+/// What the request ids of a POST into a known session turned out to be.
+enum Claim {
+    /// Forward: the ids are this request's until the guard drops (none to claim: `None`).
+    Forward(Option<Forwarding>),
+    /// A retained stream carries one of them now: a retransmission after all.
+    Retransmission,
+}
+
+impl Gateway {
+    /// [`Route::PassThrough`](super::inbound::Route::PassThrough): the modern era is the
+    /// upstream's; the gateway only forwards.
+    pub(super) async fn pass_through(
+        &self,
+        mut inb: Inbound,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let headers = std::mem::take(&mut inb.parts.headers);
+        let resp = self.send(&mut inb, headers).await?;
+        Ok(pass_through(resp))
+    }
+
+    /// [`Route::Forward`](super::inbound::Route::Forward), and the live-attach route when no
+    /// stream can be held: forwards the request, tags an SSE answer of a POST or GET.
+    pub(super) async fn forward(
+        &self,
+        mut inb: Inbound,
+        session: Option<Arc<Session>>,
+        reattach: Option<Reattach>,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let reservation = self.reserve(&inb)?;
+        // Held until this request's stream opened (or it ended otherwise): a retransmission
+        // arriving meanwhile waits for it instead of being forwarded a second time.
+        let _forwarding = match &session {
+            None => None,
+            Some(s) => match self.claim(&mut inb, s).await {
+                Claim::Forward(f) => f,
+                // Rare (the first POST was in flight); boxed, as the routes then call each
+                // other.
+                Claim::Retransmission => {
+                    return Box::pin(self.retransmission(inb, s.clone())).await;
+                }
+            },
+        };
+        inb.drop_legacy_cursor();
+        // Kept to reopen the stream upstream (an upstream resume, the held standalone stream).
+        let source = inb.source(&self.upstream);
+        let headers = std::mem::take(&mut inb.parts.headers);
+        let resp = self.send(&mut inb, headers).await?;
+        self.evict_on_answer(&inb, resp.status());
+        let Some(session) = self.answered_session(&inb, &resp, reservation) else {
+            return Ok(pass_through(resp));
+        };
+        if let Some(v) = inb
+            .header_version
+            .as_deref()
+            .or(inb.info.version.as_deref())
+        {
+            session.set_protocol_version(v);
+        }
+        let initialized = inb.info.initialized && inb.parts.method == Method::POST;
+        self.hold_once_initialized(initialized, &session, &source)
+            .await;
+        let tag = resp.status() == StatusCode::OK
+            && is_sse(resp.headers())
+            && matches!(inb.parts.method, Method::POST | Method::GET);
+        if !tag {
+            return Ok(pass_through(resp));
+        }
+        Ok(self.tag(inb, session, resp, source, reattach))
+    }
+
+    /// An `initialize` without a session takes a place under `--max-sessions` before it is
+    /// forwarded: at the cap it is refused, not forwarded.
+    fn reserve(&self, inb: &Inbound) -> Result<Option<Reservation>, Refusal> {
+        if !inb.info.initialize || inb.sid.is_some() {
+            return Ok(None);
+        }
+        let single_id = || inb.info.single_id.clone();
+        let r = self.registry.reserve();
+        r.map(Some)
+            .map_err(|e| ProxyError::AtCapacity(e).for_request(single_id()))
+    }
+
+    /// Records the request in its known session (TTL, protocol version); a POST carrying
+    /// requests claims their ids, waiting while a POST with the same ids is in flight.
+    async fn claim(&self, inb: &mut Inbound, s: &Arc<Session>) -> Claim {
+        self.note_request(inb, s);
+        let ids = &inb.info.request_ids;
+        if inb.parts.method != Method::POST || ids.is_empty() {
+            return Claim::Forward(None);
+        }
+        loop {
+            if let Some(f) = s.begin_forward(ids) {
+                return Claim::Forward(Some(f));
+            }
+            s.forward_settled(ids).await;
+            if s.carries_any(ids) {
+                return Claim::Retransmission;
+            }
+        }
+    }
+
+    /// A request of a known session counts as its client's activity.
+    pub(super) fn note_request(&self, inb: &Inbound, s: &Session) {
+        s.touch();
+        if let Some(v) = &inb.header_version {
+            s.set_protocol_version(v);
+        }
+    }
+
+    /// Sends the request upstream. One that may stream waits for its answer as long as it
+    /// takes; any other is bounded by `--upstream-header-timeout`.
+    async fn send(
+        &self,
+        inb: &mut Inbound,
+        headers: http::HeaderMap,
+    ) -> Result<Response<Incoming>, Refusal> {
+        let single_id = || inb.info.single_id.clone();
+        let body = inb
+            .body
+            .take()
+            .unwrap_or_else(|| full_body(bytes::Bytes::new()));
+        let (method, uri) = (inb.parts.method.clone(), inb.parts.uri.clone());
+        let req = self
+            .upstream
+            .request(method, uri, headers, body, Some(inb.remote));
+        let pending = self.upstream.send(req);
+        let answer = if inb.can_stream() {
+            pending.await
+        } else {
+            let limit = self.cfg.upstream_header_timeout;
+            match tokio::time::timeout(limit, pending).await {
+                Ok(r) => r,
+                Err(_) => return Err(ProxyError::UpstreamTimeout(limit).for_request(single_id())),
+            }
+        };
+        answer.map_err(|e| ProxyError::Upstream(e).for_request(single_id()))
+    }
+
+    /// The upstream's 404 for a session ends it at the gateway too, and so does a
+    /// successful `DELETE`.
+    fn evict_on_answer(&self, inb: &Inbound, status: StatusCode) {
+        let Some(sid) = &inb.sid else {
+            return;
+        };
+        if status == StatusCode::NOT_FOUND {
+            self.registry.remove(sid, Eviction::Upstream404);
+        } else if inb.parts.method == Method::DELETE && status.is_success() {
+            self.registry.remove(sid, Eviction::Delete);
+        }
+    }
+
+    /// The session a successful answer belongs to (the one it creates, or the request's),
+    /// created at the gateway if new. `None`: no session, or none can be kept (the cap is
+    /// reached with every session in use: the answer passes through untagged).
+    fn answered_session(
+        &self,
+        inb: &Inbound,
+        resp: &Response<Incoming>,
+        reservation: Option<Reservation>,
+    ) -> Option<Arc<Session>> {
+        let status = resp.status();
+        if !status.is_success() || inb.parts.method == Method::DELETE {
+            return None;
+        }
+        let sid = resp
+            .headers()
+            .get(MCP_SESSION_ID)
+            .filter(|v| is_visible_ascii(v.as_bytes()))
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .or_else(|| inb.sid.clone())?;
+        let created = match reservation {
+            Some(r) => Ok(self.registry.create_reserved(&sid, inb.principal, r)),
+            None => self.registry.get_or_create(&sid, inb.principal),
+        };
+        created
+            .inspect_err(|_| tracing::warn!("session cap reached with every session in use; passing the response through untagged"))
+            .ok()
+    }
+
+    /// Once the session is initialized (a POST of `notifications/initialized`), the gateway holds its standalone stream from then on,
+    /// so nothing the server sends there is lost to the race with the client's own GET. The
+    /// 202 waits (bounded) until the upstream has the stream, so no request the client sends
+    /// after it can reach the server first.
+    async fn hold_once_initialized(
+        &self,
+        initialized: bool,
+        session: &Arc<Session>,
+        source: &Source,
+    ) {
+        if !initialized || !self.cfg.hold_standalone {
+            return;
+        }
+        if hold::start(&self.registry, session, || source.clone()) {
+            session
+                .hold_settled(self.cfg.upstream_connect_timeout)
+                .await;
+        }
+    }
+
+    /// Tags the upstream's SSE answer: a new stream of the session, read into its window by
+    /// a task of its own, and this client attached to it at its start.
+    fn tag(
+        &self,
+        inb: Inbound,
+        session: Arc<Session>,
+        resp: Response<Incoming>,
+        source: Source,
+        reattach: Option<Reattach>,
+    ) -> Response<ResBody> {
+        let kind = if inb.parts.method == Method::POST {
+            StreamKind::Post
+        } else {
+            StreamKind::Standalone
+        };
+        let prime = self.prime(session.protocol_version().as_deref());
+        let reattach = reattach.filter(|_| kind == StreamKind::Standalone);
+        if reattach.is_some() {
+            self.registry.metrics().resume("reattached");
+        }
+        let (stream, generation, opening) = session.open_stream(
+            kind,
+            inb.info.request_ids,
+            inb.info.initialize,
+            prime,
+            reattach.as_ref(),
+            Some(inb.kill),
+        );
+        let (parts, upstream_body) = resp.into_parts();
+        spawn_reader(
+            self.registry.clone(),
+            session.clone(),
+            stream,
+            upstream_body,
+            source,
+        );
+        let s = session.clone();
+        let body = AttachBody::new(session, stream, generation, opening, self.cfg.keepalive);
+        self.sse_response(parts.status, Some(parts.headers), s.id(), body)
+    }
+}

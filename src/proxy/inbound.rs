@@ -1,0 +1,201 @@
+//! A client request read once: its session header, protocol version, Origin, principal, body
+//! (a POST's, within its limit and deadline) and what that body carries, and the era; then
+//! [`classify`], a pure decision of which [`Route`] serves it.
+//!
+//! Knows HTTP requests and the JSON-RPC inspection; nothing of how a route is served.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use tokio::sync::Notify;
+
+use super::{is_visible_ascii, Conn, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::config::Config;
+use crate::error::{ProxyError, Refusal};
+use crate::jsonrpc::{self, PostInfo};
+use crate::session::Session;
+use crate::upstream::{full_body, BoxError, Source, UpBody, Upstream, LAST_EVENT_ID};
+
+/// Everything the gateway needs to know about a client request, read once.
+pub(super) struct Inbound {
+    /// Method, URI and headers as received (a legacy request's `Last-Event-ID` is taken out
+    /// before it is forwarded: [`Inbound::drop_legacy_cursor`]).
+    pub parts: Parts,
+    /// A POST's body, collected; any other request's, as it streams. Taken when sent.
+    pub body: Option<UpBody>,
+    /// The `Mcp-Session-Id` (visible ASCII).
+    pub sid: Option<String>,
+    /// The `Mcp-Protocol-Version` header.
+    pub header_version: Option<String>,
+    /// The keyed hash of the caller's principal.
+    pub principal: u64,
+    /// What a POST's body carries (empty for other methods).
+    pub info: PostInfo,
+    /// The modern era (2026-07-28 and later): passed through, never tagged.
+    pub modern: bool,
+    /// Whether the caller may attach to the session's streams, once decided (see
+    /// `Gateway::authorized`): at most one decision, so one upstream `ping`, per request.
+    pub authorized: Option<bool>,
+    pub remote: SocketAddr,
+    pub kill: Arc<Notify>,
+}
+
+impl Inbound {
+    /// Reads `req`: the header checks first (a malformed session header is 400, a foreign
+    /// Origin 403), then a POST's body within `--max-request-bytes` and
+    /// `--header-read-timeout`.
+    pub async fn read(
+        req: Request<Incoming>,
+        cfg: &Config,
+        conn: &Conn,
+        principal: impl FnOnce(&http::HeaderMap) -> u64,
+    ) -> Result<Inbound, Refusal> {
+        let (parts, body) = req.into_parts();
+        let sid = match parts.headers.get(MCP_SESSION_ID) {
+            None => None,
+            Some(v) if is_visible_ascii(v.as_bytes()) => {
+                Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
+            }
+            Some(_) => return Err(ProxyError::BadSessionHeader.into()),
+        };
+        let header_version = parts
+            .headers
+            .get(MCP_PROTOCOL_VERSION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        check_origin(cfg, &parts.headers)?;
+        let principal = principal(&parts.headers);
+        let (body, info) = if parts.method == Method::POST {
+            let bytes = collect(body, cfg).await?;
+            let info = jsonrpc::inspect_post(&bytes);
+            (full_body(bytes), info)
+        } else {
+            let body = body.map_err(BoxError::from).boxed_unsync();
+            (body, PostInfo::default())
+        };
+        let header_modern = header_version.as_deref().is_some_and(jsonrpc::is_modern);
+        // `initialize` exists only in the legacy eras, whatever version it asks for.
+        let modern = !info.initialize && (header_modern || info.modern());
+        Ok(Inbound {
+            parts,
+            body: Some(body),
+            sid,
+            header_version,
+            principal,
+            info,
+            modern,
+            authorized: None,
+            remote: conn.remote,
+            kill: conn.kill.clone(),
+        })
+    }
+
+    /// The raw `Last-Event-ID`.
+    pub fn cursor(&self) -> Option<&HeaderValue> {
+        self.parts.headers.get(LAST_EVENT_ID)
+    }
+
+    /// Before forwarding: a legacy `Last-Event-ID` is the gateway's, and the upstream never
+    /// sees it.
+    pub fn drop_legacy_cursor(&mut self) {
+        if !self.modern {
+            self.parts.headers.remove(LAST_EVENT_ID);
+        }
+    }
+
+    /// The recipe to open a stream upstream again with this request's target and headers
+    /// (the held standalone stream, or an upstream resume).
+    pub fn source(&self, upstream: &Arc<Upstream>) -> Source {
+        Source {
+            upstream: upstream.clone(),
+            uri: self.parts.uri.clone(),
+            headers: self.parts.headers.clone(),
+            remote: self.remote,
+        }
+    }
+
+    /// Whether the upstream may answer with a stream: a GET, or a POST carrying requests.
+    /// Anything else must be answered promptly (bounded by `--upstream-header-timeout`).
+    pub fn can_stream(&self) -> bool {
+        self.parts.method == Method::GET
+            || (self.parts.method == Method::POST && !self.info.request_ids.is_empty())
+    }
+}
+
+/// With `--allowed-origin`, a request whose `Origin` is not listed is refused (none: allowed).
+fn check_origin(cfg: &Config, headers: &http::HeaderMap) -> Result<(), Refusal> {
+    if cfg.allowed_origins.is_empty() {
+        return Ok(());
+    }
+    match headers.get(header::ORIGIN) {
+        Some(origin)
+            if !cfg
+                .allowed_origins
+                .iter()
+                .any(|o| o.as_bytes() == origin.as_bytes()) =>
+        {
+            Err(ProxyError::OriginNotAllowed.into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A POST's body, whole. A slow body is cut like a slow head: both are bounded by
+/// `--header-read-timeout`.
+async fn collect(body: Incoming, cfg: &Config) -> Result<bytes::Bytes, Refusal> {
+    let collect = Limited::new(body, cfg.max_request_bytes).collect();
+    match tokio::time::timeout(cfg.header_read_timeout, collect).await {
+        Err(_) => Err(ProxyError::BodyTimeout(cfg.header_read_timeout).into()),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ProxyError::BodyTooLarge(cfg.max_request_bytes).into())
+        }
+        Ok(Err(e)) => Err(ProxyError::BodyRead(e).into()),
+    }
+}
+
+/// How the gateway serves a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Modern era: forwarded as it is, the answer passed through untagged.
+    PassThrough,
+    /// A legacy `GET` with a session and `Last-Event-ID`: re-attached at the cursor (a
+    /// standalone cursor that cannot be resumed exactly re-attaches live).
+    Resume,
+    /// A legacy `GET` of a known session without a cursor: attached live to the held
+    /// standalone stream (forwarded when the gateway holds none).
+    Attach,
+    /// A legacy POST into a known session carrying a request id that a retained stream
+    /// already carried: answered from that stream, never forwarded.
+    Retransmission,
+    /// Every other legacy request: forwarded, an SSE answer tagged and retained.
+    Forward,
+}
+
+/// Which route serves `inb`, given the session it names (if the gateway has it). Decides
+/// only: reads the session's state, changes nothing.
+pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
+    if inb.modern {
+        return Route::PassThrough;
+    }
+    match inb.parts.method {
+        Method::GET if inb.sid.is_some() && inb.cursor().is_some() => Route::Resume,
+        Method::GET if session.is_some() => Route::Attach,
+        Method::POST
+            if session.is_some_and(|s| {
+                !inb.info.request_ids.is_empty() && s.carries_any(&inb.info.request_ids)
+            }) =>
+        {
+            Route::Retransmission
+        }
+        _ => Route::Forward,
+    }
+}

@@ -1,0 +1,58 @@
+//! The live-attach route: a legacy `GET` of a known session attaches to the standalone
+//! stream the gateway holds for it (starting or hurrying the session's holder when it holds
+//! none), and is forwarded only when no stream can be held.
+//!
+//! Knows the session's standalone API and the holder's entry points; nothing of how the
+//! stream is read.
+
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+
+use super::inbound::Inbound;
+use super::{Gateway, ResBody};
+use crate::attach::AttachBody;
+use crate::error::Refusal;
+use crate::session::{hash_id, Reattach, Session};
+use crate::upstream::hold;
+
+impl Gateway {
+    /// [`Route::Attach`](super::inbound::Route::Attach), and a standalone cursor that
+    /// re-attaches to the session (`reattach`): the client gets the held stream's events
+    /// never written to a client, then the live tail.
+    pub(super) async fn attach(
+        &self,
+        mut inb: Inbound,
+        session: Option<Arc<Session>>,
+        reattach: Option<Reattach>,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let Some(s) = session else {
+            return self.forward(inb, None, reattach).await;
+        };
+        // The gateway may be opening the stream it holds for this client; if it holds none,
+        // it opens one now (the client's own GET is forwarded only when that fails, so the
+        // upstream's answer reaches the client).
+        s.hold_settled(self.cfg.upstream_connect_timeout).await;
+        if self.cfg.hold_standalone && !s.has_standalone() && self.authorized(&mut inb, &s).await {
+            hold::start(&self.registry, &s, || inb.source(&self.upstream));
+            s.hold_attempts_settled(hold::settle_limit(self.cfg.upstream_header_timeout))
+                .await;
+        }
+        if s.has_standalone() && self.authorized(&mut inb, &s).await {
+            let version = inb.header_version.clone().or_else(|| s.protocol_version());
+            let prime = self.prime(version.as_deref());
+            if let Some((stream, generation, opening)) =
+                s.attach_standalone(prime, reattach.as_ref(), Some(inb.kill.clone()))
+            {
+                if reattach.is_some() {
+                    self.registry.metrics().resume("reattached");
+                }
+                tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = stream, "attached live to held standalone stream");
+                let sid = s.id().to_owned();
+                let body = AttachBody::new(s, stream, generation, opening, self.cfg.keepalive);
+                return Ok(self.sse_response(StatusCode::OK, None, &sid, body));
+            }
+        }
+        self.forward(inb, Some(s), reattach).await
+    }
+}

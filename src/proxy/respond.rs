@@ -1,0 +1,71 @@
+//! The responses the gateway writes around its streams: an attached client's SSE response,
+//! an upstream answer passed through, the SSE headers.
+//!
+//! Knows HTTP responses and the attach body; nothing of routes.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::{Gateway, ResBody, MCP_SESSION_ID};
+use crate::attach::AttachBody;
+use crate::config::Priming;
+use crate::jsonrpc;
+use crate::upstream::{strip_hop_by_hop, BoxError};
+
+const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+
+impl Gateway {
+    /// Whether a client of a session at this protocol version gets a priming event.
+    pub(super) fn prime(&self, version: Option<&str>) -> bool {
+        match self.cfg.priming {
+            Priming::Always => true,
+            Priming::Never => false,
+            Priming::Auto => version.is_some_and(jsonrpc::primes),
+        }
+    }
+
+    /// The SSE response of a client attached to a stream of session `sid` (with the
+    /// upstream's headers when the stream is the upstream's answer).
+    pub(super) fn sse_response(
+        &self,
+        status: StatusCode,
+        upstream_headers: Option<HeaderMap>,
+        sid: &str,
+        body: AttachBody,
+    ) -> Response<ResBody> {
+        let stats = body.stats();
+        let mut resp = Response::new(body.map_err(|never| match never {}).boxed_unsync());
+        resp.extensions_mut().insert(stats);
+        *resp.status_mut() = status;
+        if let Some(mut h) = upstream_headers {
+            strip_hop_by_hop(&mut h);
+            h.remove(header::CONTENT_LENGTH);
+            *resp.headers_mut() = h;
+        }
+        sse_headers(resp.headers_mut(), sid);
+        resp
+    }
+}
+
+/// An upstream answer as it came, less its hop-by-hop headers.
+pub(super) fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+}
+
+/// The headers of an SSE response the gateway serves for session `sid`.
+pub(super) fn sse_headers(h: &mut HeaderMap, sid: &str) {
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(X_ACCEL_BUFFERING, HeaderValue::from_static("no"));
+    h.remove(header::CONTENT_ENCODING);
+    if let Ok(v) = HeaderValue::from_str(sid) {
+        h.insert(MCP_SESSION_ID, v);
+    }
+}

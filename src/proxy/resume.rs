@@ -1,0 +1,115 @@
+//! The routes answered from retained streams, never forwarded: a resume (`GET` with
+//! `Last-Event-ID`) and a retransmission (a POST repeating a request id a retained stream
+//! carried).
+//!
+//! Knows the session's resume API; the rules of what is replayed live in `session`.
+
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+
+use super::inbound::Inbound;
+use super::respond::sse_headers;
+use super::{Gateway, ResBody};
+use crate::attach::AttachBody;
+use crate::cursor::Cursor;
+use crate::error::{ProxyError, Refusal};
+use crate::session::{hash_id, Resume, Session};
+use crate::upstream::full_body;
+
+impl Gateway {
+    /// [`Route::Resume`](super::inbound::Route::Resume): re-attaches the client at its
+    /// cursor. A standalone cursor that cannot be resumed exactly re-attaches to the
+    /// session's standalone stream instead ([`Gateway::attach`]).
+    pub(super) async fn resume(
+        &self,
+        mut inb: Inbound,
+        session: Option<Arc<Session>>,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let session = session.ok_or(ProxyError::UnknownSession)?;
+        if !self.authorized(&mut inb, &session).await {
+            // Exactly the answer for an unknown session: a caller who may not resume learns
+            // nothing, not even that the session exists.
+            self.registry.metrics().resume("unauthorized");
+            tracing::warn!(mcp.session = %hash_id(session.id()), "resume refused: principal mismatch");
+            return Err(ProxyError::UnknownSession.into());
+        }
+        let raw = inb.cursor().map(|c| c.as_bytes()).unwrap_or_default();
+        let cursor = Cursor::parse(raw).map_err(ProxyError::MalformedCursor)?;
+        match session.resume(cursor, Some(inb.kill.clone())) {
+            Ok(r) => Ok(self.resumed(session, r, "resumed")),
+            Err(e) => match session.standalone_reattach(&cursor, e) {
+                Some(r) => {
+                    tracing::debug!(mcp.session = %hash_id(session.id()), reason = r.reason, "standalone cursor re-attaches to the session");
+                    self.attach(inb, Some(session), Some(r)).await
+                }
+                None => Err(ProxyError::Resume(e).into()),
+            },
+        }
+    }
+
+    /// [`Route::Retransmission`](super::inbound::Route::Retransmission): answered as a
+    /// resume of the stream that carried the request (exact with a `Last-Event-ID` of that
+    /// stream, from the stream's start without one). Forwarded after all when that stream
+    /// has gone since the request was classified.
+    pub(super) async fn retransmission(
+        &self,
+        mut inb: Inbound,
+        session: Arc<Session>,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let single_id = inb.info.single_id.clone();
+        self.note_request(&inb, &session);
+        if !self.authorized(&mut inb, &session).await {
+            self.registry.metrics().resume("unauthorized");
+            return Err(ProxyError::UnknownSession.for_request(single_id));
+        }
+        // A cursor that does not parse is as good as none: the duplicate id decides.
+        let cursor = inb.cursor().and_then(|c| Cursor::parse(c.as_bytes()).ok());
+        let kill = Some(inb.kill.clone());
+        let Some(found) = session.retransmission(&inb.info.request_ids, cursor, kill) else {
+            return self.forward(inb, Some(session), None).await;
+        };
+        tracing::info!(mcp.session = %hash_id(session.id()), "retransmitted request answered as a resume");
+        match found {
+            Ok(r) => Ok(self.resumed(session, r, "retransmission")),
+            Err((_, Some(e))) => Err(ProxyError::Resume(e).for_request(single_id)),
+            Err((dup, None)) => Err(ProxyError::DuplicateRequest(dup).for_request(single_id)),
+        }
+    }
+
+    /// The response to a resume the session accepted.
+    fn resumed(
+        &self,
+        session: Arc<Session>,
+        r: Resume,
+        outcome: &'static str,
+    ) -> Response<ResBody> {
+        match r {
+            Resume::Attached {
+                stream,
+                generation,
+                prelude,
+                replay,
+            } => {
+                self.registry.metrics().resume(outcome);
+                tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, replay, "resumed");
+                let sid = session.id().to_owned();
+                let body = AttachBody::new(
+                    session,
+                    stream,
+                    generation,
+                    Some(prelude),
+                    self.cfg.keepalive,
+                )
+                .with_replayed(replay);
+                self.sse_response(StatusCode::OK, None, &sid, body)
+            }
+            Resume::GapWithErrors { frames } => {
+                self.registry.metrics().resume("gap");
+                let mut resp = Response::new(full_body(frames));
+                sse_headers(resp.headers_mut(), session.id());
+                resp
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The upstream side: the pooled HTTP client to the MCP server, how a forwarded request is
+//! built (target URL, hop-by-hop headers, `X-Forwarded-*`), the recipe to reopen a stream
+//! ([`Source`]); [`reader`]: the flow-controlled reader of a tagged stream and its upstream
+//! resume; [`hold`]: the one holder task per session of its standalone stream.
+//!
+//! Knows HTTP and the session API; the rules of what may be evicted live in `session`.
+
+pub(crate) mod hold;
+mod reader;
+
+pub(crate) use self::reader::spawn_reader;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::Config;
+
+/// Boxed error of bodies flowing through the gateway.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Body of requests sent upstream.
+pub type UpBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body holding `b` whole (requests the gateway writes itself, its own error responses).
+pub fn full_body(b: Bytes) -> UpBody {
+    Full::new(b).map_err(|never| match never {}).boxed_unsync()
+}
+
+pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// The pooled client to the upstream MCP server.
+pub struct Upstream {
+    cfg: Arc<Config>,
+    client: Client<HttpsConnector<HttpConnector>, UpBody>,
+}
+
+impl Upstream {
+    pub fn new(cfg: Arc<Config>) -> Upstream {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
+        http.enforce_http(false);
+        // http:// upstreams connect in the clear; https:// ones with the configured roots and
+        // SNI from the URL's host (hyper-rustls' default).
+        let tls = match &cfg.upstream_tls {
+            Some(c) => (**c).clone(),
+            None if cfg.upstream.scheme_str() == Some("https") => {
+                crate::tls::platform_client_config()
+            }
+            // Never used for an http:// upstream; no need to load the platform's roots.
+            None => crate::tls::no_roots_client_config(),
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            // Without a timer the idle timeout is never applied and idle upstream
+            // connections stay open at the peak concurrency.
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .build(connector);
+        Upstream { cfg, client }
+    }
+
+    /// Sends a request built by [`Upstream::request`].
+    pub async fn send(
+        &self,
+        req: Request<UpBody>,
+    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        self.client.request(req).await
+    }
+
+    /// The upstream request for a client request: same method, path, query and headers
+    /// (`Host` unchanged), hop-by-hop headers removed, the client's address appended to
+    /// `X-Forwarded-For`.
+    pub fn request(
+        &self,
+        method: Method,
+        uri: Uri,
+        mut headers: HeaderMap,
+        body: UpBody,
+        remote: Option<SocketAddr>,
+    ) -> Request<UpBody> {
+        let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let base = &self.cfg.upstream;
+        let target = format!(
+            "{}://{}{}",
+            base.scheme_str().unwrap_or("http"),
+            base.authority().map_or("", |a| a.as_str()),
+            pq
+        );
+        if !headers.contains_key(header::HOST) {
+            // HTTP/2 clients send :authority instead; forward it as Host, unchanged.
+            if let Some(a) = uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            {
+                headers.insert(header::HOST, a);
+            }
+        }
+        strip_hop_by_hop(&mut headers);
+        if let Some(remote) = remote {
+            let ip = remote.ip().to_string();
+            let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+                Some(prev) => format!("{prev}, {ip}"),
+                None => ip,
+            };
+            if let Ok(v) = HeaderValue::from_str(&xff) {
+                headers.insert(X_FORWARDED_FOR, v);
+            }
+        }
+        // What the hop in front said (an ingress terminating TLS says `https`) stays.
+        if !headers.contains_key(X_FORWARDED_PROTO) {
+            let proto = if self.cfg.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+        }
+        // Upstream connections are HTTP/1.1 whatever the client spoke (the request's
+        // version is left at its default).
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = target.parse().unwrap_or_else(|_| base.clone());
+        *req.headers_mut() = headers;
+        req
+    }
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Usually there is nothing to strip: one pass over the names instead of a hashed
+    // lookup per hop-by-hop name.
+    if !h.keys().any(is_hop_by_hop) {
+        return;
+    }
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}
+
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(n)
+}
+
+/// Whether a response is an uncompressed SSE stream.
+pub fn is_sse(h: &HeaderMap) -> bool {
+    let ct = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let identity = h
+        .get(header::CONTENT_ENCODING)
+        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    ct.split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        && identity
+}
+
+/// Where a tagged stream came from, so the reader can reconnect to it upstream.
+#[derive(Clone)]
+pub struct Source {
+    pub upstream: Arc<Upstream>,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub remote: SocketAddr,
+}
+
+impl Source {
+    /// `GET` to the upstream with the source's headers (no body), `Last-Event-ID` set to
+    /// `last_id` or absent. The stream if the upstream answered with one, else its status
+    /// (`None`: no answer at all).
+    async fn get(&self, last_id: Option<&str>) -> Result<Incoming, Option<StatusCode>> {
+        let mut headers = self.headers.clone();
+        headers.remove(header::CONTENT_TYPE);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(LAST_EVENT_ID);
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        // A compressed event stream could not be tagged.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        if let Some(id) = last_id {
+            // The upstream's own id: the one place a `Last-Event-ID` goes upstream.
+            headers.insert(LAST_EVENT_ID, HeaderValue::from_str(id).map_err(|_| None)?);
+        }
+        let body = full_body(Bytes::new());
+        let req = self.upstream.request(
+            Method::GET,
+            self.uri.clone(),
+            headers,
+            body,
+            Some(self.remote),
+        );
+        let send = self.upstream.send(req);
+        let resp = match tokio::time::timeout(self.upstream.cfg.upstream_header_timeout, send).await
+        {
+            Ok(Ok(r)) => r,
+            _ => return Err(None),
+        };
+        if resp.status() == StatusCode::OK && is_sse(resp.headers()) {
+            Ok(resp.into_body())
+        } else {
+            Err(Some(resp.status()))
+        }
+    }
+
+    /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
+    async fn resume(&self, last_id: &str) -> Option<Incoming> {
+        self.get(Some(last_id)).await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        h.insert("mcp-session-id", HeaderValue::from_static("abc"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(h.contains_key(header::AUTHORIZATION));
+        assert!(h.contains_key("mcp-session-id"));
+    }
+
+    #[test]
+    fn sse_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        assert!(is_sse(&h));
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(!is_sse(&h));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.remove(header::CONTENT_ENCODING);
+        assert!(!is_sse(&h));
+    }
+}
