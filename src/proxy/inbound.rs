@@ -78,9 +78,7 @@ impl Inbound {
             let body = body.map_err(BoxError::from).boxed_unsync();
             (body, PostInfo::default())
         };
-        let header_modern = header_version.as_deref().is_some_and(jsonrpc::is_modern);
-        // `initialize` exists only in the legacy eras, whatever version it asks for.
-        let modern = !info.initialize && (header_modern || info.modern());
+        let modern = is_modern(header_version.as_deref(), &info);
         Ok(Inbound {
             parts,
             body: Some(body),
@@ -125,6 +123,12 @@ impl Inbound {
         self.parts.method == Method::GET
             || (self.parts.method == Method::POST && !self.info.request_ids.is_empty())
     }
+}
+
+/// Whether a request is of the modern era, by its version header or its body's `_meta`.
+/// `initialize` exists only in the legacy eras, whatever version it asks for.
+fn is_modern(header_version: Option<&str>, info: &PostInfo) -> bool {
+    !info.initialize && (header_version.is_some_and(jsonrpc::is_modern) || info.modern())
 }
 
 /// With `--allowed-origin`, a request whose `Origin` is not listed is refused (none: allowed).
@@ -197,5 +201,113 @@ pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
             Route::Retransmission
         }
         _ => Route::Forward,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Registry;
+
+    fn inbound(method: Method, headers: &[(&str, &str)], body: &str) -> Inbound {
+        let mut req = Request::builder().method(method.clone()).uri("/mcp");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let (parts, ()) = req.body(()).expect("request").into_parts();
+        let sid = parts
+            .headers
+            .get(MCP_SESSION_ID)
+            .map(|v| v.to_str().expect("ascii").to_owned());
+        let header_version = parts
+            .headers
+            .get(MCP_PROTOCOL_VERSION)
+            .map(|v| v.to_str().expect("ascii").to_owned());
+        let info = if method == Method::POST {
+            jsonrpc::inspect_post(body.as_bytes())
+        } else {
+            PostInfo::default()
+        };
+        let modern = is_modern(header_version.as_deref(), &info);
+        Inbound {
+            parts,
+            body: None,
+            sid,
+            header_version,
+            principal: 0,
+            info,
+            modern,
+            authorized: None,
+            remote: "127.0.0.1:1".parse().expect("addr"),
+            kill: Arc::default(),
+        }
+    }
+
+    const CALL: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"x"}}"#;
+
+    #[test]
+    fn each_request_has_one_route() {
+        let cfg = Arc::new(Config::new("http://127.0.0.1:1".parse().expect("uri")));
+        let reg = Registry::new(cfg, Arc::default());
+        let s = reg.get_or_create("s1", 0).expect("session");
+        let sid = ("mcp-session-id", "s1");
+        let cursor = ("last-event-id", "0000000000000001.0.1");
+        let modern = ("mcp-protocol-version", "2026-07-28");
+        let cases: [(Inbound, Option<&Session>, Route); 9] = [
+            (
+                inbound(Method::GET, &[sid, cursor], ""),
+                Some(&s),
+                Route::Resume,
+            ),
+            // A cursor for a session the gateway does not have is still a resume (404).
+            (
+                inbound(Method::GET, &[sid, cursor], ""),
+                None,
+                Route::Resume,
+            ),
+            (inbound(Method::GET, &[sid], ""), Some(&s), Route::Attach),
+            (inbound(Method::GET, &[sid], ""), None, Route::Forward),
+            (inbound(Method::GET, &[], ""), None, Route::Forward),
+            (
+                inbound(Method::POST, &[sid], CALL),
+                Some(&s),
+                Route::Forward,
+            ),
+            (
+                inbound(Method::DELETE, &[sid], ""),
+                Some(&s),
+                Route::Forward,
+            ),
+            (
+                inbound(Method::GET, &[sid, cursor, modern], ""),
+                Some(&s),
+                Route::PassThrough,
+            ),
+            (
+                inbound(Method::POST, &[modern], CALL),
+                None,
+                Route::PassThrough,
+            ),
+        ];
+        for (i, (inb, session, want)) in cases.iter().enumerate() {
+            assert_eq!(classify(inb, *session), *want, "case {i}");
+        }
+        // Once a retained stream carries request 7, the same POST is a retransmission.
+        let _ = s.open_stream(
+            crate::session::StreamKind::Post,
+            vec!["7".into()],
+            false,
+            false,
+            None,
+            None,
+        );
+        let post = inbound(Method::POST, &[sid], CALL);
+        assert_eq!(classify(&post, Some(&s)), Route::Retransmission);
+        // `initialize` is legacy whatever version it asks for.
+        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2026-07-28"}}"#;
+        assert_eq!(
+            classify(&inbound(Method::POST, &[modern], init), None),
+            Route::Forward
+        );
     }
 }
