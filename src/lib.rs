@@ -12,11 +12,11 @@
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
 //! | [`metrics`] | Prometheus metrics and their exposition | HTTP, sessions |
 //! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (`stream`, `registry` inside) | HTTP, sockets |
-//! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume | clients, retention rules |
+//! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
-//! | [`proxy`] | the HTTP handler: resume, retransmission, live attach, forward, modern pass-through | retention rules |
+//! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag and pass-through), `auth` decided once per request | retention rules |
 //! | [`server`] | accept loops for the proxy (plain or TLS) and admin listeners; per-connection and per-HTTP/2-stream stall kill | protocol details |
 //! | [`shutdown`] | the drain phases: not ready, drain delay, stop accepting, deadline, end streams; the [`shutdown::Shutdown`] trigger | signals, sockets |
 //! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
