@@ -107,21 +107,17 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, "mcp-reattach started");
     let gateway = mcp_reattach::Gateway::new(config);
     let health = mcp_reattach::Health::new();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut admin_stop = stop_rx.clone();
+    let shutdown = Shutdown::new();
+    // The admin listener answers until the drain is over.
     let admin_task = tokio::spawn(mcp_reattach::serve_admin(
         admin,
         health.clone(),
         gateway.clone(),
-        async move {
-            let _ = admin_stop.wait_for(|s| *s).await;
-        },
+        shutdown.drained(),
     ));
-    let shutdown = Shutdown::new();
     tokio::spawn(forward_signals(shutdown.clone()));
-    let stop = shutdown.stop_accepting(health, gateway.clone(), args.drain_delay);
+    let stop = shutdown.stop_accepting(health, args.drain_delay);
     mcp_reattach::serve_gateway(listener, gateway, stop).await?;
-    let _ = stop_tx.send(true);
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(())
