@@ -162,11 +162,7 @@ async fn demo(args: GatewayArgs) -> Result<(), StartError> {
         .map_err(|e| std::io::Error::other(format!("{e}")))?;
     let mut args = args;
     // The demo binds loopback unless told otherwise, so it never exposes anything.
-    if args.listen
-        == "0.0.0.0:8080"
-            .parse::<std::net::SocketAddr>()
-            .map_err(std::io::Error::other)?
-    {
+    if args.listen == GatewayArgs::defaults().listen {
         args.listen = ([127, 0, 0, 1], 8080).into();
     }
     let config = Config::from_args(&args, upstream);
