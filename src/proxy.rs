@@ -28,7 +28,7 @@ use crate::cursor::Cursor;
 use crate::error::Refusal;
 pub use crate::error::{codes, ProxyError};
 use crate::jsonrpc::{self, PostInfo};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ResumeOutcome};
 use crate::session::{hash_id, Eviction, Reattach, Registry, Resume, Session, StreamKind};
 use crate::upstream::{
     full_body, hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
@@ -240,7 +240,7 @@ impl Gateway {
                             s.attach_standalone(prime, reattach.as_ref(), Some(conn.kill.clone()))
                         {
                             if reattach.is_some() {
-                                self.registry.metrics().resume("reattached");
+                                self.registry.metrics().resume(ResumeOutcome::Reattached);
                             }
                             tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
                             let body =
@@ -427,7 +427,7 @@ impl Gateway {
         let prime = self.prime(session.protocol_version().as_deref());
         let reattach = reattach.filter(|_| kind == StreamKind::Standalone);
         if reattach.is_some() {
-            self.registry.metrics().resume("reattached");
+            self.registry.metrics().resume(ResumeOutcome::Reattached);
         }
         let (stream, generation, opening) = session.open_stream(
             kind,
@@ -470,13 +470,13 @@ impl Gateway {
         if !self.authorized(&session, req, principal).await {
             // Exactly the answer for an unknown session: a caller who may not resume learns
             // nothing, not even that the session exists.
-            self.registry.metrics().resume("unauthorized");
+            self.registry.metrics().resume(ResumeOutcome::Unauthorized);
             tracing::warn!(mcp.session = %hash_id(sid), "resume refused: principal mismatch");
             return Err(ProxyError::UnknownSession.into());
         }
         let cursor = Cursor::parse(cursor).map_err(ProxyError::MalformedCursor)?;
         match session.resume(cursor, Some(conn.kill.clone())) {
-            Ok(r) => Ok(self.resumed(sid, session, r, "resumed")),
+            Ok(r) => Ok(self.resumed(sid, session, r, ResumeOutcome::Resumed)),
             Err(e) => match session.standalone_reattach(&cursor, e) {
                 Some(r) => {
                     tracing::debug!(mcp.session = %hash_id(sid), reason = r.reason, "standalone cursor re-attaches to the session");
@@ -511,13 +511,13 @@ impl Gateway {
             .authorized_headers(session, headers, uri, principal)
             .await
         {
-            self.registry.metrics().resume("unauthorized");
+            self.registry.metrics().resume(ResumeOutcome::Unauthorized);
             return Some(Err(ProxyError::UnknownSession));
         }
         let found = session.retransmission(&info.request_ids, cursor, Some(conn.kill.clone()))?;
         tracing::info!(mcp.session = %hash_id(sid), "retransmitted request answered as a resume");
         Some(match found {
-            Ok(r) => Ok(self.resumed(sid, session.clone(), r, "retransmission")),
+            Ok(r) => Ok(self.resumed(sid, session.clone(), r, ResumeOutcome::Retransmission)),
             Err((_, Some(e))) => Err(ProxyError::Resume(e)),
             Err((dup, None)) => Err(ProxyError::DuplicateRequest(dup)),
         })
@@ -529,7 +529,7 @@ impl Gateway {
         sid: &str,
         session: Arc<Session>,
         r: Resume,
-        outcome: &'static str,
+        outcome: ResumeOutcome,
     ) -> Response<ResBody> {
         match r {
             Resume::Attached {
@@ -551,7 +551,7 @@ impl Gateway {
                 self.sse_response(StatusCode::OK, None, sid, body)
             }
             Resume::GapWithErrors { frames } => {
-                self.registry.metrics().resume("gap");
+                self.registry.metrics().resume(ResumeOutcome::Gap);
                 let mut resp = Response::new(full_body(frames));
                 sse_headers(resp.headers_mut(), sid);
                 resp

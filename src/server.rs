@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::config::Config;
+use crate::metrics::ConnectionErrorKind;
 use crate::proxy::{Conn, Gateway};
 use crate::shutdown::{self, Draining};
 
@@ -228,12 +229,12 @@ fn limit_unsent(tcp: &tokio::net::TcpStream) {
 fn limit_unsent(_tcp: &tokio::net::TcpStream) {}
 
 /// The kind of error a client connection ended with, for the metric.
-fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
+fn classify(e: &(dyn std::error::Error + 'static)) -> ConnectionErrorKind {
     match e.downcast_ref::<hyper::Error>() {
-        Some(h) if h.is_timeout() => "header_timeout",
-        Some(h) if h.is_parse_too_large() => "head_too_large",
-        Some(h) if h.is_incomplete_message() || h.is_canceled() => "client_gone",
-        _ => "other",
+        Some(h) if h.is_timeout() => ConnectionErrorKind::HeaderTimeout,
+        Some(h) if h.is_parse_too_large() => ConnectionErrorKind::HeadTooLarge,
+        Some(h) if h.is_incomplete_message() || h.is_canceled() => ConnectionErrorKind::ClientGone,
+        _ => ConnectionErrorKind::Other,
     }
 }
 

@@ -22,6 +22,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::metrics::ConnectionErrorKind;
+
 /// How often the certificate and key files are checked for changes.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -419,11 +421,11 @@ pub enum AcceptError {
 
 impl AcceptError {
     /// The `connection_errors_total` kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ConnectionErrorKind {
         match self {
-            AcceptError::Plaintext => "plaintext_on_tls",
-            AcceptError::Timeout => "tls_handshake_timeout",
-            AcceptError::Handshake(_) => "tls_handshake",
+            AcceptError::Plaintext => ConnectionErrorKind::PlaintextOnTls,
+            AcceptError::Timeout => ConnectionErrorKind::TlsHandshakeTimeout,
+            AcceptError::Handshake(_) => ConnectionErrorKind::TlsHandshake,
         }
     }
 }

@@ -23,6 +23,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::metrics::UpstreamErrorKind;
 use crate::session::{hash_id, End, Registry, Session, UpstreamFailure};
 use crate::sse::Decoder;
 
@@ -306,7 +307,7 @@ pub fn hold_standalone(
                 }
                 Err(status) => {
                     session.end_hold(false);
-                    registry.metrics().upstream_error("hold");
+                    registry.metrics().upstream_error(UpstreamErrorKind::Hold);
                     let retry = match status {
                         None => true,
                         Some(s) => s == StatusCode::CONFLICT || s.is_server_error(),
@@ -404,7 +405,7 @@ pub async fn read_stream(
                         if let Ok(data) = frame.into_data() {
                             taken += data.len();
                             if let Err(e) = decoder.feed(&data, &mut events) {
-                                metrics.upstream_error("invalid_event");
+                                metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
                                 ended = Some(End::Failed(UpstreamFailure::InvalidStream(
                                     e.to_string(),
                                 )));
@@ -413,7 +414,7 @@ pub async fn read_stream(
                         }
                     }
                     Some(Err(e)) => {
-                        metrics.upstream_error("stream");
+                        metrics.upstream_error(UpstreamErrorKind::Stream);
                         ended = Some(End::Failed(UpstreamFailure::Connection(e.to_string())));
                         break;
                     }
@@ -476,7 +477,7 @@ pub async fn read_stream(
                     body = b;
                     continue 'outer;
                 }
-                None => metrics.upstream_error("resume"),
+                None => metrics.upstream_error(UpstreamErrorKind::Resume),
             }
         }
     };
