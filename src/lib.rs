@@ -5,12 +5,12 @@
 //!
 //! | module | owns | must not know |
 //! |---|---|---|
-//! | [`config`] | flags, env vars, parsing of sizes and durations, [`Config`] | sockets, HTTP |
+//! | [`config`] | flags, env vars, their defaults ([`config::defaults`]), parsing of sizes and durations, [`Config`] | sockets, HTTP |
 //! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
 //! | [`cursor`] | event ids `<epoch>.<stream>.<seq>` | what a cursor means |
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
-//! | [`metrics`] | Prometheus metrics and their exposition | HTTP, sessions |
+//! | [`metrics`] | Prometheus metrics, their label values as enums, their exposition | HTTP, sessions |
 //! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (`stream`, `registry` inside) | HTTP, sockets |
 //! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume | clients, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |

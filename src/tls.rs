@@ -24,7 +24,9 @@ use tokio::net::TcpStream;
 
 use crate::metrics::ConnectionErrorKind;
 
-/// How often the certificate and key files are checked for changes.
+/// How often the certificate and key files are checked for changes unless told otherwise
+/// (`--tls-reload-interval`'s default, `config::defaults::TLS_RELOAD_INTERVAL`; a config test
+/// keeps the two equal).
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A certificate, key or CA file that cannot be used; names the flag it came from.
