@@ -49,6 +49,41 @@ pub enum LogFormat {
     Json,
 }
 
+/// The default of every flag that has one, written once: clap's `default_value` (sizes,
+/// durations, addresses and the log filter as text, so `--help` shows them as written) or
+/// `default_value_t` (counts, switches and choices) names these, and [`Config::new`] is the
+/// configuration they describe ([`GatewayArgs::defaults`]).
+pub mod defaults {
+    use super::{LogFormat, Priming, PrincipalSource, ResumeAuth};
+
+    pub const LISTEN: &str = "0.0.0.0:8080";
+    pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
+    pub const WINDOW_EVENTS: u32 = 256;
+    pub const WINDOW_BYTES: &str = "1MiB";
+    pub const SESSION_TTL: &str = "5m";
+    pub const MAX_SESSIONS: u32 = 10_000;
+    pub const KEEPALIVE: &str = "15s";
+    pub const STALL_TIMEOUT: &str = "30s";
+    pub const HOLD_STANDALONE: bool = true;
+    pub const PRIMING: Priming = Priming::Auto;
+    pub const MAX_EVENT_BYTES: &str = "16MiB";
+    pub const MAX_REQUEST_BYTES: &str = "4MiB";
+    pub const DRAIN_DELAY: &str = "5s";
+    pub const DRAIN_TIMEOUT: &str = "25s";
+    pub const HEADER_READ_TIMEOUT: &str = "10s";
+    pub const MAX_HEADER_BYTES: &str = "64KiB";
+    pub const MAX_HEADERS: u32 = 100;
+    pub const MAX_CONNECTIONS: u32 = 10_000;
+    pub const MEMORY_BUDGET: &str = "1GiB";
+    pub const UPSTREAM_CONNECT_TIMEOUT: &str = "5s";
+    pub const UPSTREAM_HEADER_TIMEOUT: &str = "30s";
+    pub const PRINCIPAL_SOURCE: PrincipalSource = PrincipalSource::Header;
+    pub const RESUME_AUTH: ResumeAuth = ResumeAuth::Principal;
+    pub const TLS_RELOAD_INTERVAL: &str = "5s";
+    pub const LOG_FORMAT: LogFormat = LogFormat::Text;
+    pub const LOG_LEVEL: &str = "info";
+}
+
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
 ///
 /// Durations take a unit (`500ms`, `15s`, `5m`, `1h`); sizes take an optional unit
@@ -78,7 +113,7 @@ pub struct GatewayArgs {
         long,
         global = true,
         env = "MCP_REATTACH_LISTEN",
-        default_value = "0.0.0.0:8080"
+        default_value = defaults::LISTEN
     )]
     pub listen: SocketAddr,
 
@@ -92,32 +127,32 @@ pub struct GatewayArgs {
         long,
         global = true,
         env = "MCP_REATTACH_ADMIN_LISTEN",
-        default_value = "127.0.0.1:9090"
+        default_value = defaults::ADMIN_LISTEN
     )]
     pub admin_listen: SocketAddr,
 
     /// Per-session window: most recent events retained for resumption (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(1..))]
     pub window_events: u32,
 
     /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_BYTES", default_value = "1MiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_BYTES", default_value = defaults::WINDOW_BYTES, value_parser = parse_size)]
     pub window_bytes: u64,
 
     /// Drop a session's state after this long with no client attached and no client request
     /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_SESSION_TTL", default_value = "5m", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_SESSION_TTL", default_value = defaults::SESSION_TTL, value_parser = parse_positive_duration)]
     pub session_ttl: Duration,
 
     /// Most sessions held at once. At the cap the least recently used session with no
     /// attached client is shed; if every session has a client attached, new sessions get 503
     /// with Retry-After.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_SESSIONS", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_SESSIONS", default_value_t = defaults::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_sessions: u32,
 
     /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
     /// 0 disables).
-    #[arg(long, global = true, env = "MCP_REATTACH_KEEPALIVE", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_KEEPALIVE", default_value = defaults::KEEPALIVE, value_parser = parse_duration)]
     pub keepalive: Duration,
 
     /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
@@ -128,13 +163,13 @@ pub struct GatewayArgs {
     /// A client that makes no progress for this long while it has events to receive is
     /// detached with a resumption-required signal; a detached client's undelivered events
     /// are protected (the upstream is paused) this long after its last progress (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = defaults::STALL_TIMEOUT, value_parser = parse_positive_duration)]
     pub stall_timeout: Duration,
 
     /// Open each legacy session's standalone GET stream upstream as soon as the session is
     /// initialized and hold it for the client, so server messages sent before the client's
     /// GET arrives are delivered when it does (true/false).
-    #[arg(long, global = true, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, global = true, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = defaults::HOLD_STANDALONE, action = clap::ArgAction::Set)]
     pub hold_standalone: bool,
 
     /// Priming events: auto (protocol 2025-11-25 or later), always, never.
@@ -143,62 +178,62 @@ pub struct GatewayArgs {
         global = true,
         env = "MCP_REATTACH_PRIMING",
         value_enum,
-        default_value = "auto"
+        default_value_t = defaults::PRIMING
     )]
     pub priming: Priming,
 
     /// Largest single SSE event accepted from the upstream (size); a larger one ends that
     /// stream with an explicit error.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = "16MiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = defaults::MAX_EVENT_BYTES, value_parser = parse_size)]
     pub max_event_bytes: u64,
 
     /// Largest request body the gateway reads to classify a POST (size); larger gets 413.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = "4MiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
     pub max_request_bytes: u64,
 
     /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
     /// balancers deregister it (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_DELAY", default_value = defaults::DRAIN_DELAY, value_parser = parse_duration)]
     pub drain_delay: Duration,
 
     /// Then it stops accepting; in-flight POST streams may finish until this deadline, after
     /// which remaining SSE streams end with a `retry:` hint (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
     /// Time a client may take to send a request's headers; slower connections are closed
     /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
 
     /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
     /// least 8KiB).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = "64KiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_size)]
     pub max_header_bytes: u64,
 
     /// Most request headers accepted; more gets 431 (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADERS", default_value = "100", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADERS", default_value_t = defaults::MAX_HEADERS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_headers: u32,
 
     /// Most client connections served at once; further connections wait in the listen
     /// backlog until one closes (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
     /// Global budget for all session windows together (size). Above it, the oldest idle
     /// sessions are shed first, then the filling session's oldest events; new sessions get
     /// 503 with Retry-After.
-    #[arg(long, global = true, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = "1GiB", value_parser = parse_size)]
+    #[arg(long, global = true, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = defaults::MEMORY_BUDGET, value_parser = parse_size)]
     pub memory_budget: u64,
 
     /// Time to connect to the upstream (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = defaults::UPSTREAM_CONNECT_TIMEOUT, value_parser = parse_positive_duration)]
     pub upstream_connect_timeout: Duration,
 
     /// Time to wait for the upstream's response headers on requests that cannot stream
     /// (DELETE, OPTIONS, POSTs without requests); SSE-capable requests have no timeout
     /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = defaults::UPSTREAM_HEADER_TIMEOUT, value_parser = parse_positive_duration)]
     pub upstream_header_timeout: Duration,
 
     /// Header naming the principal a session is bound to (e.g. one set by an authenticating
@@ -213,7 +248,7 @@ pub struct GatewayArgs {
         global = true,
         env = "MCP_REATTACH_PRINCIPAL_SOURCE",
         value_enum,
-        default_value = "header"
+        default_value_t = defaults::PRINCIPAL_SOURCE
     )]
     pub principal_source: PrincipalSource,
 
@@ -225,7 +260,7 @@ pub struct GatewayArgs {
         global = true,
         env = "MCP_REATTACH_RESUME_AUTH",
         value_enum,
-        default_value = "principal"
+        default_value_t = defaults::RESUME_AUTH
     )]
     pub resume_auth: ResumeAuth,
 
@@ -259,7 +294,7 @@ pub struct GatewayArgs {
     pub tls_key: Option<std::path::PathBuf>,
 
     /// How often the --tls-cert and --tls-key files are checked for changes (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
+    #[arg(long, global = true, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = defaults::TLS_RELOAD_INTERVAL, value_parser = parse_positive_duration)]
     pub tls_reload_interval: Duration,
 
     /// Require client certificates signed by a CA in this PEM file (mTLS; needs --tls-cert).
@@ -282,7 +317,7 @@ pub struct GatewayArgs {
         global = true,
         env = "MCP_REATTACH_LOG_FORMAT",
         value_enum,
-        default_value = "text"
+        default_value_t = defaults::LOG_FORMAT
     )]
     pub log_format: LogFormat,
 
@@ -291,9 +326,56 @@ pub struct GatewayArgs {
         long,
         global = true,
         env = "MCP_REATTACH_LOG_LEVEL",
-        default_value = "info"
+        default_value = defaults::LOG_LEVEL
     )]
     pub log_level: String,
+}
+
+impl GatewayArgs {
+    /// Every flag at its default: what clap parses from no flags and no environment.
+    pub fn defaults() -> GatewayArgs {
+        use defaults::*;
+        // The defaults are constants that parse (tested against clap's own parse).
+        let addr = |s: &str| s.parse().expect("a default address");
+        let size = |s| parse_size(s).expect("a default size");
+        let duration = |s| parse_duration(s).expect("a default duration");
+        GatewayArgs {
+            listen: addr(LISTEN),
+            upstream: None,
+            admin_listen: addr(ADMIN_LISTEN),
+            window_events: WINDOW_EVENTS,
+            window_bytes: size(WINDOW_BYTES),
+            session_ttl: duration(SESSION_TTL),
+            max_sessions: MAX_SESSIONS,
+            keepalive: duration(KEEPALIVE),
+            retry_hint: None,
+            stall_timeout: duration(STALL_TIMEOUT),
+            hold_standalone: HOLD_STANDALONE,
+            priming: PRIMING,
+            max_event_bytes: size(MAX_EVENT_BYTES),
+            max_request_bytes: size(MAX_REQUEST_BYTES),
+            drain_delay: duration(DRAIN_DELAY),
+            drain_timeout: duration(DRAIN_TIMEOUT),
+            header_read_timeout: duration(HEADER_READ_TIMEOUT),
+            max_header_bytes: size(MAX_HEADER_BYTES),
+            max_headers: MAX_HEADERS,
+            max_connections: MAX_CONNECTIONS,
+            memory_budget: size(MEMORY_BUDGET),
+            upstream_connect_timeout: duration(UPSTREAM_CONNECT_TIMEOUT),
+            upstream_header_timeout: duration(UPSTREAM_HEADER_TIMEOUT),
+            principal_header: None,
+            principal_source: PRINCIPAL_SOURCE,
+            resume_auth: RESUME_AUTH,
+            allowed_origins: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
+            tls_reload_interval: duration(TLS_RELOAD_INTERVAL),
+            tls_client_ca: None,
+            upstream_ca: None,
+            log_format: LOG_FORMAT,
+            log_level: LOG_LEVEL.to_owned(),
+        }
+    }
 }
 
 /// The runtime configuration the gateway reads. Built from [`GatewayArgs`] or directly in tests.
@@ -313,7 +395,8 @@ pub struct Config {
     pub hold_standalone: bool,
     pub max_event_bytes: usize,
     pub max_request_bytes: usize,
-    /// How often the background sweep looks for expired sessions and stalled clients.
+    /// How often the background sweep looks for expired sessions and stalled clients: a
+    /// quarter of the shorter of `session_ttl` and `stall_timeout`, within 10 ms to 1 s.
     pub sweep_interval: Duration,
     /// How long POST-started streams may run after the gateway stops accepting.
     pub drain_timeout: Duration,
@@ -338,37 +421,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults of every flag, in front of `upstream`.
+    /// Defaults of every flag ([`defaults`]), in front of `upstream`.
     pub fn new(upstream: http::Uri) -> Config {
-        Config {
-            upstream,
-            window_events: 256,
-            window_bytes: 1 << 20,
-            session_ttl: Duration::from_secs(300),
-            max_sessions: 10_000,
-            keepalive: Some(Duration::from_secs(15)),
-            retry_hint: None,
-            stall_timeout: Duration::from_secs(30),
-            priming: Priming::Auto,
-            hold_standalone: true,
-            max_event_bytes: 16 << 20,
-            max_request_bytes: 4 << 20,
-            sweep_interval: Duration::from_secs(1),
-            drain_timeout: Duration::from_secs(25),
-            header_read_timeout: Duration::from_secs(10),
-            max_header_bytes: 64 << 10,
-            max_headers: 100,
-            max_connections: 10_000,
-            memory_budget: 1 << 30,
-            upstream_connect_timeout: Duration::from_secs(5),
-            upstream_header_timeout: Duration::from_secs(30),
-            principal_header: None,
-            resume_auth: ResumeAuth::Principal,
-            allowed_origins: Vec::new(),
-            principal_source: PrincipalSource::Header,
-            tls: None,
-            upstream_tls: None,
-        }
+        Config::from_args(&GatewayArgs::defaults(), upstream)
     }
 
     /// The configuration the flags describe, with `upstream` already decided.
@@ -511,6 +566,33 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_new_is_what_the_cli_parses_from_no_flags() {
+        use clap::{CommandFactory, FromArgMatches};
+        // No flags and no environment: the MCP_REATTACH_* of this process do not count.
+        let matches = Cli::command()
+            .mut_args(|a| a.env(None::<&str>))
+            .try_get_matches_from(["mcp-reattach"])
+            .unwrap();
+        let parsed = Cli::from_arg_matches(&matches).unwrap().gateway;
+        assert_eq!(
+            format!("{:#?}", GatewayArgs::defaults()),
+            format!("{parsed:#?}")
+        );
+        let upstream: http::Uri = "http://127.0.0.1:3000".parse().unwrap();
+        assert_eq!(
+            format!("{:#?}", Config::new(upstream.clone())),
+            format!("{:#?}", Config::from_args(&parsed, upstream))
+        );
+        assert_eq!(
+            Config::new("http://h".parse().unwrap()).sweep_interval,
+            Duration::from_secs(1)
+        );
+        // tls cannot name config (config loads through tls), so its own default for a
+        // ServerTls loaded without the flags is a copy: kept equal here.
+        assert_eq!(parsed.tls_reload_interval, crate::tls::RELOAD_INTERVAL);
+    }
 
     #[test]
     fn sizes() {

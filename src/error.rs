@@ -17,7 +17,7 @@ use tracing::Level;
 
 use crate::cursor::CursorError;
 use crate::jsonrpc;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RejectReason, ResumeOutcome, UpstreamErrorKind};
 use crate::session::{AtCapacity, ResumeError};
 use crate::upstream::BoxError;
 
@@ -77,11 +77,11 @@ pub enum Fault {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counted {
     /// `resumes_total{outcome}`.
-    Resume(&'static str),
+    Resume(ResumeOutcome),
     /// `upstream_errors_total{kind}`.
-    Upstream(&'static str),
+    Upstream(UpstreamErrorKind),
     /// `requests_rejected_total{reason}`.
-    Rejected(&'static str),
+    Rejected(RejectReason),
 }
 
 /// One row of the error table.
@@ -107,30 +107,30 @@ impl ProxyError {
                 StatusCode::BAD_REQUEST,
                 codes::GATEWAY,
                 "bad-session-header",
-                Rejected("bad_session_header"),
+                Rejected(RejectReason::BadSessionHeader),
                 Client,
             ),
             ProxyError::MalformedCursor(_) => (
                 StatusCode::BAD_REQUEST,
                 codes::RESUMPTION_FAILED,
                 "malformed-cursor",
-                Resume("malformed_cursor"),
+                Resume(ResumeOutcome::MalformedCursor),
                 Client,
             ),
             ProxyError::UnknownSession => (
                 StatusCode::NOT_FOUND,
                 codes::SESSION_NOT_FOUND,
                 "unknown-session",
-                Resume("unknown_session"),
+                Resume(ResumeOutcome::UnknownSession),
                 Client,
             ),
             ProxyError::Resume(r) => {
                 let (reason, label) = match r {
-                    ResumeError::ForeignCursor => ("foreign-cursor", "foreign_cursor"),
-                    ResumeError::CursorAhead => ("cursor-ahead", "cursor_ahead"),
-                    ResumeError::Gap => ("gap", "gap"),
-                    ResumeError::StreamExpired => ("stream-expired", "stream_expired"),
-                    ResumeError::StreamEnded => ("stream-ended", "stream_ended"),
+                    ResumeError::ForeignCursor => ("foreign-cursor", ResumeOutcome::ForeignCursor),
+                    ResumeError::CursorAhead => ("cursor-ahead", ResumeOutcome::CursorAhead),
+                    ResumeError::Gap => ("gap", ResumeOutcome::Gap),
+                    ResumeError::StreamExpired => ("stream-expired", ResumeOutcome::StreamExpired),
+                    ResumeError::StreamEnded => ("stream-ended", ResumeOutcome::StreamEnded),
                 };
                 (
                     StatusCode::CONFLICT,
@@ -144,56 +144,60 @@ impl ProxyError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 codes::GATEWAY,
                 "body-too-large",
-                Rejected("body_too_large"),
+                Rejected(RejectReason::BodyTooLarge),
                 Client,
             ),
             ProxyError::BodyRead(_) => (
                 StatusCode::BAD_REQUEST,
                 codes::GATEWAY,
                 "body-read",
-                Rejected("body_read"),
+                Rejected(RejectReason::BodyRead),
                 Client,
             ),
             ProxyError::BodyTimeout(_) => (
                 StatusCode::REQUEST_TIMEOUT,
                 codes::GATEWAY,
                 "body-timeout",
-                Rejected("body_timeout"),
+                Rejected(RejectReason::BodyTimeout),
                 Client,
             ),
             ProxyError::AtCapacity(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 codes::GATEWAY,
                 "session-cap",
-                Rejected("at_capacity"),
+                Rejected(RejectReason::AtCapacity),
                 Gateway,
             ),
             ProxyError::Upstream(e) => (
                 StatusCode::BAD_GATEWAY,
                 codes::UPSTREAM,
                 "upstream-unavailable",
-                Upstream(if e.is_connect() { "connect" } else { "request" }),
+                Upstream(if e.is_connect() {
+                    UpstreamErrorKind::Connect
+                } else {
+                    UpstreamErrorKind::Request
+                }),
                 Up,
             ),
             ProxyError::UpstreamTimeout(_) => (
                 StatusCode::GATEWAY_TIMEOUT,
                 codes::UPSTREAM,
                 "upstream-timeout",
-                Upstream("timeout"),
+                Upstream(UpstreamErrorKind::Timeout),
                 Up,
             ),
             ProxyError::OriginNotAllowed => (
                 StatusCode::FORBIDDEN,
                 codes::GATEWAY,
                 "origin-not-allowed",
-                Rejected("origin_not_allowed"),
+                Rejected(RejectReason::OriginNotAllowed),
                 Client,
             ),
             ProxyError::DuplicateRequest(_) => (
                 StatusCode::CONFLICT,
                 codes::RESUMPTION_FAILED,
                 "duplicate-request",
-                Resume("duplicate_request"),
+                Resume(ResumeOutcome::DuplicateRequest),
                 Client,
             ),
         };

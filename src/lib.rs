@@ -5,20 +5,21 @@
 //!
 //! | module | owns | must not know |
 //! |---|---|---|
-//! | [`config`] | flags, env vars, parsing of sizes and durations, [`Config`] | sockets, HTTP |
+//! | [`config`] | flags, env vars, their defaults ([`config::defaults`]), parsing of sizes and durations, [`Config`] | sockets, HTTP |
 //! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
 //! | [`cursor`] | event ids `<epoch>.<stream>.<seq>` | what a cursor means |
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
-//! | [`metrics`] | Prometheus metrics and their exposition | HTTP, sessions |
+//! | [`metrics`] | Prometheus metrics, their label values as enums, their exposition | HTTP, sessions |
 //! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (`stream`, `registry` inside) | HTTP, sockets |
 //! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
 //! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag and pass-through), `auth` decided once per request | retention rules |
-//! | [`server`] | accept loops for the proxy (plain or TLS) and admin listeners; per-connection and per-HTTP/2-stream stall kill | protocol details |
-//! | [`shutdown`] | the drain phases: not ready, drain delay, stop accepting, deadline, end streams; the [`shutdown::Shutdown`] trigger | signals, sockets |
+//! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; hands over to the drain | protocol details |
+//! | [`admin`] | the admin listener: `/healthz`, `/readyz`, `/metrics` | the proxy listener, sessions, the drain's phases |
+//! | [`shutdown`] | a leaf the servers consume: the drain phases (not ready, drain delay, stop accepting, deadline, end streams) and all shutdown state: the [`shutdown::Shutdown`] trigger, [`Health`], the hurry signal and the admin listener's stop ([`shutdown::Draining`]) | the gateway, listeners, signals |
 //! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
@@ -26,6 +27,7 @@
 //! [`shutdown::Shutdown`], binds, and calls [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 
 pub mod access;
+pub mod admin;
 pub mod attach;
 pub mod config;
 pub mod cursor;
@@ -42,6 +44,8 @@ pub mod tls;
 pub mod upstream;
 pub mod window;
 
+pub use admin::serve_admin;
 pub use config::{Config, Priming};
 pub use proxy::Gateway;
-pub use server::{serve, serve_admin, serve_gateway, Health};
+pub use server::serve_gateway;
+pub use shutdown::Health;

@@ -107,21 +107,17 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, "mcp-reattach started");
     let gateway = mcp_reattach::Gateway::new(config);
     let health = mcp_reattach::Health::new();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut admin_stop = stop_rx.clone();
+    let shutdown = Shutdown::new();
+    // The admin listener answers until the drain is over.
     let admin_task = tokio::spawn(mcp_reattach::serve_admin(
         admin,
         health.clone(),
         gateway.clone(),
-        async move {
-            let _ = admin_stop.wait_for(|s| *s).await;
-        },
+        shutdown.drained(),
     ));
-    let shutdown = Shutdown::new();
     tokio::spawn(forward_signals(shutdown.clone()));
-    let stop = shutdown.stop_accepting(health, gateway.clone(), args.drain_delay);
+    let stop = shutdown.stop_accepting(health, args.drain_delay);
     mcp_reattach::serve_gateway(listener, gateway, stop).await?;
-    let _ = stop_tx.send(true);
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(())
@@ -166,11 +162,7 @@ async fn demo(args: GatewayArgs) -> Result<(), StartError> {
         .map_err(|e| std::io::Error::other(format!("{e}")))?;
     let mut args = args;
     // The demo binds loopback unless told otherwise, so it never exposes anything.
-    if args.listen
-        == "0.0.0.0:8080"
-            .parse::<std::net::SocketAddr>()
-            .map_err(std::io::Error::other)?
-    {
+    if args.listen == GatewayArgs::defaults().listen {
         args.listen = ([127, 0, 0, 1], 8080).into();
     }
     let config = Config::from_args(&args, upstream);

@@ -18,57 +18,142 @@ use prometheus_client::registry::{Registry, Unit};
 type Label = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
 
-/// `resumes_total` outcomes (docs/operations.md lists their meaning).
-const RESUME_OUTCOMES: [&str; 11] = [
-    "resumed",
-    "reattached",
-    "gap",
-    "malformed_cursor",
-    "foreign_cursor",
-    "cursor_ahead",
-    "stream_expired",
-    "stream_ended",
-    "unknown_session",
-    "unauthorized",
-    "duplicate_request",
-];
-/// `requests_rejected_total` reasons.
-const REJECT_REASONS: [&str; 6] = [
-    "bad_session_header",
-    "body_too_large",
-    "body_read",
-    "body_timeout",
-    "at_capacity",
-    "origin_not_allowed",
-];
-/// `session_evictions_total` reasons.
-const SESSION_EVICTION_REASONS: [&str; 5] = [
-    "ttl",
-    "delete",
-    "upstream_404",
-    "session_cap",
-    "memory_budget",
-];
-/// `upstream_errors_total` kinds.
-const UPSTREAM_ERROR_KINDS: [&str; 7] = [
-    "connect",
-    "request",
-    "timeout",
-    "stream",
-    "invalid_event",
-    "hold",
-    "resume",
-];
-/// `connection_errors_total` kinds.
-const CONNECTION_ERROR_KINDS: [&str; 7] = [
-    "header_timeout",
-    "head_too_large",
-    "client_gone",
-    "other",
-    "plaintext_on_tls",
-    "tls_handshake_timeout",
-    "tls_handshake",
-];
+/// The values of one label of a counter family, as an enum: a value the code counts is a
+/// variant (a typo is a compile error), and [`LabelValue::ALL`] is what is pre-registered.
+pub trait LabelValue: Copy + Send + Sync + 'static {
+    /// The label's name.
+    const KEY: &'static str;
+    /// Every value, each exported at 0 from the start.
+    const ALL: &'static [Self];
+    /// The value as exported.
+    fn as_str(self) -> &'static str;
+}
+
+/// Declares a [`LabelValue`] enum: its label name, then each variant with its exported value.
+macro_rules! label_values {
+    ($(#[$meta:meta])* $name:ident, $key:literal {
+        $($(#[$vmeta:meta])* $variant:ident => $value:literal,)+
+    }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in the order docs/operations.md lists them.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The value as exported.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $value,)+
+                }
+            }
+        }
+
+        impl LabelValue for $name {
+            const KEY: &'static str = $key;
+            const ALL: &'static [$name] = $name::ALL;
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+        }
+    };
+}
+
+label_values! {
+    /// `resumes_total{outcome}` (docs/operations.md lists their meaning).
+    ResumeOutcome, "outcome" {
+        Resumed => "resumed",
+        /// A standalone cursor re-attached to its session.
+        Reattached => "reattached",
+        /// A retransmitted POST answered from its retained stream.
+        Retransmission => "retransmission",
+        Gap => "gap",
+        MalformedCursor => "malformed_cursor",
+        ForeignCursor => "foreign_cursor",
+        CursorAhead => "cursor_ahead",
+        StreamExpired => "stream_expired",
+        StreamEnded => "stream_ended",
+        UnknownSession => "unknown_session",
+        Unauthorized => "unauthorized",
+        DuplicateRequest => "duplicate_request",
+    }
+}
+
+label_values! {
+    /// `requests_rejected_total{reason}`.
+    RejectReason, "reason" {
+        BadSessionHeader => "bad_session_header",
+        BodyTooLarge => "body_too_large",
+        BodyRead => "body_read",
+        BodyTimeout => "body_timeout",
+        AtCapacity => "at_capacity",
+        OriginNotAllowed => "origin_not_allowed",
+    }
+}
+
+label_values! {
+    /// Why a session's state was dropped: `session_evictions_total{reason}`.
+    Eviction, "reason" {
+        Ttl => "ttl",
+        Delete => "delete",
+        Upstream404 => "upstream_404",
+        SessionCap => "session_cap",
+        MemoryBudget => "memory_budget",
+    }
+}
+
+label_values! {
+    /// `upstream_errors_total{kind}`.
+    UpstreamErrorKind, "kind" {
+        Connect => "connect",
+        Request => "request",
+        Timeout => "timeout",
+        Stream => "stream",
+        InvalidEvent => "invalid_event",
+        Hold => "hold",
+        Resume => "resume",
+    }
+}
+
+label_values! {
+    /// `connection_errors_total{kind}`.
+    ConnectionErrorKind, "kind" {
+        HeaderTimeout => "header_timeout",
+        HeadTooLarge => "head_too_large",
+        ClientGone => "client_gone",
+        Other => "other",
+        PlaintextOnTls => "plaintext_on_tls",
+        TlsHandshakeTimeout => "tls_handshake_timeout",
+        TlsHandshake => "tls_handshake",
+    }
+}
+
+/// A counter family with one label whose values are `L`, every value at 0 from the start (so
+/// `rate()` and `increase()` see the first occurrence and scrapes declare every series).
+struct Counters<L> {
+    family: Family<Label, Counter>,
+    values: std::marker::PhantomData<L>,
+}
+
+impl<L: LabelValue> Counters<L> {
+    fn new() -> Counters<L> {
+        let family = Family::default();
+        for value in L::ALL {
+            let _ = family.get_or_create(&[(L::KEY, value.as_str())]);
+        }
+        Counters {
+            family,
+            values: std::marker::PhantomData,
+        }
+    }
+
+    fn inc(&self, value: L) {
+        self.family.get_or_create(&[(L::KEY, value.as_str())]).inc();
+    }
+}
 
 /// Every metric the gateway exports (names prefixed `mcp_reattach_`).
 pub struct Metrics {
@@ -97,11 +182,11 @@ pub struct Metrics {
     pub drain_started: Gauge<f64, AtomicU64>,
     /// How long the drain may take: `--drain-timeout` plus the final flush.
     pub drain_deadline: Gauge<f64, AtomicU64>,
-    rejected: Family<Label, Counter>,
-    connection_errors: Family<Label, Counter>,
-    resumes: Family<Label, Counter>,
-    session_evictions: Family<Label, Counter>,
-    upstream_errors: Family<Label, Counter>,
+    rejected: Counters<RejectReason>,
+    connection_errors: Counters<ConnectionErrorKind>,
+    resumes: Counters<ResumeOutcome>,
+    session_evictions: Counters<Eviction>,
+    upstream_errors: Counters<UpstreamErrorKind>,
     request_duration: Family<Labels2, Histogram>,
 }
 
@@ -143,11 +228,11 @@ impl Metrics {
             memory_budget_bytes: Gauge::default(),
             drain_started: Gauge::default(),
             drain_deadline: Gauge::default(),
-            rejected: Family::default(),
-            connection_errors: Family::default(),
-            resumes: Family::default(),
-            session_evictions: Family::default(),
-            upstream_errors: Family::default(),
+            rejected: Counters::new(),
+            connection_errors: Counters::new(),
+            resumes: Counters::new(),
+            session_evictions: Counters::new(),
+            upstream_errors: Counters::new(),
             request_duration: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 16))
             }),
@@ -240,7 +325,11 @@ impl Metrics {
             Unit::Seconds,
             m.upstream_paused_seconds.clone(),
         );
-        registry.register("resumes", "Resume requests by outcome", m.resumes.clone());
+        registry.register(
+            "resumes",
+            "Resume requests by outcome",
+            m.resumes.family.clone(),
+        );
         registry.register(
             "connections",
             "Client connections open now (at most --max-connections)",
@@ -272,22 +361,22 @@ impl Metrics {
         registry.register(
             "requests_rejected",
             "Requests the gateway refused itself, by reason",
-            m.rejected.clone(),
+            m.rejected.family.clone(),
         );
         registry.register(
             "connection_errors",
-            "Client connections closed on an error, by kind (header_timeout, head_too_large, other)",
-            m.connection_errors.clone(),
+            "Client connections closed on an error, by kind",
+            m.connection_errors.family.clone(),
         );
         registry.register(
             "session_evictions",
             "Sessions dropped, by reason",
-            m.session_evictions.clone(),
+            m.session_evictions.family.clone(),
         );
         registry.register(
             "upstream_errors",
             "Upstream failures, by kind",
-            m.upstream_errors.clone(),
+            m.upstream_errors.family.clone(),
         );
         registry.register_with_unit(
             "request_duration",
@@ -295,53 +384,32 @@ impl Metrics {
             Unit::Seconds,
             m.request_duration.clone(),
         );
-        // The label values alerts and dashboards select on exist from the start (at 0), so
-        // `rate()` and `increase()` see the first occurrence and scrapes declare every family.
-        for outcome in RESUME_OUTCOMES {
-            let _ = m.resumes.get_or_create(&[("outcome", outcome)]);
-        }
-        for reason in REJECT_REASONS {
-            let _ = m.rejected.get_or_create(&[("reason", reason)]);
-        }
-        for reason in SESSION_EVICTION_REASONS {
-            let _ = m.session_evictions.get_or_create(&[("reason", reason)]);
-        }
-        for kind in UPSTREAM_ERROR_KINDS {
-            let _ = m.upstream_errors.get_or_create(&[("kind", kind)]);
-        }
-        for kind in CONNECTION_ERROR_KINDS {
-            let _ = m.connection_errors.get_or_create(&[("kind", kind)]);
-        }
         Metrics { registry, ..m }
     }
 
-    /// Counts a resume by its outcome (`resumed`, `gap`, `malformed_cursor`, ...).
-    pub fn resume(&self, outcome: &'static str) {
-        self.resumes.get_or_create(&[("outcome", outcome)]).inc();
+    /// Counts a resume by its outcome.
+    pub fn resume(&self, outcome: ResumeOutcome) {
+        self.resumes.inc(outcome);
     }
 
-    /// Counts a request the gateway refused itself (`body_too_large`, `origin_not_allowed`, ...).
-    pub fn rejected(&self, reason: &'static str) {
-        self.rejected.get_or_create(&[("reason", reason)]).inc();
+    /// Counts a request the gateway refused itself.
+    pub fn rejected(&self, reason: RejectReason) {
+        self.rejected.inc(reason);
     }
 
     /// Counts a client connection that ended on an error.
-    pub fn connection_error(&self, kind: &'static str) {
-        self.connection_errors
-            .get_or_create(&[("kind", kind)])
-            .inc();
+    pub fn connection_error(&self, kind: ConnectionErrorKind) {
+        self.connection_errors.inc(kind);
     }
 
-    /// Counts a dropped session by reason (`ttl`, `delete`, `upstream_404`, `session_cap`).
-    pub fn session_evicted(&self, reason: &'static str) {
-        self.session_evictions
-            .get_or_create(&[("reason", reason)])
-            .inc();
+    /// Counts a dropped session by reason.
+    pub fn session_evicted(&self, reason: Eviction) {
+        self.session_evictions.inc(reason);
     }
 
-    /// Counts an upstream failure by kind (`connect`, `stream`, `invalid_event`).
-    pub fn upstream_error(&self, kind: &'static str) {
-        self.upstream_errors.get_or_create(&[("kind", kind)]).inc();
+    /// Counts an upstream failure by kind.
+    pub fn upstream_error(&self, kind: UpstreamErrorKind) {
+        self.upstream_errors.inc(kind);
     }
 
     /// Records that the drain started now and may take `deadline`.
@@ -435,12 +503,86 @@ pub(crate) fn to_prometheus_text(open: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Each labelled counter family's exported name and the values of its label.
+    fn labelled() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+        fn of<L: LabelValue>(
+            family: &'static str,
+        ) -> (&'static str, &'static str, Vec<&'static str>) {
+            (family, L::KEY, L::ALL.iter().map(|v| v.as_str()).collect())
+        }
+        vec![
+            of::<ResumeOutcome>("resumes_total"),
+            of::<RejectReason>("requests_rejected_total"),
+            of::<Eviction>("session_evictions_total"),
+            of::<UpstreamErrorKind>("upstream_errors_total"),
+            of::<ConnectionErrorKind>("connection_errors_total"),
+        ]
+    }
+
+    #[test]
+    fn every_label_value_is_exported_at_zero_from_the_start() {
+        let m = Metrics::new();
+        for text in [m.encode(), m.encode_prometheus()] {
+            for (family, key, values) in labelled() {
+                for value in values {
+                    let series = format!("mcp_reattach_{family}{{{key}=\"{value}\"}} 0\n");
+                    assert!(text.contains(&series), "missing {series:?} in\n{text}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn label_values_are_unique_snake_case() {
+        for (family, _, values) in labelled() {
+            let unique: std::collections::BTreeSet<_> = values.iter().collect();
+            assert_eq!(unique.len(), values.len(), "{family}: {values:?}");
+            for v in values {
+                assert!(
+                    v.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                    "{family}: {v}"
+                );
+            }
+        }
+    }
+
+    /// docs/operations.md's metric table names every exported series and every label value.
+    #[test]
+    fn operations_md_lists_every_series_and_label_value() {
+        let doc = include_str!("../docs/operations.md");
+        let table: String = doc
+            .split("\n## Metrics\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\nQueries worth a panel").next())
+            .expect("the Metrics section")
+            .to_owned();
+        let classic = Metrics::new().encode_prometheus();
+        for line in classic.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE mcp_reattach_") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(
+                    table.contains(&format!("| `{name}` |")),
+                    "operations.md's metric table lacks `{name}`"
+                );
+            }
+        }
+        for (family, _, values) in labelled() {
+            for v in values {
+                assert!(
+                    table.contains(&format!("`{v}`")),
+                    "operations.md's Metrics section lacks {family} value `{v}`"
+                );
+            }
+        }
+    }
+
     #[test]
     fn encodes_names_with_prefix_units_and_labels() {
         let m = Metrics::new();
         m.events_tagged.inc();
-        m.resume("gap");
-        m.session_evicted("ttl");
+        m.resume(ResumeOutcome::Gap);
+        m.session_evicted(Eviction::Ttl);
         m.request_done(&http::Method::POST, http::StatusCode::OK, 0.01);
         m.window_bytes.set(42);
         let text = m.encode();

@@ -1,18 +1,14 @@
-//! Accept loops: the proxy listener (HTTP/1.1 and h2, in the clear or over TLS, one task per
+//! The proxy listener's accept loop: HTTP/1.1 and h2, in the clear or over TLS, one task per
 //! connection; an HTTP/1.1 connection, or a single HTTP/2 stream, can be ended by the session
-//! layer when its client stalls) and the admin listener (`/healthz`, `/readyz`, `/metrics`).
-//! Takes listeners and a shutdown future; the drain is [`crate::shutdown`]'s, binding and
-//! signals are `main`'s, so tests run the real server on `127.0.0.1:0`.
+//! layer when its client stalls. Takes a listener and a stop future; the drain that follows is
+//! [`crate::shutdown`]'s, the admin listener [`crate::admin`]'s, binding and signals `main`'s,
+//! so tests run the real server on `127.0.0.1:0`.
 
-use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -23,33 +19,23 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::config::Config;
+use crate::metrics::ConnectionErrorKind;
 use crate::proxy::{Conn, Gateway};
-use crate::shutdown;
-
-/// How long an admin client may take to send a request's headers.
-const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serves the gateway on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    serve_gateway(listener, Gateway::new(config), shutdown).await
-}
+use crate::shutdown::{self, Draining};
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
 ///
-/// When `shutdown` resolves the gateway stops accepting and drains ([`shutdown::drain`]):
-/// every connection finishes its in-flight response (keep-alive off), clients of standalone
-/// GET streams are told to resume elsewhere at once, POST-started streams run until
-/// `drain_timeout` (or until [`Gateway::hurry`]), then the remaining streams end with a
-/// `retry:` hint and this returns. [`crate::shutdown::Shutdown::stop_accepting`] makes the
-/// `shutdown` future main uses.
+/// When `shutdown` resolves the gateway stops accepting and drains ([`shutdown::drain`], on
+/// the [`Draining`] handle the future resolves to): every connection finishes its in-flight
+/// response (keep-alive off), clients of standalone GET streams are told to resume elsewhere
+/// at once, POST-started streams run until `drain_timeout` (or until a quick shutdown hurries
+/// the drain), then the remaining streams end with a `retry:` hint and this returns.
+/// [`crate::shutdown::Shutdown::stop_accepting`] makes the `shutdown` future main uses; a
+/// test that never stops passes `std::future::pending()`.
 pub async fn serve_gateway(
     listener: TcpListener,
     gateway: Arc<Gateway>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = Draining> + Send + 'static,
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
     let cfg = gateway.config().clone();
@@ -57,14 +43,15 @@ pub async fn serve_gateway(
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
-    loop {
+    let draining = loop {
         // At --max-connections, stop accepting: new connections wait in the listen backlog.
         let slot = tokio::select! {
             s = slots.clone().acquire_owned() => match s {
                 Ok(s) => s,
-                Err(_) => break,
+                // Never: the semaphore is not closed. Serve nothing more until the stop.
+                Err(_) => break (&mut shutdown).await,
             },
-            () = &mut shutdown => break,
+            draining = &mut shutdown => break draining,
         };
         let (tcp, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -76,7 +63,7 @@ pub async fn serve_gateway(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
+            draining = &mut shutdown => break draining,
         };
         let _ = tcp.set_nodelay(true);
         limit_unsent(&tcp);
@@ -151,9 +138,9 @@ pub async fn serve_gateway(
         };
         // Boxed: spawning moves a future by value more than once, and this one is ~2 KB.
         tokio::spawn(Box::pin(task.instrument(span)));
-    }
+    };
     drop(listener);
-    shutdown::drain(&gateway, graceful, cfg.drain_timeout).await;
+    shutdown::drain(gateway.registry(), graceful, cfg.drain_timeout, draining).await;
     Ok(())
 }
 
@@ -242,120 +229,13 @@ fn limit_unsent(tcp: &tokio::net::TcpStream) {
 fn limit_unsent(_tcp: &tokio::net::TcpStream) {}
 
 /// The kind of error a client connection ended with, for the metric.
-fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
+fn classify(e: &(dyn std::error::Error + 'static)) -> ConnectionErrorKind {
     match e.downcast_ref::<hyper::Error>() {
-        Some(h) if h.is_timeout() => "header_timeout",
-        Some(h) if h.is_parse_too_large() => "head_too_large",
-        Some(h) if h.is_incomplete_message() || h.is_canceled() => "client_gone",
-        _ => "other",
+        Some(h) if h.is_timeout() => ConnectionErrorKind::HeaderTimeout,
+        Some(h) if h.is_parse_too_large() => ConnectionErrorKind::HeadTooLarge,
+        Some(h) if h.is_incomplete_message() || h.is_canceled() => ConnectionErrorKind::ClientGone,
+        _ => ConnectionErrorKind::Other,
     }
-}
-
-/// Liveness and readiness state shared with the admin listener.
-#[derive(Debug, Default)]
-pub struct Health {
-    ready: AtomicBool,
-}
-
-impl Health {
-    pub fn new() -> Arc<Health> {
-        Arc::new(Health {
-            ready: AtomicBool::new(true),
-        })
-    }
-
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
-    }
-}
-
-/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `shutdown` resolves.
-pub async fn serve_admin(
-    listener: TcpListener,
-    health: Arc<Health>,
-    gateway: Arc<Gateway>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, _) = tokio::select! {
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            () = &mut shutdown => return Ok(()),
-        };
-        let health = health.clone();
-        let gateway = gateway.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let health = health.clone();
-                let gateway = gateway.clone();
-                async move { Ok::<_, Infallible>(admin_response(&req, &health, &gateway)) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(tcp), svc)
-                .await;
-        });
-    }
-}
-
-fn admin_response(
-    req: &Request<Incoming>,
-    health: &Health,
-    gateway: &Gateway,
-) -> Response<Full<Bytes>> {
-    let get = matches!(*req.method(), Method::GET | Method::HEAD);
-    let (status, content_type, body) = match req.uri().path() {
-        "/healthz" if get => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
-        "/readyz" if get && health.is_ready() => {
-            (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
-        }
-        "/readyz" if get => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            Bytes::from_static(b"draining\n"),
-        ),
-        "/metrics" if get => {
-            let open_metrics = req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
-                v.to_str()
-                    .is_ok_and(|v| v.contains("application/openmetrics-text"))
-            });
-            let text = gateway.render_metrics();
-            if open_metrics {
-                (
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    Bytes::from(text),
-                )
-            } else {
-                let classic = crate::metrics::to_prometheus_text(&text);
-                (
-                    StatusCode::OK,
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    Bytes::from(classic),
-                )
-            }
-        }
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            Bytes::from_static(b"not found\n"),
-        ),
-    };
-    let mut r = Response::new(Full::new(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(content_type),
-    );
-    r
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -11,23 +11,50 @@
 //!    which gets [`FINAL_FLUSH`] to reach them.
 //!
 //! [`Shutdown`] is the trigger (`main` maps SIGTERM to [`Mode::Graceful`] and SIGINT to
-//! [`Mode::Quick`]); [`Shutdown::stop_accepting`] runs phases 1–2 and is the future
-//! [`crate::serve_gateway`] stops accepting on; [`drain`] runs phases 3–5.
+//! [`Mode::Quick`]) and holds all of the shutdown's state: the mode asked for (a quick one
+//! hurries the drain) and whether the drain is over ([`Shutdown::drained`], the admin
+//! listener's stop). [`Shutdown::stop_accepting`] runs phases 1–2 and is the future the
+//! proxy's accept loop stops on; it hands over a [`Draining`], on which [`drain`] runs
+//! phases 3–5.
 //!
-//! Knows the gateway's registry and hyper-util's graceful shutdown; nothing of signals.
+//! A leaf the servers consume: knows the session registry, the metrics and hyper-util's
+//! graceful shutdown; nothing of the gateway, its listeners or signals.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 
-use crate::proxy::Gateway;
-use crate::server::Health;
+use crate::session::Registry;
 
 /// How long the last `retry:` hints get to reach clients after the drain deadline.
 pub const FINAL_FLUSH: Duration = Duration::from_secs(2);
+
+/// Liveness and readiness state shared with the admin listener: ready until a shutdown is
+/// requested ([`Shutdown::stop_accepting`]).
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health {
+            ready: AtomicBool::new(true),
+        })
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+}
 
 /// How to shut down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +69,15 @@ pub enum Mode {
 /// The shutdown trigger: cheap to clone; the strongest mode requested wins.
 #[derive(Clone, Debug)]
 pub struct Shutdown {
-    tx: Arc<watch::Sender<Option<Mode>>>,
+    state: Arc<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The mode requested so far.
+    mode: watch::Sender<Option<Mode>>,
+    /// Set when the drain is over (its [`Draining`] dropped).
+    drained: watch::Sender<bool>,
 }
 
 impl Default for Shutdown {
@@ -54,13 +89,16 @@ impl Default for Shutdown {
 impl Shutdown {
     pub fn new() -> Shutdown {
         Shutdown {
-            tx: Arc::new(watch::channel(None).0),
+            state: Arc::new(State {
+                mode: watch::channel(None).0,
+                drained: watch::channel(false).0,
+            }),
         }
     }
 
     /// Requests a shutdown (again: a quick request cuts a graceful one short).
     pub fn request(&self, mode: Mode) {
-        self.tx.send_modify(|m| {
+        self.state.mode.send_modify(|m| {
             *m = Some(match (*m, mode) {
                 (Some(Mode::Quick), _) | (_, Mode::Quick) => Mode::Quick,
                 _ => Mode::Graceful,
@@ -70,11 +108,11 @@ impl Shutdown {
 
     /// The mode requested so far, if any.
     pub fn requested(&self) -> Option<Mode> {
-        *self.tx.borrow()
+        *self.state.mode.borrow()
     }
 
     async fn wait_for(&self, pred: impl Fn(Option<Mode>) -> bool) -> Mode {
-        let mut rx = self.tx.subscribe();
+        let mut rx = self.state.mode.subscribe();
         // The sender lives in `self`: it cannot be gone while we wait.
         let mode = match rx.wait_for(|m| pred(*m)).await {
             Ok(m) => m.unwrap_or(Mode::Quick),
@@ -83,15 +121,15 @@ impl Shutdown {
         mode
     }
 
-    /// Phases 1 and 2: resolves when the gateway should stop accepting. Once a shutdown is
-    /// requested, `health` turns not ready; a graceful one keeps accepting for `drain_delay`.
-    /// A quick request, now or later during the drain, hurries the gateway.
+    /// Phases 1 and 2: resolves when the gateway should stop accepting, with the handle the
+    /// drain runs on. Once a shutdown is requested, `health` turns not ready; a graceful one
+    /// keeps accepting for `drain_delay`. A quick request, now or later during the drain,
+    /// hurries it ([`Draining::hurried`]).
     pub fn stop_accepting(
         &self,
         health: Arc<Health>,
-        gateway: Arc<Gateway>,
         drain_delay: Duration,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    ) -> impl Future<Output = Draining> + Send + 'static {
         let this = self.clone();
         async move {
             let mode = this.wait_for(|m| m.is_some()).await;
@@ -106,14 +144,46 @@ impl Shutdown {
                     _ = this.wait_for(|m| m == Some(Mode::Quick)) => {}
                 }
             }
-            // A quick request, already made or made during the rest of the drain, ends it.
-            let quick = this.clone();
-            tokio::spawn(async move {
-                quick.wait_for(|m| m == Some(Mode::Quick)).await;
-                tracing::info!("shutting down quickly");
-                gateway.hurry();
-            });
+            this.draining()
         }
+    }
+
+    /// The drain's handle, for a caller that decides itself when to stop accepting
+    /// ([`Shutdown::stop_accepting`] hands one over).
+    pub fn draining(&self) -> Draining {
+        Draining {
+            shutdown: self.clone(),
+        }
+    }
+
+    /// Resolves once the drain is over (its [`Draining`] dropped): the admin listener's stop,
+    /// so `/healthz`, `/readyz` and `/metrics` answer until the gateway is done.
+    pub fn drained(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.state.drained.subscribe();
+        async move {
+            // The sender gone is the trigger gone: nothing is left to wait for either.
+            let _ = rx.wait_for(|d| *d).await;
+        }
+    }
+}
+
+/// The drain's side of a [`Shutdown`]: says when a quick shutdown hurries the drain, and,
+/// dropped when the drain is over, resolves [`Shutdown::drained`].
+#[derive(Debug)]
+pub struct Draining {
+    shutdown: Shutdown,
+}
+
+impl Draining {
+    /// Resolves once a quick shutdown is (or was already) requested.
+    pub async fn hurried(&self) {
+        self.shutdown.wait_for(|m| m == Some(Mode::Quick)).await;
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        self.shutdown.state.drained.send_replace(true);
     }
 }
 
@@ -127,13 +197,15 @@ pub enum Drained {
 }
 
 /// Phases 3 to 5, once the accept loop has stopped: tells every watched connection to finish
-/// gracefully and standalone clients to resume elsewhere, waits for the connections until
-/// `drain_timeout` (or [`Gateway::hurry`]), then ends the remaining streams and gives their
-/// hints [`FINAL_FLUSH`] to get out.
+/// gracefully and the `registry`'s standalone clients to resume elsewhere, waits for the
+/// connections until `drain_timeout` (or until [`Draining::hurried`]), then ends the
+/// remaining streams and gives their hints [`FINAL_FLUSH`] to get out. `draining` is dropped
+/// on return, which resolves [`Shutdown::drained`].
 pub async fn drain(
-    gateway: &Gateway,
+    registry: &Registry,
     connections: GracefulShutdown,
     drain_timeout: Duration,
+    draining: Draining,
 ) -> Drained {
     tracing::info!(
         connections = connections.count(),
@@ -141,25 +213,27 @@ pub async fn drain(
         "draining"
     );
     // The alerting rules compare the drain's age with this deadline (deploy/prometheus/).
-    gateway
-        .registry()
+    registry
         .metrics()
         .drain_started(drain_timeout + FINAL_FLUSH);
     let all_done = connections.shutdown();
     tokio::pin!(all_done);
     // Standalone GET streams never end on their own: send those clients elsewhere now.
-    gateway.registry().end_clients(true);
+    registry.end_clients(true);
     let finished = tokio::select! {
         () = &mut all_done => true,
         () = tokio::time::sleep(drain_timeout) => false,
-        () = gateway.hurried() => false,
+        () = draining.hurried() => {
+            tracing::info!("shutting down quickly");
+            false
+        }
     };
     if finished {
         tracing::info!("drained");
         return Drained::Finished;
     }
     tracing::info!("drain deadline: ending remaining streams");
-    gateway.registry().end_clients(false);
+    registry.end_clients(false);
     let _ = tokio::time::timeout(FINAL_FLUSH, all_done).await;
     tracing::info!("drained");
     Drained::Ended
@@ -179,14 +253,15 @@ mod tests {
     use std::convert::Infallible;
     use tokio::time::Instant;
 
-    fn gateway() -> Arc<Gateway> {
-        Gateway::new(Config::new("http://127.0.0.1:1".parse().unwrap()))
+    fn registry() -> Arc<Registry> {
+        let cfg = Config::new("http://127.0.0.1:1".parse().unwrap());
+        Arc::new(Registry::new(Arc::new(cfg), Arc::default()))
     }
 
     #[tokio::test(start_paused = true)]
     async fn graceful_is_not_ready_at_once_and_keeps_accepting_for_the_drain_delay() {
-        let (shutdown, health, gw) = (Shutdown::new(), Health::new(), gateway());
-        let stop = shutdown.stop_accepting(health.clone(), gw, Duration::from_secs(5));
+        let (shutdown, health) = (Shutdown::new(), Health::new());
+        let stop = shutdown.stop_accepting(health.clone(), Duration::from_secs(5));
         let stop = tokio::spawn(stop);
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(health.is_ready(), "nothing requested yet");
@@ -205,21 +280,17 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn quick_cuts_the_drain_delay_short_and_hurries_the_drain() {
-        let (shutdown, health, gw) = (Shutdown::new(), Health::new(), gateway());
-        let stop = tokio::spawn(shutdown.stop_accepting(
-            health.clone(),
-            gw.clone(),
-            Duration::from_secs(5),
-        ));
+        let (shutdown, health) = (Shutdown::new(), Health::new());
+        let stop = tokio::spawn(shutdown.stop_accepting(health.clone(), Duration::from_secs(5)));
         let t0 = Instant::now();
         shutdown.request(Mode::Graceful);
         tokio::time::sleep(Duration::from_secs(1)).await;
         shutdown.request(Mode::Quick);
         assert_eq!(shutdown.requested(), Some(Mode::Quick));
-        stop.await.unwrap();
+        let draining = stop.await.unwrap();
         assert_eq!(t0.elapsed(), Duration::from_secs(1));
         // The drain that follows is hurried: it ends streams without waiting its timeout.
-        tokio::time::timeout(Duration::from_millis(1), gw.hurried())
+        tokio::time::timeout(Duration::from_millis(1), draining.hurried())
             .await
             .expect("hurried");
         // A graceful request after a quick one stays quick.
@@ -230,11 +301,11 @@ mod tests {
     /// A client of one attached stream, served over an in-memory connection watched by
     /// `graceful`: the events it reads arrive on the returned channel.
     async fn client(
-        gw: &Arc<Gateway>,
+        registry: &Registry,
         graceful: &GracefulShutdown,
         kind: StreamKind,
     ) -> (u32, tokio::sync::mpsc::UnboundedReceiver<Event>) {
-        let session = gw.registry().get_or_create("s", 0).unwrap();
+        let session = registry.get_or_create("s", 0).unwrap();
         let (stream, generation, _) =
             session.open_stream(kind, vec!["1".into()], false, false, None, None);
         let body = AttachBody::new(session, stream, generation, None, None);
@@ -292,15 +363,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn drain_sends_standalone_clients_away_at_once_and_ends_the_rest_at_the_deadline() {
-        let gw = gateway();
+        let (registry, shutdown) = (registry(), Shutdown::new());
         let graceful = GracefulShutdown::new();
-        let (_, mut standalone) = client(&gw, &graceful, StreamKind::Standalone).await;
-        let (post, mut call) = client(&gw, &graceful, StreamKind::Post).await;
-        let session = gw.registry().get("s").unwrap();
+        let (_, mut standalone) = client(&registry, &graceful, StreamKind::Standalone).await;
+        let (post, mut call) = client(&registry, &graceful, StreamKind::Post).await;
+        let session = registry.get("s").unwrap();
         let t0 = Instant::now();
         let drain = tokio::spawn({
-            let gw = gw.clone();
-            async move { drain(&gw, graceful, Duration::from_secs(30)).await }
+            let (registry, draining) = (registry.clone(), shutdown.draining());
+            async move { drain(&registry, graceful, Duration::from_secs(30), draining).await }
         });
         // Phase 3: the standalone client is sent elsewhere at once.
         let e = next_real(&mut standalone).await;
@@ -328,14 +399,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn drain_returns_as_soon_as_every_stream_finished() {
-        let gw = gateway();
+        let (registry, shutdown) = (registry(), Shutdown::new());
         let graceful = GracefulShutdown::new();
-        let (post, mut call) = client(&gw, &graceful, StreamKind::Post).await;
-        let session = gw.registry().get("s").unwrap();
+        let (post, mut call) = client(&registry, &graceful, StreamKind::Post).await;
+        let session = registry.get("s").unwrap();
         let t0 = Instant::now();
         let drain = tokio::spawn({
-            let gw = gw.clone();
-            async move { drain(&gw, graceful, Duration::from_secs(30)).await }
+            let (registry, draining) = (registry.clone(), shutdown.draining());
+            async move { drain(&registry, graceful, Duration::from_secs(30), draining).await }
         });
         tokio::time::sleep(Duration::from_secs(3)).await;
         let answer = Event {
@@ -351,14 +422,46 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_hurried_drain_ends_streams_without_waiting_for_the_deadline() {
-        let gw = gateway();
+    async fn the_admin_stop_resolves_once_the_drain_is_over() {
+        let (registry, shutdown) = (registry(), Shutdown::new());
         let graceful = GracefulShutdown::new();
-        let (_, mut call) = client(&gw, &graceful, StreamKind::Post).await;
+        let (post, _call) = client(&registry, &graceful, StreamKind::Post).await;
+        let drained = tokio::spawn(shutdown.drained());
+        let drain = tokio::spawn({
+            let (registry, draining) = (registry.clone(), shutdown.draining());
+            async move { drain(&registry, graceful, Duration::from_secs(30), draining).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            !drained.is_finished(),
+            "the drain is still waiting for the call"
+        );
+        registry
+            .get("s")
+            .unwrap()
+            .end_stream(post, crate::session::End::Complete);
+        assert_eq!(drain.await.unwrap(), Drained::Finished);
+        tokio::time::timeout(Duration::from_millis(1), drained)
+            .await
+            .expect("resolved with the drain")
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hurried_drain_ends_streams_without_waiting_for_the_deadline() {
+        let (registry, shutdown) = (registry(), Shutdown::new());
+        let graceful = GracefulShutdown::new();
+        let (_, mut call) = client(&registry, &graceful, StreamKind::Post).await;
         let t0 = Instant::now();
-        gw.hurry();
+        shutdown.request(Mode::Quick);
         assert_eq!(
-            drain(&gw, graceful, Duration::from_secs(30)).await,
+            drain(
+                &registry,
+                graceful,
+                Duration::from_secs(30),
+                shutdown.draining()
+            )
+            .await,
             Drained::Ended
         );
         assert!(is_shutdown(&next_real(&mut call).await));

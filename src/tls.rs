@@ -22,7 +22,11 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// How often the certificate and key files are checked for changes.
+use crate::metrics::ConnectionErrorKind;
+
+/// How often the certificate and key files are checked for changes unless told otherwise
+/// (`--tls-reload-interval`'s default, `config::defaults::TLS_RELOAD_INTERVAL`; a config test
+/// keeps the two equal).
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A certificate, key or CA file that cannot be used; names the flag it came from.
@@ -419,11 +423,11 @@ pub enum AcceptError {
 
 impl AcceptError {
     /// The `connection_errors_total` kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ConnectionErrorKind {
         match self {
-            AcceptError::Plaintext => "plaintext_on_tls",
-            AcceptError::Timeout => "tls_handshake_timeout",
-            AcceptError::Handshake(_) => "tls_handshake",
+            AcceptError::Plaintext => ConnectionErrorKind::PlaintextOnTls,
+            AcceptError::Timeout => ConnectionErrorKind::TlsHandshakeTimeout,
+            AcceptError::Handshake(_) => ConnectionErrorKind::TlsHandshake,
         }
     }
 }

@@ -15,6 +15,7 @@ use super::respond::pass_through;
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::error::{ProxyError, Refusal};
+use crate::metrics::ResumeOutcome;
 use crate::session::{Eviction, Forwarding, Reattach, Reservation, Session, StreamKind};
 use crate::upstream::{full_body, hold, is_sse, spawn_reader, Source};
 
@@ -235,7 +236,7 @@ impl Gateway {
         let prime = self.prime(session.protocol_version().as_deref());
         let reattach = reattach.filter(|_| kind == StreamKind::Standalone);
         if reattach.is_some() {
-            self.registry.metrics().resume("reattached");
+            self.registry.metrics().resume(ResumeOutcome::Reattached);
         }
         let (stream, generation, opening) = session.open_stream(
             kind,

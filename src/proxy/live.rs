@@ -1,5 +1,5 @@
 //! The live-attach route: a legacy `GET` of a known session attaches to the standalone
-//! stream the gateway holds for it (starting or hurrying the session's holder when it holds
+//! stream the gateway holds for it (starting or kicking the session's holder when it holds
 //! none), and is forwarded only when no stream can be held.
 //!
 //! Knows the session's standalone API and the holder's entry points; nothing of how the
@@ -13,6 +13,7 @@ use super::inbound::Inbound;
 use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::error::Refusal;
+use crate::metrics::ResumeOutcome;
 use crate::session::{hash_id, Reattach, Session};
 use crate::upstream::hold;
 
@@ -45,7 +46,7 @@ impl Gateway {
                 s.attach_standalone(prime, reattach.as_ref(), Some(inb.kill.clone()))
             {
                 if reattach.is_some() {
-                    self.registry.metrics().resume("reattached");
+                    self.registry.metrics().resume(ResumeOutcome::Reattached);
                 }
                 tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = stream, "attached live to held standalone stream");
                 let sid = s.id().to_owned();

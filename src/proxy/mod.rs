@@ -69,7 +69,6 @@ pub struct Gateway {
     cfg: Arc<Config>,
     registry: Arc<Registry>,
     upstream: Arc<Upstream>,
-    hurry: Notify,
     /// Random per process: principals are hashed with it, never stored in the clear.
     principal_key: std::collections::hash_map::RandomState,
 }
@@ -85,7 +84,6 @@ impl Gateway {
             registry: Arc::new(Registry::new(cfg.clone(), metrics)),
             upstream: Arc::new(Upstream::new(cfg.clone())),
             cfg,
-            hurry: Notify::new(),
             principal_key: std::collections::hash_map::RandomState::new(),
         })
     }
@@ -96,15 +94,6 @@ impl Gateway {
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
-    }
-
-    /// Cuts a drain short (SIGINT): remaining streams are ended at once.
-    pub fn hurry(&self) {
-        self.hurry.notify_one();
-    }
-
-    pub(crate) async fn hurried(&self) {
-        self.hurry.notified().await;
     }
 
     /// The Prometheus text exposition of the gateway's metrics, gauges refreshed.

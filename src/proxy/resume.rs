@@ -14,6 +14,7 @@ use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::cursor::Cursor;
 use crate::error::{ProxyError, Refusal};
+use crate::metrics::ResumeOutcome;
 use crate::session::{hash_id, Resume, Session};
 use crate::upstream::full_body;
 
@@ -30,14 +31,14 @@ impl Gateway {
         if !self.authorized(&mut inb, &session).await {
             // Exactly the answer for an unknown session: a caller who may not resume learns
             // nothing, not even that the session exists.
-            self.registry.metrics().resume("unauthorized");
+            self.registry.metrics().resume(ResumeOutcome::Unauthorized);
             tracing::warn!(mcp.session = %hash_id(session.id()), "resume refused: principal mismatch");
             return Err(ProxyError::UnknownSession.into());
         }
         let raw = inb.cursor().map(|c| c.as_bytes()).unwrap_or_default();
         let cursor = Cursor::parse(raw).map_err(ProxyError::MalformedCursor)?;
         match session.resume(cursor, Some(inb.kill.clone())) {
-            Ok(r) => Ok(self.resumed(session, r, "resumed")),
+            Ok(r) => Ok(self.resumed(session, r, ResumeOutcome::Resumed)),
             Err(e) => match session.standalone_reattach(&cursor, e) {
                 Some(r) => {
                     tracing::debug!(mcp.session = %hash_id(session.id()), reason = r.reason, "standalone cursor re-attaches to the session");
@@ -60,7 +61,7 @@ impl Gateway {
         let single_id = inb.info.single_id.clone();
         self.note_request(&inb, &session);
         if !self.authorized(&mut inb, &session).await {
-            self.registry.metrics().resume("unauthorized");
+            self.registry.metrics().resume(ResumeOutcome::Unauthorized);
             return Err(ProxyError::UnknownSession.for_request(single_id));
         }
         // A cursor that does not parse is as good as none: the duplicate id decides.
@@ -71,7 +72,7 @@ impl Gateway {
         };
         tracing::info!(mcp.session = %hash_id(session.id()), "retransmitted request answered as a resume");
         match found {
-            Ok(r) => Ok(self.resumed(session, r, "retransmission")),
+            Ok(r) => Ok(self.resumed(session, r, ResumeOutcome::Retransmission)),
             Err((_, Some(e))) => Err(ProxyError::Resume(e).for_request(single_id)),
             Err((dup, None)) => Err(ProxyError::DuplicateRequest(dup).for_request(single_id)),
         }
@@ -82,7 +83,7 @@ impl Gateway {
         &self,
         session: Arc<Session>,
         r: Resume,
-        outcome: &'static str,
+        outcome: ResumeOutcome,
     ) -> Response<ResBody> {
         match r {
             Resume::Attached {
@@ -105,7 +106,7 @@ impl Gateway {
                 self.sse_response(StatusCode::OK, None, &sid, body)
             }
             Resume::GapWithErrors { frames } => {
-                self.registry.metrics().resume("gap");
+                self.registry.metrics().resume(ResumeOutcome::Gap);
                 let mut resp = Response::new(full_body(frames));
                 sse_headers(resp.headers_mut(), session.id());
                 resp

@@ -13,17 +13,9 @@ use tokio::time::Instant;
 
 use super::{lock, Session, StreamKind};
 use crate::config::Config;
+/// Why a session's state was dropped (the `session_evictions_total` label).
+pub use crate::metrics::Eviction;
 use crate::metrics::Metrics;
-
-/// Why a session's state was dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Eviction {
-    Ttl,
-    Delete,
-    Upstream404,
-    SessionCap,
-    MemoryBudget,
-}
 
 /// The global byte budget shared by all windows (`--memory-budget`).
 #[derive(Debug)]
@@ -96,18 +88,6 @@ impl Drop for Reservation {
 #[derive(Debug, thiserror::Error)]
 #[error("the gateway holds its maximum number of sessions, all in use")]
 pub struct AtCapacity;
-
-impl Eviction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Eviction::Ttl => "ttl",
-            Eviction::Delete => "delete",
-            Eviction::Upstream404 => "upstream_404",
-            Eviction::SessionCap => "session_cap",
-            Eviction::MemoryBudget => "memory_budget",
-        }
-    }
-}
 
 impl Registry {
     pub fn new(cfg: Arc<Config>, metrics: Arc<Metrics>) -> Registry {
@@ -239,7 +219,7 @@ impl Registry {
 
     fn closed(&self, id: &str, s: &Session, why: Eviction) {
         s.close();
-        self.metrics.session_evicted(why.as_str());
+        self.metrics.session_evicted(why);
         tracing::info!(mcp.session = %hash_id(id), reason = why.as_str(), "session dropped");
     }
 

@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 
 use super::reader::read_stream;
 use super::Source;
+use crate::metrics::UpstreamErrorKind;
 use crate::session::{hash_id, Attempt, HoldStart, Registry, Session};
 
 /// Attempts to open the held standalone stream before giving up until the next trigger.
@@ -131,7 +132,7 @@ async fn open(
         };
         if next != Attempt::Unsupported {
             if let Some(r) = registry.upgrade() {
-                r.metrics().upstream_error("hold");
+                r.metrics().upstream_error(UpstreamErrorKind::Hold);
             }
             tracing::debug!(mcp.session = %hash_id(s.id()), ?status, attempt, "could not hold the standalone stream");
         }

@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::{hold, Source};
+use crate::metrics::UpstreamErrorKind;
 use crate::session::{hash_id, End, Registry, Session, UpstreamFailure};
 use crate::sse::Decoder;
 
@@ -129,7 +130,7 @@ pub(crate) async fn read_stream(
                         if let Ok(data) = frame.into_data() {
                             taken += data.len();
                             if let Err(e) = decoder.feed(&data, &mut events) {
-                                metrics.upstream_error("invalid_event");
+                                metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
                                 ended = Some(End::Failed(UpstreamFailure::InvalidStream(
                                     e.to_string(),
                                 )));
@@ -138,7 +139,7 @@ pub(crate) async fn read_stream(
                         }
                     }
                     Some(Err(e)) => {
-                        metrics.upstream_error("stream");
+                        metrics.upstream_error(UpstreamErrorKind::Stream);
                         ended = Some(End::Failed(UpstreamFailure::Connection(e.to_string())));
                         break;
                     }
@@ -201,7 +202,7 @@ pub(crate) async fn read_stream(
                     body = b;
                     continue 'outer;
                 }
-                None => metrics.upstream_error("resume"),
+                None => metrics.upstream_error(UpstreamErrorKind::Resume),
             }
         }
     };
