@@ -799,14 +799,7 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
         seen.push(mock.next().await);
     }
     for s in seen {
-        s.respond(
-            Response::builder()
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from_static(
-                    br#"{"jsonrpc":"2.0","id":0,"result":{}}"#,
-                )))
-                .unwrap(),
-        );
+        s.respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
     }
     for p in pending {
         assert_eq!(p.await.unwrap().status(), 200);

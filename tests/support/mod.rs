@@ -22,7 +22,12 @@
 //!
 //! Real processes:
 //! - [`process`]: [`ChildProc`], a spawned process whose stdout is read line by line with
-//!   timeouts (stderr forwarded and kept; killed on drop); [`free_port`], [`wait_http_ok`].
+//!   timeouts (stderr forwarded and kept; SIGTERM at will; killed on drop); [`free_port`];
+//!   [`http_client`], the reqwest client for real processes.
+//! - [`binary`]: [`Binary`], the one launcher of the real `mcp-reattach` binary: spawned with
+//!   the test's flags on free loopback ports, ready once its admin listener answers (or
+//!   [`NotStarted`], with its exit code and stderr), killed on drop; [`metric_sum`] reads its
+//!   `/metrics`.
 //! - [`upstream`]: [`Upstream`], the real SDK servers (TypeScript, Python, `server-everything`).
 //! - [`toolchains`]: installs what those need on first use (npm packages, Node.js 22, the Python
 //!   SDK's virtualenv), guarded across test processes by lock directories.
@@ -32,6 +37,7 @@
 // processes: std's clock is right here (src/ stays on tokio's, see clippy.toml).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
+pub mod binary;
 pub mod gateway;
 pub mod mock;
 pub mod process;
@@ -40,6 +46,7 @@ pub mod sse;
 pub mod toolchains;
 pub mod upstream;
 
+pub use binary::*;
 pub use gateway::*;
 pub use mock::*;
 pub use process::*;
