@@ -73,9 +73,7 @@ use std::time::Duration;
 
 use mcp_reattach::sse::Event;
 use serde_json::{json, Value};
-use support::{
-    http_client, metric_sum, Binary, ChildProc, NextLine, Relay, SseBody, SseEventExt, Upstream,
-};
+use support::{http_client, metric_sum, Binary, ChildProc, Relay, SseBody, SseEventExt, Upstream};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
@@ -93,12 +91,7 @@ enum Up {
 impl Up {
     async fn start(self) -> Upstream {
         // Installs (first run only) before any clock starts.
-        tokio::task::spawn_blocking(|| {
-            support::ensure_npm_deps();
-            support::ensure_python_venv();
-        })
-        .await
-        .expect("installing the interop dependencies");
+        support::install_interop_deps().await;
         match self {
             Up::Ts => Upstream::ts("sse").await,
             Up::Py => Upstream::py().await,
@@ -181,14 +174,10 @@ async fn run_ts_client(mode: &str, url: &str, plan: &Value, limit: Duration) -> 
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = match proc.next_line(left).await {
-            NextLine::Line(l) => l,
-            NextLine::Eof => {
-                run.cut_short = Some("eof");
-                break;
-            }
-            NextLine::Timeout => {
-                run.cut_short = Some("timeout");
+        let line = match proc.next_line(left).await.line() {
+            Ok(l) => l,
+            Err(why) => {
+                run.cut_short = Some(why);
                 break;
             }
         };

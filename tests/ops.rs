@@ -28,6 +28,14 @@ fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// `/metrics` of the admin listener at `admin`, off the runtime ([`http_get`] blocks):
+/// (status, body).
+async fn scrape_metrics(admin: SocketAddr) -> (u16, String) {
+    tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
+        .await
+        .unwrap()
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -64,10 +72,7 @@ async fn metrics_during_a_resume_pass_promtool() {
     let _ = send(gw.addr, get("s1", Some("garbage"))).await;
 
     // Scrape while the resumed stream is attached.
-    let admin = gw.admin;
-    let (status, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
-        .await
-        .unwrap();
+    let (status, text) = scrape_metrics(gw.admin).await;
     assert_eq!(status, 200);
     eprintln!("{text}");
     assert_eq!(metric(&text, "mcp_reattach_sessions"), 1.0);
@@ -120,10 +125,7 @@ async fn alert_rules_and_dashboard_use_only_exported_metrics() {
     drop(writer);
     assert_eq!(messages(&reader.rest().await), vec![result(1)]);
     let _ = send(gw.addr, get("s1", Some("garbage"))).await;
-    let admin = gw.admin;
-    let (status, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
-        .await
-        .unwrap();
+    let (status, text) = scrape_metrics(gw.admin).await;
     assert_eq!(status, 200);
     assert_eq!(
         metric(&text, "mcp_reattach_memory_budget_bytes"),
@@ -291,9 +293,7 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
     eprintln!("GET stream ended {:?} after SIGTERM", t0.elapsed());
     assert!(t0.elapsed() < Duration::from_secs(3));
     // The drain is visible to the McpReattachDrainOverdue alert: when it started, its deadline.
-    let (_, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
-        .await
-        .unwrap();
+    let (_, text) = scrape_metrics(admin).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

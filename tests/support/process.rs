@@ -12,6 +12,18 @@ pub enum NextLine {
     Timeout,
 }
 
+impl NextLine {
+    /// The line, or why there is none: `"eof"` or `"timeout"` (what a client run records as
+    /// cut short).
+    pub fn line(self) -> Result<String, &'static str> {
+        match self {
+            NextLine::Line(l) => Ok(l),
+            NextLine::Eof => Err("eof"),
+            NextLine::Timeout => Err("timeout"),
+        }
+    }
+}
+
 /// A child process with piped stdout read line by line (on a thread, so lines are available
 /// the moment the child writes them). Its stderr is forwarded to the test's stderr with a
 /// `[name]` prefix and also kept ([`ChildProc::stderr_lines`]). Killed on drop.
