@@ -25,7 +25,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{ChildProc, Gw, NextLine, Relay, Upstream};
+use support::{ChildProc, Gw, Relay, Upstream};
 
 /// What one run of `ts-client.mjs` printed.
 #[derive(Debug, Default)]
@@ -95,14 +95,10 @@ async fn run_ts_client(
     let mut run = ClientRun::default();
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let line = match client.next_line(left).await {
-            NextLine::Line(l) => l,
-            NextLine::Eof => {
-                run.cut_short = Some("eof");
-                break;
-            }
-            NextLine::Timeout => {
-                run.cut_short = Some("timeout");
+        let line = match client.next_line(left).await.line() {
+            Ok(l) => l,
+            Err(why) => {
+                run.cut_short = Some(why);
                 break;
             }
         };

@@ -214,25 +214,19 @@ async fn client_half_close_after_request_is_no_hang_and_no_cancel() {
     );
 }
 
-/// The path to the client stalls (a middlebox stops forwarding, sockets stay open): the
-/// gateway detaches the client within the stall timeout (closing the stuck connection), the
-/// upstream is never blocked, and a resume from the last id the client saw is exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_path_to_client_is_detached_and_resumable() {
-    let mut mock = Mock::start().await;
-    let gw = primed_gateway(mock.addr, |c| {
-        c.stall_timeout = Duration::from_millis(300);
-        c.window_events = 100_000;
-        c.window_bytes = 256 << 20;
-    })
-    .await;
-    init_session(&gw, &mut mock, SID).await;
-    let proxy = Relay::start(gw.addr);
-    proxy.arm(Dir::ToClient, Fault::StallAfter(40_000));
-    let pending = tokio::spawn(send(proxy.addr(), post(&call(1), Some(SID))));
-    let writer = mock.next().await.respond_sse(Some(SID));
-    let pad = "p".repeat(16 * 1024);
-    let all: Vec<String> = (0..600)
+/// A stall timeout of 300 ms and a window that holds every event of [`flood_unblocked`].
+fn stall_300ms_huge_window(c: &mut mcp_reattach::Config) {
+    c.stall_timeout = Duration::from_millis(300);
+    c.window_events = 100_000;
+    c.window_bytes = 256 << 20;
+}
+
+/// Writes `n` notifications padded to 16 KiB with `pad` and call 1's result through `writer`,
+/// ends the stream, and asserts the upstream was never blocked: every event was read by the
+/// gateway (tagged, not just taken by the mock's channel) within 5 s. Returns what was written.
+async fn flood_unblocked(gw: &Gw, writer: SseWriter, pad: char, n: usize) -> Vec<String> {
+    let pad = pad.to_string().repeat(16 * 1024);
+    let all: Vec<String> = (0..n)
         .map(|i| format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"i":{i},"pad":"{pad}"}}}}"#))
         .chain(std::iter::once(result(1)))
         .collect();
@@ -242,14 +236,30 @@ async fn stalled_path_to_client_is_detached_and_resumable() {
         writer.message(m).await;
     }
     drop(writer);
-    // Read by the gateway, not just taken by the mock's channel: the stalled path never held
-    // the upstream back (the stall timeout is 300 ms; with the path stalled, only the window
-    // could stop the reader, and it holds all 601 events). Wall clock: the relay is real I/O.
     gw.tagged_at_least(base + all.len() as u64).await;
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "the upstream was never blocked"
     );
+    all
+}
+
+/// The path to the client stalls (a middlebox stops forwarding, sockets stay open): the
+/// gateway detaches the client within the stall timeout (closing the stuck connection), the
+/// upstream is never blocked, and a resume from the last id the client saw is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_path_to_client_is_detached_and_resumable() {
+    let mut mock = Mock::start().await;
+    let gw = primed_gateway(mock.addr, stall_300ms_huge_window).await;
+    init_session(&gw, &mut mock, SID).await;
+    let proxy = Relay::start(gw.addr);
+    proxy.arm(Dir::ToClient, Fault::StallAfter(40_000));
+    let pending = tokio::spawn(send(proxy.addr(), post(&call(1), Some(SID))));
+    let writer = mock.next().await.respond_sse(Some(SID));
+    // The stalled path never holds the upstream back (the stall timeout is 300 ms; with the
+    // path stalled, only the window could stop the reader, and it holds all 601 events). Wall
+    // clock: the relay is real I/O.
+    let all = flood_unblocked(&gw, writer, 'p', 600).await;
     let mut r = SseReader::new(pending.await.unwrap());
     let got = events_until_quiet(&mut r, Duration::from_millis(500)).await;
     eventually(
@@ -330,12 +340,7 @@ async fn one_byte_segments_everywhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_stops_reading_is_closed_and_resumes_exactly() {
     let mut mock = Mock::start().await;
-    let gw = primed_gateway(mock.addr, |c| {
-        c.stall_timeout = Duration::from_millis(300);
-        c.window_events = 100_000;
-        c.window_bytes = 256 << 20;
-    })
-    .await;
+    let gw = primed_gateway(mock.addr, stall_300ms_huge_window).await;
     init_session(&gw, &mut mock, SID).await;
     let body = call(1);
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
@@ -344,24 +349,9 @@ async fn client_that_stops_reading_is_closed_and_resumes_exactly() {
         body.len()
     ).as_bytes()).await.unwrap();
     let writer = mock.next().await.respond_sse(Some(SID));
-    let pad = "q".repeat(16 * 1024);
-    let all: Vec<String> = (0..800)
-        .map(|i| format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"i":{i},"pad":"{pad}"}}}}"#))
-        .chain(std::iter::once(result(1)))
-        .collect();
-    let base = gw.tagged();
-    let started = Instant::now();
-    for m in &all {
-        writer.message(m).await;
-    }
-    drop(writer);
-    // Read by the gateway, not just taken by the mock's channel. Wall clock: this is the
-    // real-time smoke of the stall timer (tests/gateway.rs has the paused-clock test).
-    gw.tagged_at_least(base + all.len() as u64).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "the upstream was never blocked"
-    );
+    // Wall clock: this is the real-time smoke of the stall timer (tests/gateway.rs has the
+    // paused-clock test).
+    let all = flood_unblocked(&gw, writer, 'q', 800).await;
     eventually(
         "the reader-less client is detached",
         Duration::from_secs(6),
@@ -799,14 +789,7 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
         seen.push(mock.next().await);
     }
     for s in seen {
-        s.respond(
-            Response::builder()
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from_static(
-                    br#"{"jsonrpc":"2.0","id":0,"result":{}}"#,
-                )))
-                .unwrap(),
-        );
+        s.respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
     }
     for p in pending {
         assert_eq!(p.await.unwrap().status(), 200);

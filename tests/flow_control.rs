@@ -25,15 +25,6 @@ use tokio::time::Instant;
 
 const SID: &str = "sess-fc";
 
-async fn start_call(gw: &Gw, mock: &mut Mock, id: u64) -> (SseReader, SseWriter) {
-    let pending = tokio::spawn(send(gw.addr, post(&call(id), Some(SID))));
-    let seen = mock.next().await;
-    let writer = seen.respond_sse(Some(SID));
-    let resp = pending.await.unwrap();
-    assert_eq!(resp.status(), 200);
-    (SseReader::new(resp), writer)
-}
-
 fn padded_progress(i: u64, pad: usize) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":1,"progress":{i},"message":"{}"}}}}"#,
@@ -51,7 +42,7 @@ async fn a_client_at_a_tenth_of_the_upstream_rate_gets_everything() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     // The client reads ~1 MB/s for ~20 s; the upstream offers everything at once (it alone
     // writes ~20 MB in well under 2 s when nothing holds it back).
     const N: u64 = 10_000;
@@ -326,7 +317,7 @@ async fn a_retransmitted_post_is_a_resume_and_never_reaches_the_upstream() {
     init_session(&gw, &mut mock, SID).await;
     // The seed's reproduction: the client saw an event, the connection dropped, the tool
     // finished meanwhile.
-    let (mut reader, writer) = start_call(&gw, &mut mock, 5).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 5).await;
     writer.message(&progress(1)).await;
     let _priming = reader.next().await.unwrap();
     let first = reader.next().await.unwrap();
@@ -374,7 +365,7 @@ async fn a_retransmission_whose_stream_lost_events_gets_an_explicit_error() {
     })
     .await;
     init_session(&gw, &mut mock, SID).await;
-    let (reader, writer) = start_call(&gw, &mut mock, 3).await;
+    let (reader, writer) = start_call(&gw, &mut mock, SID, 3).await;
     drop(reader);
     // Away for longer than the stall budget.
     tokio::time::sleep(Duration::from_millis(300)).await;

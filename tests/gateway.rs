@@ -15,18 +15,6 @@ use support::*;
 
 const SID: &str = "sess-1";
 
-/// Starts a tool call through the gateway; returns the client's reader and the upstream writer.
-async fn start_call(gw: &Gw, mock: &mut Mock, id: u64) -> (SseReader, SseWriter) {
-    let pending = tokio::spawn(send(gw.addr, post(&call(id), Some(SID))));
-    let seen = mock.next().await;
-    assert_eq!(seen.json_body()["id"], id);
-    let writer = seen.respond_sse(Some(SID));
-    let resp = pending.await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["content-type"], "text/event-stream");
-    (SseReader::new(resp), writer)
-}
-
 async fn resume(gw: &Gw, cursor: &str) -> Response<hyper::body::Incoming> {
     send(gw.addr, get(SID, Some(cursor))).await
 }
@@ -57,7 +45,7 @@ async fn resume_after_cut_at_every_point_delivers_exactly_the_rest() {
             // Request ids are never reused within a session (a reused id is a retransmission).
             let id = 100 + k as u64 + if upstream_done_before_cut { 0 } else { 50 };
             let all = expected(N, id);
-            let (mut reader, writer) = start_call(&gw, &mut mock, id).await;
+            let (mut reader, writer) = start_call(&gw, &mut mock, SID, id).await;
             let priming = reader.next().await.unwrap();
             assert!(
                 priming.id.is_some() && priming.data.as_deref() == Some(""),
@@ -122,7 +110,7 @@ async fn upstream_ids_are_replaced_comments_dropped_retry_kept() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.keepalive = None).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     writer.send("id: up-7\r\nevent: message\r\nretry: 2500\r\ndata: {\"jsonrpc\":\"2.0\",\r\ndata: \"method\":\"x\"}\r\n\r\n: ping - 2025-01-01\r\n\r\n").await;
     writer.message(&result(1)).await;
     drop(writer);
@@ -147,8 +135,8 @@ async fn ids_increase_across_streams_of_a_session() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut a, wa) = start_call(&gw, &mut mock, 1).await;
-    let (mut b, wb) = start_call(&gw, &mut mock, 2).await;
+    let (mut a, wa) = start_call(&gw, &mut mock, SID, 1).await;
+    let (mut b, wb) = start_call(&gw, &mut mock, SID, 2).await;
     wa.message(&progress(1)).await;
     wb.message(&progress(1)).await;
     wa.message(&result(1)).await;
@@ -190,7 +178,7 @@ async fn gap_on_a_post_stream_answers_the_pending_request_with_an_error() {
     })
     .await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 9).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 9).await;
     let mut cursor = reader.next().await.unwrap().id.unwrap();
     writer.message(&progress(1)).await;
     cursor = reader.next().await.map(|e| e.id.unwrap()).unwrap_or(cursor);
@@ -231,7 +219,7 @@ async fn resumption_failures_are_explicit() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.priming = Priming::Always).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     let good = reader.next().await.unwrap().id.unwrap();
     writer.message(&result(1)).await;
     drop(writer);
@@ -295,7 +283,7 @@ async fn cursor_from_an_earlier_gateway_run_is_foreign() {
     let mut mock = Mock::start().await;
     let gw1 = gateway(mock.addr, |c| c.priming = Priming::Always).await;
     init_session(&gw1, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw1, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw1, &mut mock, SID, 1).await;
     let old = reader.next().await.unwrap().id.unwrap();
     drop((reader, writer));
     // "Restart": a new gateway that meets the same session id again.
@@ -314,7 +302,7 @@ async fn delete_drops_the_session_and_closes_held_upstream_streams() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.priming = Priming::Always).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     let cursor = reader.next().await.unwrap().id.unwrap();
     drop(reader);
     let pending = tokio::spawn(send(
@@ -345,13 +333,11 @@ async fn upstream_404_drops_the_session() {
     assert_eq!(gw.gateway.registry().len(), 1);
     let pending = tokio::spawn(send(gw.addr, post(&call(1), Some(SID))));
     let seen = mock.next().await;
-    seen.respond(
-        Response::builder()
-            .status(404)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"Session not found"}}"#)))
-            .unwrap(),
-    );
+    seen.respond(json_response(
+        404,
+        &[],
+        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"Session not found"}}"#,
+    ));
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 404);
     assert_eq!(
@@ -385,13 +371,7 @@ async fn json_202_and_errors_pass_through_byte_identical() {
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
     assert_eq!(seen.uri.path(), "/mcp");
-    seen.respond(
-        Response::builder()
-            .header("content-type", "application/json")
-            .header("x-custom", "kept")
-            .body(Full::new(body.clone()))
-            .unwrap(),
-    );
+    seen.respond(json_response(200, &[("x-custom", "kept")], body.clone()));
     let resp = pending.await.unwrap();
     assert_eq!(resp.headers()["x-custom"], "kept");
     assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), body);
@@ -511,7 +491,7 @@ async fn legacy_disconnect_is_not_a_cancel() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     init_session(&gw, &mut mock, SID).await;
-    let (reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     drop(reader);
     assert!(
         !writer.closed_within(Duration::from_millis(300)).await,
@@ -553,7 +533,7 @@ async fn upstream_stream_failures_end_pending_requests_explicitly_and_keep_servi
         let mut mock = Mock::start().await;
         let gw = gateway(mock.addr, |c| c.max_event_bytes = 1024).await;
         init_session(&gw, &mut mock, SID).await;
-        let (mut reader, writer) = start_call(&gw, &mut mock, 3).await;
+        let (mut reader, writer) = start_call(&gw, &mut mock, SID, 3).await;
         writer.message(&progress(1)).await;
         writer.send(bad).await;
         let events = reader.rest().await;
@@ -571,7 +551,7 @@ async fn upstream_stream_failures_end_pending_requests_explicitly_and_keep_servi
             "the broken upstream stream is closed"
         );
         // The session keeps working.
-        let (mut reader, writer) = start_call(&gw, &mut mock, 4).await;
+        let (mut reader, writer) = start_call(&gw, &mut mock, SID, 4).await;
         writer.message(&result(4)).await;
         drop(writer);
         assert_eq!(messages(&reader.rest().await), vec![result(4)]);
@@ -587,7 +567,7 @@ async fn event_larger_than_the_window_is_forwarded_but_cannot_be_resumed() {
     })
     .await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     let cursor = reader.next().await.unwrap().id.unwrap();
     let big = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
@@ -671,7 +651,7 @@ async fn keepalive_comments_on_idle_streams() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.keepalive = Some(Duration::from_millis(50))).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     writer.message(&result(1)).await;
     drop(writer);
@@ -685,7 +665,7 @@ async fn priming_auto_follows_the_protocol_version() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await; // auto
     init_session(&gw, &mut mock, SID).await; // 2025-06-18: no priming
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     writer.message(&result(1)).await;
     drop(writer);
     let ev = reader.rest().await;
@@ -804,7 +784,7 @@ async fn sessions_expire_after_ttl_without_clients_and_close_upstream_streams() 
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.session_ttl = Duration::from_millis(300)).await;
     init_session(&gw, &mut mock, SID).await;
-    let (reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         gw.gateway.registry().len(),
@@ -860,7 +840,7 @@ async fn stalled_client_is_detached_and_resumes_without_loss() {
     })
     .await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 1).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 1).await;
     let filler = "f".repeat(16 * 1024);
     const N: usize = 800; // ~13 MB: far more than loopback socket buffers hold
     let all: Vec<String> = (0..N)
@@ -942,7 +922,7 @@ async fn upstream_that_closes_early_is_resumed_upstream_with_its_own_ids() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 5).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 5).await;
     writer.send("id: up-1\nretry: 100\ndata: \n\n").await; // the upstream's own priming
     writer
         .send(format!(
@@ -991,7 +971,7 @@ async fn upstream_that_refuses_to_resume_ends_the_call_explicitly() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     init_session(&gw, &mut mock, SID).await;
-    let (mut reader, writer) = start_call(&gw, &mut mock, 5).await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, SID, 5).await;
     writer.send("id: up-1\nretry: 10\ndata: \n\n").await;
     drop(writer);
     for _ in 0..3 {
@@ -1024,14 +1004,7 @@ async fn x_forwarded_proto_from_the_hop_in_front_is_kept() {
         let seen = mock.next().await;
         assert_eq!(seen.headers["x-forwarded-proto"], want);
         assert_eq!(seen.headers.get_all("x-forwarded-proto").iter().count(), 1);
-        seen.respond(
-            Response::builder()
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from_static(
-                    br#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
-                )))
-                .unwrap(),
-        );
+        seen.respond_json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
         assert_eq!(pending.await.unwrap().status(), 200);
     }
 }

@@ -12,6 +12,8 @@
 //!
 //! Each test is one scenario against one upstream and runs the three clients concurrently (each
 //! with its own gateway and relay), then asserts every pair and prints a table row per pair.
+//! The scenarios are a table ([`Scenario`]: the plan, the faults and the verdict of each case)
+//! driving one body ([`run_scenario`]).
 //! Scenarios (numbers as in the issue and in docs/interop.md):
 //!
 //! 1. a progress-streaming call completes with every notification and the result exactly once,
@@ -77,12 +79,7 @@ enum Up {
 
 impl Up {
     async fn start(self) -> Upstream {
-        tokio::task::spawn_blocking(|| {
-            support::ensure_npm_deps();
-            support::ensure_python_venv();
-        })
-        .await
-        .expect("installing the interop dependencies");
+        support::install_interop_deps().await;
         match self {
             Up::TsSse => Upstream::ts("sse").await,
             Up::TsJson => Upstream::ts("json").await,
@@ -328,14 +325,10 @@ async fn run_client(
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = match driver.next_line(left).await {
-            NextLine::Line(l) => l,
-            NextLine::Eof => {
-                run.cut_short = Some("eof");
-                break;
-            }
-            NextLine::Timeout => {
-                run.cut_short = Some("timeout");
+        let line = match driver.next_line(left).await.line() {
+            Ok(l) => l,
+            Err(why) => {
+                run.cut_short = Some(why);
                 break;
             }
         };
@@ -419,12 +412,7 @@ async fn run_pairs(
     make: impl Fn(Cl) -> (Value, Hook),
 ) -> Vec<Run> {
     // Installs (first run only) before any clock starts.
-    tokio::task::spawn_blocking(|| {
-        support::ensure_npm_deps();
-        support::ensure_python_venv();
-    })
-    .await
-    .expect("installing the interop dependencies");
+    support::install_interop_deps().await;
     let mut tasks = Vec::new();
     for &client in clients {
         let target = match tweak {
@@ -759,6 +747,160 @@ fn unknown_response_errors(run: &Run) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The scenarios: a table of cases ([`Scenario`]), one body ([`run_scenario`])
+// ---------------------------------------------------------------------------------------------
+
+/// One case of the matrix: what every client runs, through what, and how each run is judged.
+struct Scenario {
+    /// Its name in the `RESULT` rows (numbered as in the issue and in docs/interop.md).
+    name: &'static str,
+    /// The clients, run concurrently, each through its own relay (and gateway).
+    clients: &'static [Cl],
+    /// The gateway's config; `None`: no gateway, the relay points at the upstream (a control).
+    gateway: Option<fn(&mut mcp_reattach::Config)>,
+    /// How long one client run may take.
+    limit: Duration,
+    /// The plan and the fault hook of one client run against `up` (a new hook per client).
+    plan: fn(Up) -> (Value, Hook),
+    /// The verdict on one run against `up`: a note for the table row, or why the pair failed.
+    verdict: fn(&Run, Up) -> Result<String, String>,
+    /// Whether a passing verdict is checked once more on the wire ([`resume_gets_404`]).
+    raw_resume: bool,
+}
+
+/// The one body of every case: starts `up`, runs the clients of `s` against it, judges every
+/// run, then fails with every failing pair.
+async fn run_scenario(up: Up, s: &Scenario) {
+    let upstream = up.start().await;
+    let runs = run_pairs(&upstream, s.clients, s.gateway, s.limit, |_| (s.plan)(up)).await;
+    let mut v = Verdicts::new(s.name, &upstream);
+    for run in &runs {
+        let mut outcome = (s.verdict)(run, up);
+        if s.raw_resume {
+            outcome = resume_gets_404(run, outcome).await;
+        }
+        v.check(run, outcome);
+    }
+    v.assert_all();
+}
+
+const S1A_ONE_CUT: Scenario = Scenario {
+    name: "1a-one-cut",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(45),
+    plan: |up| cuts_plan(up.slow(8, 150), &[3]),
+    verdict: |run, up| cuts_verdict(run, up, 8, &[3]),
+    raw_resume: false,
+};
+
+const S1B_THREE_CUTS: Scenario = Scenario {
+    name: "1b-three-cuts",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(45),
+    plan: |up| cuts_plan(up.slow(8, 750), &[2, 4, 6]),
+    verdict: |run, up| cuts_verdict(run, up, 8, &[2, 4, 6]),
+    raw_resume: false,
+};
+
+const S1C_CUT_THEN_REFUSAL: Scenario = Scenario {
+    name: "1c-cut-then-refusal",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(30),
+    plan: refusal_plan,
+    verdict: refusal_verdict,
+    raw_resume: false,
+};
+
+const S2_GAP: Scenario = Scenario {
+    name: "2-gap",
+    clients: &ALL_CLIENTS,
+    gateway: Some(tiny_window),
+    limit: Duration::from_secs(40),
+    plan: gap_plan,
+    verdict: gap_verdict,
+    raw_resume: false,
+};
+
+const S3_STANDALONE: Scenario = Scenario {
+    name: "3-standalone-notifications",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(40),
+    plan: standalone_plan,
+    verdict: standalone_verdict,
+    raw_resume: false,
+};
+
+const S4_DELETE: Scenario = Scenario {
+    name: "4-delete-then-resume",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(40),
+    plan: delete_plan,
+    verdict: delete_verdict,
+    raw_resume: true,
+};
+
+const S5_CONCURRENT: Scenario = Scenario {
+    name: "5-concurrent-calls",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(30),
+    plan: concurrent_plan,
+    verdict: concurrent_verdict,
+    raw_resume: false,
+};
+
+const JSON_CALLS: Scenario = Scenario {
+    name: "json-concurrent-calls-no-cut",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(30),
+    plan: json_calls_plan,
+    verdict: json_calls_verdict,
+    raw_resume: false,
+};
+
+const JSON_CUT: Scenario = Scenario {
+    name: "json-call-cut",
+    clients: &ALL_CLIENTS,
+    gateway: Some(with_gateway),
+    limit: Duration::from_secs(30),
+    plan: json_cut_plan,
+    verdict: json_cut_verdict,
+    raw_resume: false,
+};
+
+/// Without the gateway, a server without an event store sets no ids: no client can resume, so
+/// one cut loses the rest of the call.
+const CONTROL_1A: Scenario = Scenario {
+    name: "control-1a-no-gateway",
+    clients: &ALL_CLIENTS,
+    gateway: None,
+    limit: Duration::from_secs(20),
+    plan: control_1a_plan,
+    verdict: control_1a_verdict,
+    raw_resume: false,
+};
+
+/// server-everything resumes by itself (its own event store), but its store replays the events
+/// of every stream after the cursor: concurrent calls cut at once see other calls' events. The
+/// checks of scenario 5 catch it (this is the upstream bug the gateway's per-stream cursors
+/// avoid).
+const CONTROL_5_EVERYTHING: Scenario = Scenario {
+    name: "control-5-everything-own-store",
+    clients: &[Cl::Ts],
+    gateway: None,
+    limit: Duration::from_secs(30),
+    plan: control_5_plan,
+    verdict: control_5_verdict,
+    raw_resume: false,
+};
+
+// ---------------------------------------------------------------------------------------------
 // Scenario 1: a progress-streaming call through cuts and refusals
 // ---------------------------------------------------------------------------------------------
 
@@ -775,262 +917,205 @@ fn cut_on_progress(cut_after: &'static [u64]) -> Hook {
     })
 }
 
-async fn scenario_cuts(
-    up: Up,
-    name: &'static str,
-    steps: u32,
-    interval: u32,
-    cuts: &'static [u64],
-) {
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(45),
-        |_| {
-            (
-                json!({"timeout_ms": 15000, "calls": [up.slow(steps, interval)]}),
-                cut_on_progress(cuts),
-            )
-        },
+/// 1a, 1b: `call`, cut after each progress value in `cuts`.
+fn cuts_plan(call: Value, cuts: &'static [u64]) -> (Value, Hook) {
+    (
+        json!({"timeout_ms": 15000, "calls": [call]}),
+        cut_on_progress(cuts),
     )
-    .await;
-    let mut v = Verdicts::new(name, &upstream);
-    for run in &runs {
-        let outcome = complete_or_py_bug(run, up, "0", steps).and_then(|bug| {
-            // A client that gave up (Python SDK bug) may leave later cuts nothing to hit.
-            let want = if bug.is_some() { 1 } else { cuts.len() };
-            if run.cuts_hit < want {
-                return Err(format!(
-                    "only {} of {} cuts hit a live connection",
-                    run.cuts_hit,
-                    cuts.len()
-                ));
-            }
-            let resumes = run.resumes();
-            if resumes.len() < want {
-                return Err(format!(
-                    "expected ≥ {} resumes, saw {resumes:?}",
-                    cuts.len()
-                ));
-            }
-            stream_isolation(run)?;
-            Ok(format!(
-                "{} cut(s), {} resume GET(s)",
-                run.cuts_hit,
-                resumes.len()
-            ))
-        });
-        v.check(run, outcome);
-    }
-    v.assert_all();
 }
 
-async fn scenario_refusal(up: Up) {
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(30),
-        |_| {
-            let mut fired = false;
-            (
-                json!({"timeout_ms": 20000, "calls": [up.slow(10, 150)]}),
-                Box::new(move |v: &Value, f: &mut Faults| {
-                    if !fired && v["ev"] == "progress" && v["progress"].as_f64() == Some(3.0) {
-                        fired = true;
-                        f.relay.refuse_for(Duration::from_millis(1300));
-                        f.cut();
-                    }
-                }) as Hook,
-            )
-        },
+/// 1a, 1b: the call of `steps` completes through every cut in `cuts`, each resumed.
+fn cuts_verdict(run: &Run, up: Up, steps: u32, cuts: &[u64]) -> Result<String, String> {
+    complete_or_py_bug(run, up, "0", steps).and_then(|bug| {
+        // A client that gave up (Python SDK bug) may leave later cuts nothing to hit.
+        let want = if bug.is_some() { 1 } else { cuts.len() };
+        if run.cuts_hit < want {
+            return Err(format!(
+                "only {} of {} cuts hit a live connection",
+                run.cuts_hit,
+                cuts.len()
+            ));
+        }
+        let resumes = run.resumes();
+        if resumes.len() < want {
+            return Err(format!(
+                "expected ≥ {} resumes, saw {resumes:?}",
+                cuts.len()
+            ));
+        }
+        stream_isolation(run)?;
+        Ok(format!(
+            "{} cut(s), {} resume GET(s)",
+            run.cuts_hit,
+            resumes.len()
+        ))
+    })
+}
+
+/// Once, at the first progress value `p` (of any call): refuses new connections for
+/// `refuse_ms`, then cuts.
+fn refuse_and_cut_at(p: f64, refuse_ms: u64) -> Hook {
+    let mut fired = false;
+    Box::new(move |v: &Value, f: &mut Faults| {
+        if !fired && v["ev"] == "progress" && v["progress"].as_f64() == Some(p) {
+            fired = true;
+            f.relay.refuse_for(Duration::from_millis(refuse_ms));
+            f.cut();
+        }
+    })
+}
+
+fn refusal_plan(up: Up) -> (Value, Hook) {
+    (
+        json!({"timeout_ms": 20000, "calls": [up.slow(10, 150)]}),
+        refuse_and_cut_at(3.0, 1300),
     )
-    .await;
-    let mut v = Verdicts::new("1c-cut-then-refusal", &upstream);
-    for run in &runs {
-        let outcome = complete_or_py_bug(run, up, "0", 10).and_then(|bug| {
-            let failed: Vec<_> = run
-                .resumes()
-                .into_iter()
-                .filter(|(_, out)| !out.starts_with("200"))
-                .collect();
-            if run.refused == 0 || failed.is_empty() {
-                return Err(format!(
-                    "the refusal was never exercised (refused {}, failed resumes {failed:?})",
-                    run.refused
-                ));
-            }
-            let note = format!(
-                "{} refused connection(s), {} failed resume(s) first",
-                run.refused,
-                failed.len()
-            );
-            Ok(bug.map_or(note.clone(), |b| format!("{b}; {note}")))
-        });
-        v.check(run, outcome);
-    }
-    v.assert_all();
+}
+
+fn refusal_verdict(run: &Run, up: Up) -> Result<String, String> {
+    complete_or_py_bug(run, up, "0", 10).and_then(|bug| {
+        let failed: Vec<_> = run
+            .resumes()
+            .into_iter()
+            .filter(|(_, out)| !out.starts_with("200"))
+            .collect();
+        if run.refused == 0 || failed.is_empty() {
+            return Err(format!(
+                "the refusal was never exercised (refused {}, failed resumes {failed:?})",
+                run.refused
+            ));
+        }
+        let note = format!(
+            "{} refused connection(s), {} failed resume(s) first",
+            run.refused,
+            failed.len()
+        );
+        Ok(bug.map_or(note.clone(), |b| format!("{b}; {note}")))
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Scenario 2: a gap ends the pending call at once with the gateway's error
 // ---------------------------------------------------------------------------------------------
 
-async fn scenario_gap(up: Up) {
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(tiny_window),
-        Duration::from_secs(40),
-        |_| {
-            let mut fired = false;
-            (
-                json!({"timeout_ms": 30000, "calls": [up.slow(30, 50)]}),
-                Box::new(move |v: &Value, f: &mut Faults| {
-                    if !fired && v["ev"] == "progress" && v["progress"].as_f64() == Some(2.0) {
-                        fired = true;
-                        f.relay.refuse_for(Duration::from_millis(1500));
-                        f.cut();
-                    }
-                }) as Hook,
-            )
-        },
+fn gap_plan(up: Up) -> (Value, Hook) {
+    (
+        json!({"timeout_ms": 30000, "calls": [up.slow(30, 50)]}),
+        refuse_and_cut_at(2.0, 1500),
     )
-    .await;
-    let mut v = Verdicts::new("2-gap", &upstream);
-    for run in &runs {
-        let outcome = (|| {
-            let got = run.progress_of("0");
-            if got.windows(2).any(|w| w[0] >= w[1]) {
-                return Err(format!("progress delivered twice or out of order: {got:?}"));
-            }
-            if let Some(r) = run.results.get("0") {
-                return Err(format!(
-                    "a result arrived although the window overflowed: {r}"
-                ));
-            }
-            let Some((msg, code)) = run.errors.get("0") else {
-                return Err("the call did not end with an error".to_string());
-            };
-            if *code != Some(-32010) || !msg.contains("resumption failed") {
-                return Err(format!(
-                    "want the gateway's -32010 `resumption failed` error, got {code:?} {msg:?}"
-                ));
-            }
-            let took = match (run.cut_at, run.error_at.get("0")) {
-                (Some(c), Some(e)) => e.saturating_duration_since(c),
-                _ => Duration::MAX,
-            };
-            if took > Duration::from_secs(8) {
-                return Err(format!("the error came {took:?} after the cut"));
-            }
-            Ok(format!(
-                "error -32010 {:.1} s after the cut; progress before it {got:?}",
-                took.as_secs_f64()
-            ))
-        })();
-        v.check(run, outcome);
+}
+
+fn gap_verdict(run: &Run, _: Up) -> Result<String, String> {
+    let got = run.progress_of("0");
+    if got.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("progress delivered twice or out of order: {got:?}"));
     }
-    v.assert_all();
+    if let Some(r) = run.results.get("0") {
+        return Err(format!(
+            "a result arrived although the window overflowed: {r}"
+        ));
+    }
+    let Some((msg, code)) = run.errors.get("0") else {
+        return Err("the call did not end with an error".to_string());
+    };
+    if *code != Some(-32010) || !msg.contains("resumption failed") {
+        return Err(format!(
+            "want the gateway's -32010 `resumption failed` error, got {code:?} {msg:?}"
+        ));
+    }
+    let took = match (run.cut_at, run.error_at.get("0")) {
+        (Some(c), Some(e)) => e.saturating_duration_since(c),
+        _ => Duration::MAX,
+    };
+    if took > Duration::from_secs(8) {
+        return Err(format!("the error came {took:?} after the cut"));
+    }
+    Ok(format!(
+        "error -32010 {:.1} s after the cut; progress before it {got:?}",
+        took.as_secs_f64()
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Scenario 3: notifications on the standalone GET stream survive a cut
 // ---------------------------------------------------------------------------------------------
 
-async fn scenario_standalone(up: Up) {
-    let upstream = up.start().await;
+fn standalone_plan(up: Up) -> (Value, Hook) {
     let everything = up == Up::Everything;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(40),
-        |_| {
-            let mut seen = 0;
-            let plan = if everything {
-                // Simulated logging: one message at once, then one every 5 s (random levels, no
-                // sequence number). Expect 4, stop before the 4th is due: exactly 3 must come.
-                json!({"timeout_ms": 20000, "notify": {"tool": "toggle-simulated-logging", "args": {}, "expect": 4, "wait_ms": 13000}})
-            } else {
-                json!({"timeout_ms": 20000, "notify": {"tool": "notify_standalone", "args": {"count": 8, "interval_ms": 300}, "expect": 8, "wait_ms": 12000}})
-            };
-            (
-                plan,
-                Box::new(move |v: &Value, f: &mut Faults| {
-                    if v["ev"] == "notify" {
-                        seen += 1;
-                        if seen == 2 {
-                            if everything {
-                                // Just before the 3rd is due, so it is sent while detached.
-                                f.cut_later(Duration::from_millis(4400));
-                                f.cuts_hit += 1;
-                            } else {
-                                f.cut();
-                            }
-                        }
+    let mut seen = 0;
+    let plan = if everything {
+        // Simulated logging: one message at once, then one every 5 s (random levels, no
+        // sequence number). Expect 4, stop before the 4th is due: exactly 3 must come.
+        json!({"timeout_ms": 20000, "notify": {"tool": "toggle-simulated-logging", "args": {}, "expect": 4, "wait_ms": 13000}})
+    } else {
+        json!({"timeout_ms": 20000, "notify": {"tool": "notify_standalone", "args": {"count": 8, "interval_ms": 300}, "expect": 8, "wait_ms": 12000}})
+    };
+    (
+        plan,
+        Box::new(move |v: &Value, f: &mut Faults| {
+            if v["ev"] == "notify" {
+                seen += 1;
+                if seen == 2 {
+                    if everything {
+                        // Just before the 3rd is due, so it is sent while detached.
+                        f.cut_later(Duration::from_millis(4400));
+                        f.cuts_hit += 1;
+                    } else {
+                        f.cut();
                     }
-                }) as Hook,
-            )
-        },
+                }
+            }
+        }),
     )
-    .await;
-    let mut v = Verdicts::new("3-standalone-notifications", &upstream);
-    for run in &runs {
-        let outcome = (|| {
-            if run.cuts_hit == 0 {
-                return Err("the cut hit no live connection".to_string());
-            }
-            if everything {
-                let times: Vec<f64> = run.notifies.iter().map(|(t, _)| t.as_secs_f64()).collect();
-                if times.len() != 3 || times.windows(2).any(|w| w[1] - w[0] < 3.0) {
-                    return Err(format!(
-                        "want exactly 3 log notifications ~5 s apart, got them at {times:?} s"
-                    ));
-                }
-            } else {
-                let seqs: Vec<u64> = run
-                    .notifies
-                    .iter()
-                    .map(|(_, d)| d["seq"].as_u64().unwrap_or(0))
-                    .collect();
-                let want: Vec<u64> = (1..=8).collect();
-                if seqs != want {
-                    // rmcp runs each notification handler in its own task (see
-                    // `rmcp_wire_order`): a burst (the replay after a resume) can reach the
-                    // handler out of order. Exactly once is still required, and 8 on the wire.
-                    let mut sorted = seqs.clone();
-                    sorted.sort_unstable();
-                    let on_wire = run
-                        .taps()
-                        .iter()
-                        .filter(|t| t["rpc"]["m"] == "notifications/message")
-                        .count();
-                    if run.client == Some(Cl::Rmcp) && sorted == want && on_wire == 8 {
-                        return Ok(format!(
-                            "SDK BUG (rmcp): 8 on the wire once each, the handler saw {seqs:?}"
-                        ));
-                    }
-                    return Err(format!("want notifications 1..=8 once each, got {seqs:?}"));
-                }
-            }
-            let resumes = run.resumes();
-            if resumes.is_empty() {
-                return Err("the standalone stream was never resumed".to_string());
-            }
-            Ok(format!(
-                "{} notifications, resumed with {:?}",
-                run.notifies.len(),
-                resumes.iter().map(|(_, o)| o.as_str()).collect::<Vec<_>>()
-            ))
-        })();
-        v.check(run, outcome);
+}
+
+fn standalone_verdict(run: &Run, up: Up) -> Result<String, String> {
+    if run.cuts_hit == 0 {
+        return Err("the cut hit no live connection".to_string());
     }
-    v.assert_all();
+    if up == Up::Everything {
+        let times: Vec<f64> = run.notifies.iter().map(|(t, _)| t.as_secs_f64()).collect();
+        if times.len() != 3 || times.windows(2).any(|w| w[1] - w[0] < 3.0) {
+            return Err(format!(
+                "want exactly 3 log notifications ~5 s apart, got them at {times:?} s"
+            ));
+        }
+    } else {
+        let seqs: Vec<u64> = run
+            .notifies
+            .iter()
+            .map(|(_, d)| d["seq"].as_u64().unwrap_or(0))
+            .collect();
+        let want: Vec<u64> = (1..=8).collect();
+        if seqs != want {
+            // rmcp runs each notification handler in its own task (see
+            // `rmcp_wire_order`): a burst (the replay after a resume) can reach the
+            // handler out of order. Exactly once is still required, and 8 on the wire.
+            let mut sorted = seqs.clone();
+            sorted.sort_unstable();
+            let on_wire = run
+                .taps()
+                .iter()
+                .filter(|t| t["rpc"]["m"] == "notifications/message")
+                .count();
+            if run.client == Some(Cl::Rmcp) && sorted == want && on_wire == 8 {
+                return Ok(format!(
+                    "SDK BUG (rmcp): 8 on the wire once each, the handler saw {seqs:?}"
+                ));
+            }
+            return Err(format!("want notifications 1..=8 once each, got {seqs:?}"));
+        }
+    }
+    let resumes = run.resumes();
+    if resumes.is_empty() {
+        return Err("the standalone stream was never resumed".to_string());
+    }
+    Ok(format!(
+        "{} notifications, resumed with {:?}",
+        run.notifies.len(),
+        resumes.iter().map(|(_, o)| o.as_str()).collect::<Vec<_>>()
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1070,128 +1155,118 @@ fn last_cursor(run: &Run) -> Option<String> {
         .rfind(|id| cursor(id).is_some())
 }
 
-async fn scenario_delete(up: Up) {
-    let upstream = up.start().await;
+fn delete_plan(up: Up) -> (Value, Hook) {
     let json_mode = up == Up::TsJson;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(40),
-        |_| {
-            let mut fired = false;
-            // JSON mode has no POST stream: the standalone stream is the one resumed.
-            let plan = if json_mode {
-                json!({"timeout_ms": 6000, "notify": {"tool": "notify_standalone", "args": {"count": 10, "interval_ms": 300}, "expect": 10, "wait_ms": 7000}})
+    let mut fired = false;
+    // JSON mode has no POST stream: the standalone stream is the one resumed.
+    let plan = if json_mode {
+        json!({"timeout_ms": 6000, "notify": {"tool": "notify_standalone", "args": {"count": 10, "interval_ms": 300}, "expect": 10, "wait_ms": 7000}})
+    } else {
+        json!({"timeout_ms": 6000, "calls": [up.slow(10, 200)]})
+    };
+    let mut session = None;
+    let mut protocol = String::new();
+    (
+        plan,
+        Box::new(move |v: &Value, f: &mut Faults| {
+            if v["ev"] == "session" {
+                session = v["session"].as_str().map(str::to_string);
+                protocol = v["protocol"].as_str().unwrap_or("").to_string();
+            }
+            let trigger = if json_mode {
+                v["ev"] == "notify" && v["data"]["seq"] == 2
             } else {
-                json!({"timeout_ms": 6000, "calls": [up.slow(10, 200)]})
+                v["ev"] == "progress" && v["progress"].as_f64() == Some(3.0)
             };
-            let mut session = None;
-            let mut protocol = String::new();
-            (
-                plan,
-                Box::new(move |v: &Value, f: &mut Faults| {
-                    if v["ev"] == "session" {
-                        session = v["session"].as_str().map(str::to_string);
-                        protocol = v["protocol"].as_str().unwrap_or("").to_string();
-                    }
-                    let trigger = if json_mode {
-                        v["ev"] == "notify" && v["data"]["seq"] == 2
-                    } else {
-                        v["ev"] == "progress" && v["progress"].as_f64() == Some(3.0)
-                    };
-                    if !fired && trigger {
-                        fired = true;
-                        // Cut first (refusing reconnects briefly, as rmcp retries at once), then
-                        // DELETE while the client is detached.
-                        f.relay.refuse_for(Duration::from_millis(800));
-                        f.cut();
-                        let sid = session.clone().unwrap_or_default();
-                        let gw = f.gateway;
-                        let proto = protocol.clone();
-                        // DELETE straight to the gateway (as another component of the client
-                        // would), then cut the client's streams.
-                        let status = std::thread::spawn(move || {
-                            let rt = tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
-                                .build()
-                                .unwrap();
-                            rt.block_on(raw_http(
-                                gw,
-                                "DELETE",
-                                &[("Mcp-Session-Id", &sid), ("MCP-Protocol-Version", &proto)],
-                            ))
-                            .0
-                        })
-                        .join()
-                        .unwrap_or(0);
-                        f.deleted = Some(format!("DELETE -> {status}"));
-                    }
-                }) as Hook,
-            )
-        },
+            if !fired && trigger {
+                fired = true;
+                // Cut first (refusing reconnects briefly, as rmcp retries at once), then
+                // DELETE while the client is detached.
+                f.relay.refuse_for(Duration::from_millis(800));
+                f.cut();
+                let sid = session.clone().unwrap_or_default();
+                let gw = f.gateway;
+                let proto = protocol.clone();
+                // DELETE straight to the gateway (as another component of the client
+                // would), then cut the client's streams.
+                let status = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(raw_http(
+                        gw,
+                        "DELETE",
+                        &[("Mcp-Session-Id", &sid), ("MCP-Protocol-Version", &proto)],
+                    ))
+                    .0
+                })
+                .join()
+                .unwrap_or(0);
+                f.deleted = Some(format!("DELETE -> {status}"));
+            }
+        }),
+    )
+}
+
+fn delete_verdict(run: &Run, up: Up) -> Result<String, String> {
+    let json_mode = up == Up::TsJson;
+    if run.deleted.as_deref() != Some("DELETE -> 200") {
+        return Err(format!(
+            "the DELETE was not answered 200: {:?}",
+            run.deleted
+        ));
+    }
+    // Resumes refused by the relay never reached the gateway; every other one is 404.
+    let resumes: Vec<_> = run
+        .resumes()
+        .into_iter()
+        .filter(|(_, out)| out.contains("404") || !out.contains("failed"))
+        .collect();
+    if resumes.is_empty() {
+        return Err("no resume reached the gateway after the DELETE".to_string());
+    }
+    if let Some(bad) = resumes.iter().find(|(_, out)| !out.contains("404")) {
+        return Err(format!(
+            "a resume after the DELETE was not answered 404: {bad:?}"
+        ));
+    }
+    if run.results.contains_key("0") {
+        return Err("the call got a result from a deleted session".to_string());
+    }
+    Ok(format!(
+        "{} resume(s), all 404; the call ended with {:?}",
+        resumes.len(),
+        run.errors.get(if json_mode { "notify" } else { "0" })
+    ))
+}
+
+/// And the documented body, checked on a resume made here with the client's own cursor (after
+/// a passing `outcome`): 404 -32001 `unknown-session`.
+async fn resume_gets_404(run: &Run, outcome: Result<String, String>) -> Result<String, String> {
+    let (Ok(note), Some(sid), Some(cur)) = (&outcome, &run.session, last_cursor(run)) else {
+        return outcome;
+    };
+    let Some(gw) = run.gateway else {
+        return outcome;
+    };
+    let (status, text) = raw_http(
+        gw,
+        "GET",
+        &[
+            ("Mcp-Session-Id", sid),
+            ("Last-Event-ID", &cur),
+            ("Accept", "text/event-stream"),
+        ],
     )
     .await;
-    let mut v = Verdicts::new("4-delete-then-resume", &upstream);
-    for run in &runs {
-        let mut outcome = (|| {
-            if run.deleted.as_deref() != Some("DELETE -> 200") {
-                return Err(format!(
-                    "the DELETE was not answered 200: {:?}",
-                    run.deleted
-                ));
-            }
-            // Resumes refused by the relay never reached the gateway; every other one is 404.
-            let resumes: Vec<_> = run
-                .resumes()
-                .into_iter()
-                .filter(|(_, out)| out.contains("404") || !out.contains("failed"))
-                .collect();
-            if resumes.is_empty() {
-                return Err("no resume reached the gateway after the DELETE".to_string());
-            }
-            if let Some(bad) = resumes.iter().find(|(_, out)| !out.contains("404")) {
-                return Err(format!(
-                    "a resume after the DELETE was not answered 404: {bad:?}"
-                ));
-            }
-            if run.results.contains_key("0") {
-                return Err("the call got a result from a deleted session".to_string());
-            }
-            Ok(format!(
-                "{} resume(s), all 404; the call ended with {:?}",
-                resumes.len(),
-                run.errors.get(if json_mode { "notify" } else { "0" })
-            ))
-        })();
-        // And the documented body, checked on a resume made here with the client's own cursor.
-        if let (Ok(note), Some(sid), Some(cur)) = (&outcome, &run.session, last_cursor(run)) {
-            if let Some(gw) = run.gateway {
-                let (status, text) = raw_http(
-                    gw,
-                    "GET",
-                    &[
-                        ("Mcp-Session-Id", sid),
-                        ("Last-Event-ID", &cur),
-                        ("Accept", "text/event-stream"),
-                    ],
-                )
-                .await;
-                if status != 404
-                    || !text.contains("\"unknown-session\"")
-                    || !text.contains("-32001")
-                {
-                    outcome = Err(format!(
-                        "a resume with cursor {cur} got {status}, want 404 -32001 unknown-session:\n{text}"
-                    ));
-                } else {
-                    outcome = Ok(format!("{note}; raw resume: 404 -32001 unknown-session"));
-                }
-            }
-        }
-        v.check(run, outcome);
+    if status != 404 || !text.contains("\"unknown-session\"") || !text.contains("-32001") {
+        Err(format!(
+            "a resume with cursor {cur} got {status}, want 404 -32001 unknown-session:\n{text}"
+        ))
+    } else {
+        Ok(format!("{note}; raw resume: 404 -32001 unknown-session"))
     }
-    v.assert_all();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1200,179 +1275,179 @@ async fn scenario_delete(up: Up) {
 
 const CONCURRENT: [(u32, u32); 3] = [(16, 150), (10, 250), (6, 450)];
 
-async fn scenario_concurrent(up: Up) {
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(30),
-        |_| {
-            let calls: Vec<Value> = CONCURRENT.iter().map(|&(s, i)| up.slow(s, i)).collect();
-            (
-                json!({"timeout_ms": 20000, "calls": calls}),
-                cut_on_progress(&[3, 11]),
-            )
-        },
+fn concurrent_plan(up: Up) -> (Value, Hook) {
+    let calls: Vec<Value> = CONCURRENT.iter().map(|&(s, i)| up.slow(s, i)).collect();
+    (
+        json!({"timeout_ms": 20000, "calls": calls}),
+        cut_on_progress(&[3, 11]),
     )
-    .await;
-    let mut v = Verdicts::new("5-concurrent-calls", &upstream);
-    for run in &runs {
-        let outcome = (|| {
-            let mut bugs = Vec::new();
-            for (k, &(steps, _)) in CONCURRENT.iter().enumerate() {
-                if let Some(b) = complete_or_py_bug(run, up, &k.to_string(), steps)? {
-                    bugs.push(format!("call {k}: {b}"));
-                }
-            }
-            if run.cuts_hit < 2 {
-                return Err(format!("only {} of 2 cuts hit", run.cuts_hit));
-            }
-            let unknown = unknown_response_errors(run);
-            if !unknown.is_empty() {
-                return Err(format!("responses for unknown requests: {unknown:?}"));
-            }
-            let iso = stream_isolation(run)?;
-            if bugs.is_empty() {
-                Ok(format!("3 calls complete through 2 cuts; {iso}"))
-            } else {
-                Ok(format!("SDK BUG: {}; {iso}", bugs.join("; ")))
-            }
-        })();
-        v.check(run, outcome);
+}
+
+fn concurrent_verdict(run: &Run, up: Up) -> Result<String, String> {
+    let mut bugs = Vec::new();
+    for (k, &(steps, _)) in CONCURRENT.iter().enumerate() {
+        if let Some(b) = complete_or_py_bug(run, up, &k.to_string(), steps)? {
+            bugs.push(format!("call {k}: {b}"));
+        }
     }
-    v.assert_all();
+    if run.cuts_hit < 2 {
+        return Err(format!("only {} of 2 cuts hit", run.cuts_hit));
+    }
+    let unknown = unknown_response_errors(run);
+    if !unknown.is_empty() {
+        return Err(format!("responses for unknown requests: {unknown:?}"));
+    }
+    let iso = stream_isolation(run)?;
+    if bugs.is_empty() {
+        Ok(format!("3 calls complete through 2 cuts; {iso}"))
+    } else {
+        Ok(format!("SDK BUG: {}; {iso}", bugs.join("; ")))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // JSON-response mode: no stream to resume; what clients do get
 // ---------------------------------------------------------------------------------------------
 
-async fn json_mode_calls() {
-    let up = Up::TsJson;
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(30),
-        |_| {
-            let calls: Vec<Value> = CONCURRENT.iter().map(|&(s, _)| up.slow(s, 30)).collect();
-            (
-                json!({"timeout_ms": 20000, "calls": calls}),
-                Box::new(|_: &Value, _: &mut Faults| {}) as Hook,
-            )
-        },
+fn json_calls_plan(up: Up) -> (Value, Hook) {
+    let calls: Vec<Value> = CONCURRENT.iter().map(|&(s, _)| up.slow(s, 30)).collect();
+    (
+        json!({"timeout_ms": 20000, "calls": calls}),
+        Box::new(|_: &Value, _: &mut Faults| {}),
     )
-    .await;
-    let mut v = Verdicts::new("json-concurrent-calls-no-cut", &upstream);
-    for run in &runs {
-        let outcome = (|| {
-            for (k, &(steps, _)) in CONCURRENT.iter().enumerate() {
-                let key = k.to_string();
-                match run.results.get(&key) {
-                    Some(t) if up.is_slow_result(t, steps) => {}
-                    other => return Err(format!("call {k}: result {other:?}")),
-                }
-                if !run.progress_of(&key).is_empty() {
-                    return Err(format!("call {k}: progress in JSON mode?"));
-                }
-            }
-            Ok("3 results, each its own, no progress (the server drops it in JSON mode)".into())
-        })();
-        v.check(run, outcome);
-    }
-    v.assert_all();
 }
 
-async fn json_mode_cut() {
-    let up = Up::TsJson;
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        Some(with_gateway),
-        Duration::from_secs(30),
-        |_| {
-            (
-                json!({"timeout_ms": 8000, "calls": [up.slow(8, 150)]}),
-                Box::new(|v: &Value, f: &mut Faults| {
-                    if v["ev"] == "session" {
-                        f.cut_later(Duration::from_millis(500));
-                        f.cuts_hit += 1;
-                        f.cut_at = Some(Instant::now() + Duration::from_millis(500));
-                    }
-                }) as Hook,
-            )
-        },
-    )
-    .await;
-    let mut v = Verdicts::new("json-call-cut", &upstream);
-    for run in &runs {
-        let outcome = (|| {
-            if let Some(r) = run.results.get("0") {
-                return Err(format!("a JSON response survived the cut? {r}"));
-            }
-            let (key, (msg, code)) = run
-                .errors
-                .iter()
-                .next()
-                .ok_or("the client reported no error at all")?;
-            let took = match (run.cut_at, run.error_at.get(key)) {
-                (Some(c), Some(e)) => e.saturating_duration_since(c).as_secs_f64(),
-                _ => f64::NAN,
-            };
-            Ok(format!(
-                "no resumption possible (no stream): call {key} failed {took:.1} s after the cut with {code:?} {msg:?}"
-            ))
-        })();
-        v.check(run, outcome);
+fn json_calls_verdict(run: &Run, up: Up) -> Result<String, String> {
+    for (k, &(steps, _)) in CONCURRENT.iter().enumerate() {
+        let key = k.to_string();
+        match run.results.get(&key) {
+            Some(t) if up.is_slow_result(t, steps) => {}
+            other => return Err(format!("call {k}: result {other:?}")),
+        }
+        if !run.progress_of(&key).is_empty() {
+            return Err(format!("call {k}: progress in JSON mode?"));
+        }
     }
-    v.assert_all();
+    Ok("3 results, each its own, no progress (the server drops it in JSON mode)".into())
+}
+
+fn json_cut_plan(up: Up) -> (Value, Hook) {
+    (
+        json!({"timeout_ms": 8000, "calls": [up.slow(8, 150)]}),
+        Box::new(|v: &Value, f: &mut Faults| {
+            if v["ev"] == "session" {
+                f.cut_later(Duration::from_millis(500));
+                f.cuts_hit += 1;
+                f.cut_at = Some(Instant::now() + Duration::from_millis(500));
+            }
+        }),
+    )
+}
+
+fn json_cut_verdict(run: &Run, _: Up) -> Result<String, String> {
+    if let Some(r) = run.results.get("0") {
+        return Err(format!("a JSON response survived the cut? {r}"));
+    }
+    let (key, (msg, code)) = run
+        .errors
+        .iter()
+        .next()
+        .ok_or("the client reported no error at all")?;
+    let took = match (run.cut_at, run.error_at.get(key)) {
+        (Some(c), Some(e)) => e.saturating_duration_since(c).as_secs_f64(),
+        _ => f64::NAN,
+    };
+    Ok(format!(
+        "no resumption possible (no stream): call {key} failed {took:.1} s after the cut with {code:?} {msg:?}"
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
-// The tests
+// Controls: no gateway (relay straight at the upstream): the same checks fail
 // ---------------------------------------------------------------------------------------------
 
+fn control_1a_plan(up: Up) -> (Value, Hook) {
+    (
+        json!({"timeout_ms": 4000, "calls": [up.slow(8, 150)]}),
+        cut_on_progress(&[3]),
+    )
+}
+
+fn control_1a_verdict(run: &Run, up: Up) -> Result<String, String> {
+    if complete(run, up, "0", 8).is_ok() {
+        Err("the call completed without the gateway: the scenario cannot fail".to_string())
+    } else if !run.resumes().is_empty() {
+        Err(format!("a resume without ids? {:?}", run.resumes()))
+    } else {
+        Ok(format!(
+            "as expected without the gateway: progress {:?}, error {:?}",
+            run.progress_of("0"),
+            run.errors.get("0")
+        ))
+    }
+}
+
+fn control_5_plan(up: Up) -> (Value, Hook) {
+    let calls: Vec<Value> = CONCURRENT.iter().map(|&(s, i)| up.slow(s, i)).collect();
+    (
+        json!({"timeout_ms": 8000, "calls": calls}),
+        cut_on_progress(&[3, 11]),
+    )
+}
+
+fn control_5_verdict(run: &Run, up: Up) -> Result<String, String> {
+    let all_complete = CONCURRENT
+        .iter()
+        .enumerate()
+        .all(|(k, &(s, _))| complete(run, up, &k.to_string(), s).is_ok());
+    let dupes: Vec<String> = CONCURRENT
+        .iter()
+        .enumerate()
+        .map(|(k, _)| (k, run.progress_of(&k.to_string())))
+        .filter(|(_, p)| p.windows(2).any(|w| w[0] >= w[1]))
+        .map(|(k, p)| format!("call {k}: {p:?}"))
+        .collect();
+    let unknown = unknown_response_errors(run);
+    if all_complete && dupes.is_empty() && unknown.is_empty() {
+        Err("server-everything's own resumption delivered every stream cleanly; this control expects its cross-stream replay".to_string())
+    } else {
+        Ok(format!(
+            "as expected, its own store mixes streams: duplicates {dupes:?}, unknown responses {}",
+            unknown.len()
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests: a table of rows `test name: upstream, case`
+// ---------------------------------------------------------------------------------------------
+
+/// One test per row: `name: upstream, case` runs `case` (a [`Scenario`]) against `upstream`.
+macro_rules! matrix_tests {
+    ($($name:ident: $up:expr, $case:ident;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                run_scenario($up, &$case).await;
+            }
+        )*
+    };
+}
+
+/// Every numbered scenario against one upstream, in module `$modname`.
 macro_rules! upstream_tests {
     ($modname:ident, $up:expr) => {
         mod $modname {
             use super::*;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s1a_one_cut() {
-                scenario_cuts($up, "1a-one-cut", 8, 150, &[3]).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s1b_three_cuts() {
-                scenario_cuts($up, "1b-three-cuts", 8, 750, &[2, 4, 6]).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s1c_cut_then_refusal() {
-                scenario_refusal($up).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s2_gap() {
-                scenario_gap($up).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s3_standalone_notifications() {
-                scenario_standalone($up).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s4_delete_then_resume() {
-                scenario_delete($up).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s5_concurrent_calls() {
-                scenario_concurrent($up).await;
+            matrix_tests! {
+                s1a_one_cut: $up, S1A_ONE_CUT;
+                s1b_three_cuts: $up, S1B_THREE_CUTS;
+                s1c_cut_then_refusal: $up, S1C_CUT_THEN_REFUSAL;
+                s2_gap: $up, S2_GAP;
+                s3_standalone_notifications: $up, S3_STANDALONE;
+                s4_delete_then_resume: $up, S4_DELETE;
+                s5_concurrent_calls: $up, S5_CONCURRENT;
             }
         }
     };
@@ -1385,117 +1460,18 @@ upstream_tests!(everything, Up::Everything);
 mod ts_json {
     use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_calls_no_cut() {
-        json_mode_calls().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn call_cut_fails_fast() {
-        json_mode_cut().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn s3_standalone_notifications() {
-        scenario_standalone(Up::TsJson).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn s4_delete_then_resume() {
-        scenario_delete(Up::TsJson).await;
+    matrix_tests! {
+        concurrent_calls_no_cut: Up::TsJson, JSON_CALLS;
+        call_cut_fails_fast: Up::TsJson, JSON_CUT;
+        s3_standalone_notifications: Up::TsJson, S3_STANDALONE;
+        s4_delete_then_resume: Up::TsJson, S4_DELETE;
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Controls: no gateway (relay straight at the upstream): the same checks fail
-// ---------------------------------------------------------------------------------------------
-
-/// Without the gateway, a server without an event store sets no ids: no client can resume, so
-/// one cut loses the rest of the call.
-async fn control_no_gateway_loses_call(up: Up) {
-    let upstream = up.start().await;
-    let runs = run_pairs(
-        &upstream,
-        &ALL_CLIENTS,
-        None,
-        Duration::from_secs(20),
-        |_| {
-            (
-                json!({"timeout_ms": 4000, "calls": [up.slow(8, 150)]}),
-                cut_on_progress(&[3]),
-            )
-        },
-    )
-    .await;
-    let mut v = Verdicts::new("control-1a-no-gateway", &upstream);
-    for run in &runs {
-        let outcome = if complete(run, up, "0", 8).is_ok() {
-            Err("the call completed without the gateway: the scenario cannot fail".to_string())
-        } else if !run.resumes().is_empty() {
-            Err(format!("a resume without ids? {:?}", run.resumes()))
-        } else {
-            Ok(format!(
-                "as expected without the gateway: progress {:?}, error {:?}",
-                run.progress_of("0"),
-                run.errors.get("0")
-            ))
-        };
-        v.check(run, outcome);
-    }
-    v.assert_all();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_ts_sse_without_gateway_loses_call() {
-    control_no_gateway_loses_call(Up::TsSse).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_py_without_gateway_loses_call() {
-    control_no_gateway_loses_call(Up::Py).await;
-}
-
-/// server-everything resumes by itself (its own event store), but its store replays the events
-/// of every stream after the cursor: concurrent calls cut at once see other calls' events. The
-/// checks of scenario 5 catch it (this is the upstream bug the gateway's per-stream cursors
-/// avoid).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn control_everything_without_gateway_mixes_streams() {
-    let up = Up::Everything;
-    let upstream = up.start().await;
-    let runs = run_pairs(&upstream, &[Cl::Ts], None, Duration::from_secs(30), |_| {
-        let calls: Vec<Value> = CONCURRENT.iter().map(|&(s, i)| up.slow(s, i)).collect();
-        (
-            json!({"timeout_ms": 8000, "calls": calls}),
-            cut_on_progress(&[3, 11]),
-        )
-    })
-    .await;
-    let mut v = Verdicts::new("control-5-everything-own-store", &upstream);
-    for run in &runs {
-        let all_complete = CONCURRENT
-            .iter()
-            .enumerate()
-            .all(|(k, &(s, _))| complete(run, up, &k.to_string(), s).is_ok());
-        let dupes: Vec<String> = CONCURRENT
-            .iter()
-            .enumerate()
-            .map(|(k, _)| (k, run.progress_of(&k.to_string())))
-            .filter(|(_, p)| p.windows(2).any(|w| w[0] >= w[1]))
-            .map(|(k, p)| format!("call {k}: {p:?}"))
-            .collect();
-        let unknown = unknown_response_errors(run);
-        let outcome = if all_complete && dupes.is_empty() && unknown.is_empty() {
-            Err("server-everything's own resumption delivered every stream cleanly; this control expects its cross-stream replay".to_string())
-        } else {
-            Ok(format!(
-                "as expected, its own store mixes streams: duplicates {dupes:?}, unknown responses {}",
-                unknown.len()
-            ))
-        };
-        v.check(run, outcome);
-    }
-    v.assert_all();
+matrix_tests! {
+    control_ts_sse_without_gateway_loses_call: Up::TsSse, CONTROL_1A;
+    control_py_without_gateway_loses_call: Up::Py, CONTROL_1A;
+    control_everything_without_gateway_mixes_streams: Up::Everything, CONTROL_5_EVERYTHING;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,16 +69,15 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use mcp_reattach::sse::Event;
 use serde_json::{json, Value};
-use support::{free_port, ChildProc, NextLine, Relay, SseBody, SseEventExt, Upstream};
+use support::{http_client, metric_sum, Binary, ChildProc, Relay, SseBody, SseEventExt, Upstream};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
-// Upstreams and the gateway process
+// Upstreams and the gateway process ([`Binary`])
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,12 +91,7 @@ enum Up {
 impl Up {
     async fn start(self) -> Upstream {
         // Installs (first run only) before any clock starts.
-        tokio::task::spawn_blocking(|| {
-            support::ensure_npm_deps();
-            support::ensure_python_venv();
-        })
-        .await
-        .expect("installing the interop dependencies");
+        support::install_interop_deps().await;
         match self {
             Up::Ts => Upstream::ts("sse").await,
             Up::Py => Upstream::py().await,
@@ -105,91 +99,11 @@ impl Up {
     }
 }
 
-/// The real `mcp-reattach` binary on loopback ports, killed on drop.
-struct Gateway {
-    /// Kept for its lifetime: the process is killed when the handle drops.
-    _proc: ChildProc,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
-fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .expect("reqwest client")
-}
-
-impl Gateway {
-    /// Starts the gateway in front of `upstream` with default flags plus `extra`, and waits
-    /// (at most 15 s) until its admin listener answers `/healthz`.
-    async fn start(upstream: SocketAddr, extra: &[&str]) -> Gateway {
-        let (addr, admin) = (free_port(), free_port());
-        let upstream_url = format!("http://{upstream}");
-        let (listen, admin_listen) = (addr.to_string(), admin.to_string());
-        let mut args = vec![
-            "--upstream",
-            &upstream_url,
-            "--listen",
-            &listen,
-            "--admin-listen",
-            &admin_listen,
-        ];
-        args.extend_from_slice(extra);
-        let mut proc = ChildProc::spawn(
-            "gateway",
-            env!("CARGO_BIN_EXE_mcp-reattach"),
-            &args,
-            &support::repo_dir(),
-        );
-        support::wait_http_ok(
-            &mut proc,
-            &format!("http://{admin}/healthz"),
-            &format!("the gateway on {addr} (admin {admin})"),
-        )
-        .await;
-        Gateway {
-            _proc: proc,
-            addr,
-            admin,
-        }
-    }
-
-    /// `http://<gateway>/mcp`.
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-
-    /// The admin listener's `/metrics` (Prometheus text).
-    async fn metrics(&self) -> String {
-        let resp = http_client()
-            .get(format!("http://{}/metrics", self.admin))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .expect("scraping /metrics");
-        assert!(resp.status().is_success(), "/metrics: {}", resp.status());
-        resp.text().await.expect("reading /metrics")
-    }
-}
-
-/// The sum of every sample of metric `name` (all label sets), None if it is not exported.
-fn metric_sum(text: &str, name: &str) -> Option<f64> {
-    let mut sum = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            *sum.get_or_insert(0.0) += v;
-        }
-    }
-    sum
+/// The admin listener's `/metrics` (Prometheus text).
+async fn scrape_metrics(gw: &Binary) -> String {
+    gw.admin_get("/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scraping /metrics: {e}"))
 }
 
 /// A metric for a summary line: its value, `missing`, or `n/a` (no scrape: no gateway).
@@ -260,14 +174,10 @@ async fn run_ts_client(mode: &str, url: &str, plan: &Value, limit: Duration) -> 
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = match proc.next_line(left).await {
-            NextLine::Line(l) => l,
-            NextLine::Eof => {
-                run.cut_short = Some("eof");
-                break;
-            }
-            NextLine::Timeout => {
-                run.cut_short = Some("timeout");
+        let line = match proc.next_line(left).await.line() {
+            Ok(l) => l,
+            Err(why) => {
+                run.cut_short = Some(why);
                 break;
             }
         };
@@ -344,7 +254,7 @@ async fn slow_client_link(up: Up, via: Via) {
     let name = format!("slow-client-link × {up:?} via {via:?}");
     let upstream = up.start().await;
     let gateway = match via {
-        Via::Gateway => Some(Gateway::start(upstream.addr, &[]).await),
+        Via::Gateway => Some(Binary::start(upstream.addr, &[]).await),
         Via::Direct => None,
     };
     let link = Relay::start_limited(
@@ -356,7 +266,7 @@ async fn slow_client_link(up: Up, via: Via) {
     let run = run_ts_client("flood", &link.url("/mcp"), &plan, Duration::from_secs(170)).await;
     let took = started.elapsed();
     let metrics = match &gateway {
-        Some(g) => g.metrics().await,
+        Some(g) => scrape_metrics(g).await,
         None => String::new(),
     };
     // The upstream's own account of how long producing the flood took (it shows whether the
@@ -766,7 +676,7 @@ async fn post_retransmission(up: Up) {
     let name = format!("post-retransmission × {up:?}");
     let upstream = up.start().await;
     let tap = Relay::start_recording(upstream.addr);
-    let gateway = Gateway::start(tap.addr(), &[]).await;
+    let gateway = Binary::start(tap.addr(), &[]).await;
     let raw = Raw::connect(&gateway.url()).await;
     let mut f = Failures::new(name);
 
@@ -944,12 +854,12 @@ async fn standalone_closed(via: Via) {
     let upstream = Up::Ts.start().await;
     let tap = Relay::start_recording(upstream.addr);
     let gateway = match via {
-        Via::Gateway => Some(Gateway::start(tap.addr(), &[]).await),
+        Via::Gateway => Some(Binary::start(tap.addr(), &[]).await),
         Via::Direct => None,
     };
     let url = gateway
         .as_ref()
-        .map_or_else(|| tap.url("/mcp"), Gateway::url);
+        .map_or_else(|| tap.url("/mcp"), Binary::url);
     let plan = json!({"b_delay_ms": 2000, "b_interval_ms": 150});
     let run = run_ts_client("standalone", &url, &plan, Duration::from_secs(40)).await;
 

@@ -70,12 +70,14 @@
 mod support;
 
 use std::cell::Cell;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{free_port, ChildProc, NextLine, SseBody, SseEventExt, Upstream};
+use support::{
+    http_client, metric_sum, Binary, ChildProc, NextLine, NotStarted, SseBody, SseEventExt,
+    Upstream,
+};
 use tokio::time::Instant;
 
 const PROTOCOL: &str = "2025-11-25";
@@ -102,127 +104,17 @@ async fn start_upstream() -> Upstream {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The gateway process
+// The gateway process ([`Binary`])
 // ---------------------------------------------------------------------------------------------
 
-/// The real `mcp-reattach` binary on loopback ports, killed on drop.
-struct Gateway {
-    /// Kept for its lifetime: the process is killed when the handle drops.
-    _proc: ChildProc,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
-fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        // A new connection per request: the GET and the POST of a trial race on two
-        // connections, as they do from the SDK clients.
-        .pool_max_idle_per_host(0)
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .expect("reqwest client")
-}
-
-impl Gateway {
-    /// Starts the gateway in front of `upstream` with default flags plus `extra`; panics if it
-    /// does not come up within 15 s.
-    async fn start(upstream: SocketAddr, extra: &[&str]) -> Gateway {
-        match Gateway::try_start(upstream, extra).await {
-            Ok(g) => g,
-            Err((code, stderr)) => panic!(
-                "the gateway (extra flags {extra:?}) did not start (exit code {code:?}); stderr:\n{stderr}"
-            ),
-        }
-    }
-
-    /// Like [`Gateway::start`], but Err((exit code, stderr)) if the process exits before its
-    /// admin listener answers `/healthz` (e.g. 64 for a flag it does not know).
-    async fn try_start(
-        upstream: SocketAddr,
-        extra: &[&str],
-    ) -> Result<Gateway, (Option<i32>, String)> {
-        let (addr, admin) = (free_port(), free_port());
-        let upstream_url = format!("http://{upstream}");
-        let (listen, admin_listen) = (addr.to_string(), admin.to_string());
-        let mut args = vec![
-            "--upstream",
-            &upstream_url,
-            "--listen",
-            &listen,
-            "--admin-listen",
-            &admin_listen,
-        ];
-        args.extend_from_slice(extra);
-        let mut proc = ChildProc::spawn(
-            "gateway",
-            env!("CARGO_BIN_EXE_mcp-reattach"),
-            &args,
-            &support::repo_dir(),
-        );
-        let http = http_client();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let ok = http
-                .get(format!("http://{admin}/healthz"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if ok {
-                return Ok(Gateway {
-                    _proc: proc,
-                    addr,
-                    admin,
-                });
-            }
-            if let Some(status) = proc.wait_exit(Duration::ZERO).await {
-                // Let the stderr thread catch up with the last lines.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                return Err((status.code(), proc.stderr_lines().join("\n")));
-            }
-            if Instant::now() >= deadline {
-                proc.kill();
-                return Err((None, proc.stderr_lines().join("\n")));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// `http://<gateway>/mcp`.
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-
-    /// The admin listener's `/metrics` (Prometheus text); empty if it cannot be scraped.
-    async fn metrics(&self) -> String {
-        let resp = http_client()
-            .get(format!("http://{}/metrics", self.admin))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await;
-        match resp {
-            Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
-            _ => String::new(),
-        }
-    }
+/// The admin listener's `/metrics` (Prometheus text); empty if it cannot be scraped.
+async fn scrape_metrics(gw: &Binary) -> String {
+    gw.admin_get("/metrics").await.unwrap_or_default()
 }
 
 /// Metric `name` summed over its label sets, as text: its value, or `missing`.
 fn show_metric(text: &str, name: &str) -> String {
-    let mut sum = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            continue;
-        }
-        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            *sum.get_or_insert(0.0) += v;
-        }
-    }
-    sum.map_or_else(|| "missing".to_string(), |v: f64| v.to_string())
+    metric_sum(text, name).map_or_else(|| "missing".to_string(), |v| v.to_string())
 }
 
 const HELD_GAUGE: &str = "mcp_reattach_held_standalone_streams";
@@ -713,25 +605,35 @@ async fn race_probe_raw_http() {
     let direct_second_get = second_get_observation(&direct_url).await;
 
     // (b) Through the gateway, default flags.
-    let gateway = Gateway::start(upstream.addr, &[]).await;
+    let gateway = Binary::start(upstream.addr, &[]).await;
     let started = Instant::now();
     let via = race_trials(&gateway.url(), "gateway").await;
     let via_ms = started.elapsed().as_millis();
     let via_second_get = second_get_observation(&gateway.url()).await;
-    let via_metrics = gateway.metrics().await;
+    let via_metrics = scrape_metrics(&gateway).await;
     drop(gateway);
 
     // (c) Through the gateway with --hold-standalone=false (printed only).
-    let no_hold = match Gateway::try_start(upstream.addr, &["--hold-standalone=false"]).await {
+    let no_hold = match Binary::try_start(
+        "gateway",
+        upstream.addr,
+        &["--hold-standalone=false"],
+        "/healthz",
+    )
+    .await
+    {
         Ok(g) => {
             let trials = race_trials(&g.url(), "nohold").await;
             Ok(trials)
         }
-        Err((Some(EX_USAGE), stderr)) => Err(format!(
+        Err(NotStarted {
+            code: Some(EX_USAGE),
+            stderr,
+        }) => Err(format!(
             "skipped: the gateway rejects --hold-standalone (exit 64: {})",
             stderr.lines().next().unwrap_or("")
         )),
-        Err((code, stderr)) => panic!(
+        Err(NotStarted { code, stderr }) => panic!(
             "the gateway with --hold-standalone=false did not start (exit code {code:?}):\n{stderr}"
         ),
     };
@@ -842,7 +744,7 @@ impl Elicitation {
     }
 }
 
-async fn elicit_without_get(url: &str, tag: &str, gateway: Option<&Gateway>) -> Elicitation {
+async fn elicit_without_get(url: &str, tag: &str, gateway: Option<&Binary>) -> Elicitation {
     let mut out = Elicitation::default();
     let raw = match Raw::connect(url, json!({"elicitation": {}})).await {
         Ok(r) => r,
@@ -874,7 +776,7 @@ async fn elicit_without_get(url: &str, tag: &str, gateway: Option<&Gateway>) -> 
     // No GET while the tool sends its request.
     tokio::time::sleep(Duration::from_millis(250)).await;
     if let Some(g) = gateway {
-        out.held_gauge = Some(show_metric(&g.metrics().await, HELD_GAUGE));
+        out.held_gauge = Some(show_metric(&scrape_metrics(g).await, HELD_GAUGE));
     }
     tokio::time::sleep(Duration::from_millis(250)).await;
 
@@ -947,7 +849,7 @@ async fn elicitation_without_get_raw_http() {
         None,
     )
     .await;
-    let gateway = Gateway::start(upstream.addr, &[]).await;
+    let gateway = Binary::start(upstream.addr, &[]).await;
     let via = elicit_without_get(&gateway.url(), "gateway-elicit", Some(&gateway)).await;
 
     eprintln!(
@@ -1097,7 +999,7 @@ async fn race_ts_sdk_client() {
     let _serial = SERIAL.lock().await;
     let upstream = start_upstream().await;
     let direct_url = format!("{}/mcp", upstream.base_url());
-    let gateway = Gateway::start(upstream.addr, &[]).await;
+    let gateway = Binary::start(upstream.addr, &[]).await;
     let notify = json!({"tool": "notify_now", "trials": 16, "parallel": 4, "wait_ms": 2000});
     let elicit =
         json!({"tool": "elicit_now", "trials": 8, "parallel": 4, "elicit_timeout_ms": 3000});

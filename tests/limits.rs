@@ -46,15 +46,11 @@ async fn session_with_cut_call(
         principal,
     );
     let pending = tokio::spawn(send(gw.addr, init));
-    mock.next().await.respond(
-        Response::builder()
-            .header("content-type", "application/json")
-            .header("mcp-session-id", sid)
-            .body(Full::new(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18"}}"#,
-            )))
-            .unwrap(),
-    );
+    mock.next().await.respond(json_response(
+        200,
+        &[("mcp-session-id", sid)],
+        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18"}}"#,
+    ));
     assert_eq!(pending.await.unwrap().status(), 200);
     let pending = tokio::spawn(send(
         gw.addr,

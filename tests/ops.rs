@@ -6,59 +6,12 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::Response;
-use http_body_util::Full;
 use support::*;
-
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_gateway(upstream: SocketAddr, extra: &[&str]) -> Gateway {
-    let (addr, admin) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-reattach"))
-        .args([
-            "--upstream",
-            &format!("http://{upstream}"),
-            "--listen",
-            &addr.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Forward the gateway's log to the test output, so a failure shows it.
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[gateway] {line}");
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http_get(admin, "/healthz").is_err() {
-        assert!(Instant::now() < deadline, "gateway did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Gateway { child, addr, admin }
-}
 
 /// A blocking one-shot HTTP/1.0 GET; returns (status, body).
 fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
@@ -75,6 +28,14 @@ fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// `/metrics` of the admin listener at `admin`, off the runtime ([`http_get`] blocks):
+/// (status, body).
+async fn scrape_metrics(admin: SocketAddr) -> (u16, String) {
+    tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
+        .await
+        .unwrap()
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -83,19 +44,10 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("metric {name} missing in\n{text}"))
 }
 
-fn sigterm(child: &Child) {
-    let ok = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_during_a_resume_pass_promtool() {
     let mut mock = Mock::start().await;
-    let gw = start_gateway(mock.addr, &["--priming", "always"]);
+    let gw = Binary::start(mock.addr, &["--priming", "always"]).await;
     init_session(&gw.addr, &mut mock, "s1").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("s1"))));
     let writer = mock.next().await.respond_sse(Some("s1"));
@@ -120,10 +72,7 @@ async fn metrics_during_a_resume_pass_promtool() {
     let _ = send(gw.addr, get("s1", Some("garbage"))).await;
 
     // Scrape while the resumed stream is attached.
-    let admin = gw.admin;
-    let (status, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
-        .await
-        .unwrap();
+    let (status, text) = scrape_metrics(gw.admin).await;
     assert_eq!(status, 200);
     eprintln!("{text}");
     assert_eq!(metric(&text, "mcp_reattach_sessions"), 1.0);
@@ -167,7 +116,7 @@ async fn alert_rules_and_dashboard_use_only_exported_metrics() {
 
     // A gateway after some traffic: a session, a call streamed, a failed resume.
     let mut mock = Mock::start().await;
-    let gw = start_gateway(mock.addr, &["--memory-budget", "64MiB"]);
+    let gw = Binary::start(mock.addr, &["--memory-budget", "64MiB"]).await;
     init_session(&gw.addr, &mut mock, "s1").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(1), Some("s1"))));
     let writer = mock.next().await.respond_sse(Some("s1"));
@@ -176,10 +125,7 @@ async fn alert_rules_and_dashboard_use_only_exported_metrics() {
     drop(writer);
     assert_eq!(messages(&reader.rest().await), vec![result(1)]);
     let _ = send(gw.addr, get("s1", Some("garbage"))).await;
-    let admin = gw.admin;
-    let (status, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
-        .await
-        .unwrap();
+    let (status, text) = scrape_metrics(gw.admin).await;
     assert_eq!(status, 200);
     assert_eq!(
         metric(&text, "mcp_reattach_memory_budget_bytes"),
@@ -281,7 +227,7 @@ fn promtool_check(text: &str) -> Option<(bool, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
     let mut mock = Mock::start().await;
-    let mut gw = start_gateway(
+    let mut gw = Binary::start(
         mock.addr,
         &[
             "--drain-delay",
@@ -291,7 +237,8 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
             "--retry-hint",
             "750ms",
         ],
-    );
+    )
+    .await;
     init_session(&gw.addr, &mut mock, "s1").await;
     // A standalone GET stream and a tool call, both in flight.
     let pending = tokio::spawn(send(gw.addr, get("s1", None)));
@@ -310,7 +257,7 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
         .contains("progress"));
 
     let t0 = Instant::now();
-    sigterm(&gw.child);
+    gw.proc.sigterm();
     let admin = gw.admin;
     let (status, _) = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(50));
@@ -324,14 +271,9 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
         gw.addr,
         post(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#, Some("s1")),
     ));
-    mock.next().await.respond(
-        Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":2,"result":{}}"#,
-            )))
-            .unwrap(),
-    );
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
     assert_eq!(
         pending.await.unwrap().status(),
         200,
@@ -351,9 +293,7 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
     eprintln!("GET stream ended {:?} after SIGTERM", t0.elapsed());
     assert!(t0.elapsed() < Duration::from_secs(3));
     // The drain is visible to the McpReattachDrainOverdue alert: when it started, its deadline.
-    let (_, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
-        .await
-        .unwrap();
+    let (_, text) = scrape_metrics(admin).await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -377,18 +317,11 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
         "the in-flight call completes during the drain"
     );
 
-    let status = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(s) = gw.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "gateway did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    let status = gw
+        .proc
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("gateway did not exit");
     eprintln!("exited {status:?} {:?} after SIGTERM", t0.elapsed());
     assert_eq!(status.code(), Some(0));
     drop(get_writer);
@@ -397,16 +330,17 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_deadline_ends_streams_that_do_not_finish() {
     let mut mock = Mock::start().await;
-    let mut gw = start_gateway(
+    let mut gw = Binary::start(
         mock.addr,
         &["--drain-delay", "0s", "--drain-timeout", "500ms"],
-    );
+    )
+    .await;
     init_session(&gw.addr, &mut mock, "s1").await;
     let pending = tokio::spawn(send(gw.addr, post(&call(7), Some("s1"))));
     let call_writer = mock.next().await.respond_sse(Some("s1"));
     let mut call_stream = SseReader::new(pending.await.unwrap());
     let t0 = Instant::now();
-    sigterm(&gw.child);
+    gw.proc.sigterm();
     let events = call_stream.rest().await;
     let last = events.last().unwrap();
     assert_eq!(
@@ -419,9 +353,11 @@ async fn drain_deadline_ends_streams_that_do_not_finish() {
         waited >= Duration::from_millis(450) && waited < Duration::from_secs(3),
         "{waited:?}"
     );
-    let status = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
+    let status = gw
+        .proc
+        .wait_exit(Duration::from_secs(10))
         .await
-        .unwrap();
+        .expect("gateway did not exit");
     assert_eq!(status.code(), Some(0));
     drop(call_writer);
 }
@@ -429,7 +365,7 @@ async fn drain_deadline_ends_streams_that_do_not_finish() {
 #[test]
 fn admin_endpoints() {
     let dead = free_port();
-    let gw = start_gateway(dead, &[]);
+    let gw = Binary::start_blocking(dead, &[]);
     assert_eq!(
         http_get(gw.admin, "/healthz").unwrap(),
         (200, "ok\n".into())
@@ -447,37 +383,7 @@ fn admin_endpoints() {
 #[test]
 fn access_lines_in_both_log_formats() {
     for format in ["json", "text"] {
-        let (addr, admin) = (free_port(), free_port());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-reattach"))
-            .args([
-                "--upstream",
-                &format!("http://{}", free_port()),
-                "--listen",
-                &addr.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-                "--log-format",
-                format,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let gateway = Gateway { child, addr, admin };
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while http_get(gateway.admin, "/healthz").is_err() {
-            assert!(Instant::now() < deadline, "gateway did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut gateway = Binary::start_blocking(free_port(), &["--log-format", format]);
         // Refused by the gateway itself (a cursor it never issued): no upstream needed.
         let mut s = TcpStream::connect(gateway.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -489,14 +395,10 @@ fn access_lines_in_both_log_formats() {
         let mut response = String::new();
         s.read_to_string(&mut response).unwrap();
         let status: u16 = response[9..12].parse().unwrap();
-        let line = loop {
-            let l = lines
-                .recv_timeout(Duration::from_secs(10))
-                .expect("an access line on stdout");
-            if l.contains("request finished") {
-                break l;
-            }
-        };
+        let line = gateway
+            .proc
+            .wait_line_blocking(Duration::from_secs(10), |l| l.contains("request finished"))
+            .expect("an access line on stdout");
         if format == "json" {
             let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object");
             assert_eq!(v["level"], "INFO", "{line}");

@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    ensure_npm_deps, free_port, interop_dir, node_bin, repo_dir, wait_listening, ChildProc,
-    NextLine, Relay,
+    ensure_npm_deps, free_port, http_client, interop_dir, metric_sum, node_bin, repo_dir,
+    wait_listening, Binary, ChildProc, NextLine, Relay,
 };
 use tokio::time::Instant;
 
@@ -76,15 +76,6 @@ fn haproxy_or_skip(case: &str) -> Option<PathBuf> {
     None
 }
 
-fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .expect("reqwest client")
-}
-
 /// The shipped config without its `stick` directives: plain round robin, the control.
 fn control_config() -> PathBuf {
     let shipped = std::fs::read_to_string(repo_dir().join(CONFIG)).expect("reading the config");
@@ -122,10 +113,10 @@ impl Haproxy {
             ("MCP_CHECK_INTERVAL".into(), CHECK_INTERVAL.into()),
         ];
         for (i, r) in replicas.iter().enumerate() {
-            env.push((format!("MCP_POD{}", i + 1), r.addr.to_string()));
+            env.push((format!("MCP_POD{}", i + 1), r.gateway.addr.to_string()));
             env.push((
                 format!("MCP_POD{}_ADMIN_PORT", i + 1),
-                r.admin.port().to_string(),
+                r.gateway.admin.port().to_string(),
             ));
         }
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
@@ -213,11 +204,9 @@ impl Haproxy {
 struct Replica {
     name: &'static str,
     server: ChildProc,
-    gateway: ChildProc,
-    /// The gateway's proxy listener (what HAProxy sends requests to).
-    addr: SocketAddr,
-    /// The gateway's admin listener (`/readyz` for HAProxy's health checks, `/metrics`).
-    admin: SocketAddr,
+    /// Its proxy listener is what HAProxy sends requests to; its admin listener serves
+    /// `/readyz` for HAProxy's health checks, and `/metrics`.
+    gateway: Binary,
 }
 
 impl Replica {
@@ -231,74 +220,41 @@ impl Replica {
             &[("MCP_REPLICA", name)],
         );
         let port = wait_listening(&mut server, Duration::from_secs(20)).await;
-        let (addr, admin) = (free_port(), free_port());
-        let upstream = format!("http://127.0.0.1:{port}");
-        let (listen, admin_listen) = (addr.to_string(), admin.to_string());
-        let mut args = vec![
-            "--upstream",
-            &upstream,
-            "--listen",
-            &listen,
-            "--admin-listen",
-            &admin_listen,
-            "--retry-hint",
-            "300ms",
-        ];
-        args.extend_from_slice(gateway_flags);
-        let mut gateway = ChildProc::spawn(
+        let mut flags = vec!["--retry-hint", "300ms"];
+        flags.extend_from_slice(gateway_flags);
+        let gateway = Binary::try_start(
             &format!("{name}-gateway"),
-            env!("CARGO_BIN_EXE_mcp-reattach"),
-            &args,
-            &repo_dir(),
-        );
-        support::wait_http_ok(
-            &mut gateway,
-            &format!("http://{admin}/readyz"),
-            &format!("{name}'s gateway"),
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &flags,
+            "/readyz",
         )
-        .await;
+        .await
+        .unwrap_or_else(|e| panic!("{name}'s gateway did not start: {e}"));
         Replica {
             name,
             server,
             gateway,
-            addr,
-            admin,
         }
     }
 
     /// A sample of the gateway's `/metrics`: the sum over label sets of the lines that start
     /// with `prefix` (a name, or a name and its labels).
     async fn metric(&self, prefix: &str) -> f64 {
-        let text = http_client()
-            .get(format!("http://{}/metrics", self.admin))
-            .timeout(Duration::from_secs(5))
-            .send()
+        let text = self
+            .gateway
+            .admin_get("/metrics")
             .await
-            .expect("scraping /metrics")
-            .text()
-            .await
-            .expect("reading /metrics");
-        text.lines()
-            .filter(|l| {
-                l.strip_prefix(prefix)
-                    .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .unwrap_or_else(|e| panic!("scraping /metrics: {e}"));
+        metric_sum(&text, prefix).unwrap_or(0.0)
     }
 
     fn sigterm(&self) {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.gateway.id().to_string()])
-            .status()
-            .expect("running kill")
-            .success();
-        assert!(ok, "kill -TERM {}", self.gateway.id());
+        self.gateway.proc.sigterm();
     }
 
     /// The pod dies: SIGKILL to the gateway and to its MCP server.
     fn kill9(&mut self) {
-        self.gateway.kill();
+        self.gateway.proc.kill();
         self.server.kill();
     }
 }
@@ -743,6 +699,7 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
     // Drain delay + drain timeout + up to 2 s of final writes, plus a margin.
     let exit = c.replicas[0]
         .gateway
+        .proc
         .wait_exit(Duration::from_secs(10))
         .await
         .expect("the drained gateway exits");

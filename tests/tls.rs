@@ -16,7 +16,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -342,14 +342,7 @@ async fn rotated_certificate_is_served_to_new_connections_while_a_stream_keeps_f
     let pending = tokio::spawn(async move { tls_send(addr, &c, post(ping, Some("s1"))).await });
     let seen = mock.next().await;
     assert_eq!(seen.headers["x-forwarded-proto"], "https");
-    seen.respond(
-        Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":2,"result":{}}"#,
-            )))
-            .unwrap(),
-    );
+    seen.respond_json(r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
     assert_eq!(pending.await.unwrap().status(), 200);
 }
 
@@ -367,23 +360,28 @@ fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
     });
     let cert = write(&dir, "tls.crt", &one.cert);
     let key = write(&dir, "tls.key", &one.key);
-    let gw = Binary::start(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--tls-reload-interval",
-        "50ms",
-    ]);
+    // Nothing listens upstream: the test needs only the TLS listener.
+    let mut gw = Binary::start_blocking(
+        free_port(),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls-reload-interval",
+            "50ms",
+        ],
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = client_config(&ca.pem, None, &[b"http/1.1"]);
-    let served_now =
-        || rt.block_on(async { served(&tls_connect(gw.addr, &client).await.unwrap()) });
+    let addr = gw.addr;
+    let served_now = || rt.block_on(async { served(&tls_connect(addr, &client).await.unwrap()) });
     assert_eq!(served_now(), one.der);
 
     // A certificate with another's key: refused, the old one still served.
     replace(&cert, &two.cert);
-    gw.wait_log(
+    wait_log(
+        &mut gw,
         "new TLS certificate refused",
         "does not match the certificate",
     );
@@ -391,16 +389,16 @@ fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
     // An expired certificate with its own key: refused too.
     replace(&cert, &expired.cert);
     replace(&key, &expired.key);
-    gw.wait_log("new TLS certificate refused", "expired");
+    wait_log(&mut gw, "new TLS certificate refused", "expired");
     assert_eq!(served_now(), one.der);
     // A file gone missing (mid-rotation): said once, the old certificate kept.
     std::fs::remove_file(&key).unwrap();
-    gw.wait_log("TLS files not readable", "--tls-key");
+    wait_log(&mut gw, "TLS files not readable", "--tls-key");
     assert_eq!(served_now(), one.der);
     // Then a good pair is taken.
     replace(&key, &two.key);
     replace(&cert, &two.cert);
-    gw.wait_log("TLS certificate reloaded", "");
+    wait_log(&mut gw, "TLS certificate reloaded", "");
     assert_eq!(served_now(), two.der);
 }
 
@@ -408,79 +406,14 @@ fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
 // The real binary: startup errors and logs
 // ---------------------------------------------------------------------------------------------
 
-struct Binary {
-    child: std::process::Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    seen: std::cell::Cell<usize>,
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Binary {
-    fn start(extra: &[&str]) -> Binary {
-        let (addr, admin, upstream) = (free_port(), free_port(), free_port());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-reattach"))
-            .args(["--upstream", &format!("http://{upstream}")])
-            .args([
-                "--listen",
-                &addr.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-            ])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let kept = log.clone();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                eprintln!("[gateway] {line}");
-                kept.lock().unwrap().push(line);
-            }
-        });
-        let deadline = Instant::now() + WAIT;
-        while std::net::TcpStream::connect(admin).is_err() {
-            assert!(Instant::now() < deadline, "gateway did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Binary {
-            child,
-            addr,
-            log,
-            seen: std::cell::Cell::new(0),
-        }
-    }
-
-    /// Waits (bounded) for a log line after the last one matched containing both strings.
-    fn wait_log(&self, a: &str, b: &str) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            {
-                let log = self.log.lock().unwrap();
-                if let Some(i) = log[self.seen.get()..]
-                    .iter()
-                    .position(|l| l.contains(a) && l.contains(b))
-                {
-                    self.seen.set(self.seen.get() + i + 1);
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {a:?} and {b:?}: {:#?}",
-                self.log.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+/// Waits (bounded) for a line of `gw`'s log (stdout) after the last one matched containing both
+/// strings.
+fn wait_log(gw: &mut Binary, a: &str, b: &str) {
+    if let Err(read) = gw
+        .proc
+        .wait_line_blocking(WAIT, |l| l.contains(a) && l.contains(b))
+    {
+        panic!("no log line with {a:?} and {b:?}: {read:#?}");
     }
 }
 
@@ -743,14 +676,9 @@ async fn alpn_offers_h2_and_h2_requests_are_served() {
         .body(Full::new(Bytes::from_static(INITIALIZE.as_bytes())))
         .unwrap();
     let pending = tokio::spawn(sender.send_request(req));
-    mock.next().await.respond(
-        Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":0,"result":{}}"#,
-            )))
-            .unwrap(),
-    );
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
     let resp = pending.await.unwrap().unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_2);

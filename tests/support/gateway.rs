@@ -168,3 +168,22 @@ pub async fn init_session(gw: &impl Target, mock: &mut Mock, sid: &str) -> Strin
     assert_eq!(resp.headers()["mcp-session-id"], sid);
     sid.to_owned()
 }
+
+/// Starts tool call `id` of session `sid` through the gateway at `gw`: the POST reaches `mock`
+/// (asserted: with that id), which answers with an SSE stream; the client's answer is asserted
+/// 200 `text/event-stream`. Returns the client's reader and the upstream's writer.
+pub async fn start_call(
+    gw: &impl Target,
+    mock: &mut Mock,
+    sid: &str,
+    id: u64,
+) -> (SseReader, SseWriter) {
+    let pending = tokio::spawn(send(gw.target(), post(&call(id), Some(sid))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], id);
+    let writer = seen.respond_sse(Some(sid));
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    (SseReader::new(resp), writer)
+}

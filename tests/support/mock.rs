@@ -1,5 +1,6 @@
 //! The scriptable mock upstream ([`Mock`]): each request is handed to the test, which answers it
-//! with a full body or with raw SSE bytes it writes whenever it likes ([`SseWriter`]).
+//! with a full body (a JSON one: [`Seen::respond_json`], [`json_response`]) or with raw SSE
+//! bytes it writes whenever it likes ([`SseWriter`]).
 
 use super::*;
 
@@ -57,15 +58,18 @@ impl Seen {
         let _ = self.respond.send(Response::from_parts(p, b.boxed()));
     }
 
+    /// Answers 200 `application/json` with the JSON-RPC message `body` ([`json_response`]).
+    pub fn respond_json(self, body: impl Into<Bytes>) {
+        self.respond(json_response(200, &[], body));
+    }
+
     /// Answers an `initialize` with a JSON result that opens session `sid`.
     pub fn respond_initialized(self, sid: &str) {
-        self.respond(
-            Response::builder()
-                .header("content-type", "application/json")
-                .header("mcp-session-id", sid)
-                .body(Full::new(Bytes::from_static(br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#)))
-                .unwrap(),
-        );
+        self.respond(json_response(
+            200,
+            &[("mcp-session-id", sid)],
+            r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
+        ));
     }
 
     /// Answers with a `text/event-stream` 200 carrying `session` (if any); the test writes the
@@ -85,6 +89,22 @@ impl Seen {
         let _ = self.respond.send(resp);
         SseWriter { tx }
     }
+}
+
+/// An upstream's JSON answer: `status`, `content-type: application/json`, then `headers` in
+/// order, and the JSON-RPC message `body` (e.g. `{"jsonrpc":"2.0","id":1,"result":{}}`).
+pub fn json_response(
+    status: u16,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut b = Response::builder()
+        .status(status)
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        b = b.header(*name, *value);
+    }
+    b.body(Full::new(body.into())).expect("a JSON response")
 }
 
 /// Body fed by a channel: each message is one data frame; the body ends when the sender drops.

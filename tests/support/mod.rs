@@ -3,11 +3,13 @@
 //!
 //! In-process (the gateway in the test's runtime):
 //! - [`mock`]: the scriptable mock upstream [`Mock`]: each request reaches the test, which
-//!   answers it with a full body or with raw SSE bytes it writes when it likes; dropping the
-//!   mock stops it and closes its connections.
+//!   answers it with a full body (a JSON-RPC one: [`Seen::respond_json`], [`json_response`]) or
+//!   with raw SSE bytes it writes when it likes; dropping the mock stops it and closes its
+//!   connections.
 //! - [`gateway`]: [`Gw`], the gateway under test on a loopback port (in front of the mock or of
 //!   a real SDK server), a raw HTTP/1.1 client ([`send`]) whose connections can be dropped at
-//!   will, and the JSON-RPC messages tests send ([`post`], [`get`], [`call`], ...).
+//!   will, the JSON-RPC messages tests send ([`post`], [`get`], [`call`], ...), and the steps
+//!   tests share ([`init_session`], [`start_call`]).
 //! - [`sse`]: one SSE parser written from the spec, independent of the crate's decoder, behind
 //!   [`SseReader`] (hyper body) and [`SseBody`] (reqwest response).
 //!
@@ -22,16 +24,23 @@
 //!
 //! Real processes:
 //! - [`process`]: [`ChildProc`], a spawned process whose stdout is read line by line with
-//!   timeouts (stderr forwarded and kept; killed on drop); [`free_port`], [`wait_http_ok`].
+//!   timeouts (stderr forwarded and kept; SIGTERM at will; killed on drop); [`free_port`];
+//!   [`http_client`], the reqwest client for real processes.
+//! - [`binary`]: [`Binary`], the one launcher of the real `mcp-reattach` binary: spawned with
+//!   the test's flags on free loopback ports, ready once its admin listener answers (or
+//!   [`NotStarted`], with its exit code and stderr), killed on drop; [`metric_sum`] reads its
+//!   `/metrics`.
 //! - [`upstream`]: [`Upstream`], the real SDK servers (TypeScript, Python, `server-everything`).
 //! - [`toolchains`]: installs what those need on first use (npm packages, Node.js 22, the Python
-//!   SDK's virtualenv), guarded across test processes by lock directories.
+//!   SDK's virtualenv; [`install_interop_deps`] from an async test), guarded across test
+//!   processes by lock directories.
 // Each test crate uses a different part of the harness.
 #![allow(dead_code, unused_imports)]
 // The relay keeps its own clock on its own runtime, and the process helpers measure real
 // processes: std's clock is right here (src/ stays on tokio's, see clippy.toml).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
+pub mod binary;
 pub mod gateway;
 pub mod mock;
 pub mod process;
@@ -40,6 +49,7 @@ pub mod sse;
 pub mod toolchains;
 pub mod upstream;
 
+pub use binary::*;
 pub use gateway::*;
 pub use mock::*;
 pub use process::*;

@@ -1,4 +1,5 @@
-//! Child processes read line by line ([`ChildProc`]), free ports and readiness waits.
+//! Child processes read line by line ([`ChildProc`]), free ports ([`free_port`]) and the HTTP
+//! client for real processes ([`http_client`]).
 
 use super::*;
 
@@ -9,6 +10,18 @@ pub enum NextLine {
     /// stdout closed (the process exited or closed it).
     Eof,
     Timeout,
+}
+
+impl NextLine {
+    /// The line, or why there is none: `"eof"` or `"timeout"` (what a client run records as
+    /// cut short).
+    pub fn line(self) -> Result<String, &'static str> {
+        match self {
+            NextLine::Line(l) => Ok(l),
+            NextLine::Eof => Err("eof"),
+            NextLine::Timeout => Err("timeout"),
+        }
+    }
 }
 
 /// A child process with piped stdout read line by line (on a thread, so lines are available
@@ -200,6 +213,35 @@ impl ChildProc {
         }
     }
 
+    /// Sends SIGTERM (`kill -TERM <pid>`); panics if `kill` fails.
+    pub fn sigterm(&self) {
+        let id = self.child.id();
+        let ok = Command::new("kill")
+            .args(["-TERM", &id.to_string()])
+            .status()
+            .expect("running kill")
+            .success();
+        assert!(ok, "kill -TERM {id}");
+    }
+
+    /// Blocking: reads stdout lines until one satisfies `want` and returns it; Err with the
+    /// lines read meanwhile if none does within `timeout` (or stdout ends first).
+    pub fn wait_line_blocking(
+        &mut self,
+        timeout: Duration,
+        want: impl Fn(&str) -> bool,
+    ) -> Result<String, Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        let mut skipped = Vec::new();
+        loop {
+            match self.next_line_blocking(deadline.saturating_duration_since(Instant::now())) {
+                NextLine::Line(l) if want(&l) => return Ok(l),
+                NextLine::Line(l) => skipped.push(l),
+                NextLine::Eof | NextLine::Timeout => return Err(skipped),
+            }
+        }
+    }
+
     /// Kills the process (if still running) and reaps it.
     pub fn kill(&mut self) {
         if let Ok(None) = self.child.try_wait() {
@@ -222,32 +264,16 @@ pub fn free_port() -> SocketAddr {
         .expect("picking a free port")
 }
 
-/// Polls `url` until it answers 2xx (15 s at most), failing with `what` and the process's
-/// stderr if `proc` exits first or time runs out.
-pub async fn wait_http_ok(proc: &mut ChildProc, url: &str, what: &str) {
-    let http = reqwest::Client::builder()
+/// A reqwest client for the real processes of the tests: no proxy, a new connection per request
+/// (two requests of a test race on two connections, as they do from the SDK clients), a 5 s
+/// connect timeout.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
         .no_proxy()
+        .pool_max_idle_per_host(0)
+        .connect_timeout(Duration::from_secs(5))
         .build()
-        .expect("reqwest client");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let ok = http
-            .get(url)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        if ok {
-            return;
-        }
-        if Instant::now() >= deadline || proc.wait_exit(Duration::ZERO).await.is_some() {
-            panic!(
-                "{what} did not start; stderr:\n{}",
-                proc.stderr_lines().join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        .expect("reqwest client")
 }
 
 /// The crate's root directory (the repository).

@@ -378,3 +378,15 @@ fn install_python_venv() -> Result<PathBuf, String> {
     std::fs::write(&stamp, &requirements).map_err(|e| format!("{}: {e}", stamp.display()))?;
     Ok(python)
 }
+
+/// The npm packages and the Python SDK's virtualenv ([`ensure_npm_deps`],
+/// [`ensure_python_venv`]), installed (first run only) on a blocking thread: an async test calls
+/// it before any of its clocks starts.
+pub async fn install_interop_deps() {
+    tokio::task::spawn_blocking(|| {
+        ensure_npm_deps();
+        ensure_python_venv();
+    })
+    .await
+    .expect("installing the interop dependencies");
+}
