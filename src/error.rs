@@ -36,8 +36,12 @@ pub mod codes {
 /// Everything a request can fail with before a normal response exists.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    #[error("Mcp-Session-Id must be visible ASCII")]
+    #[error("Mcp-Session-Id must be one visible-ASCII value")]
     BadSessionHeader,
+    #[error("the request target must be a path")]
+    BadTarget,
+    #[error("CONNECT is not served: this is a reverse proxy for one MCP server")]
+    Connect,
     #[error("malformed Last-Event-ID: {0}")]
     MalformedCursor(CursorError),
     #[error("session not found: it expired, was deleted, or was never seen by this gateway")]
@@ -186,6 +190,20 @@ impl ProxyError {
                 Upstream(UpstreamErrorKind::Timeout),
                 Up,
             ),
+            ProxyError::BadTarget => (
+                StatusCode::BAD_REQUEST,
+                codes::GATEWAY,
+                "bad-target",
+                Rejected(RejectReason::BadTarget),
+                Client,
+            ),
+            ProxyError::Connect => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                codes::GATEWAY,
+                "method-not-allowed",
+                Rejected(RejectReason::Connect),
+                Client,
+            ),
             ProxyError::OriginNotAllowed => (
                 StatusCode::FORBIDDEN,
                 codes::GATEWAY,
@@ -235,6 +253,9 @@ impl ProxyError {
     }
 }
 
+/// The methods the gateway serves (its `Allow` header).
+pub const ALLOWED_METHODS: &str = "GET, POST, DELETE, OPTIONS";
+
 /// A request the gateway answers with an error: the error and the JSON-RPC id of the request
 /// it answers (a single request; `null` otherwise).
 #[derive(Debug)]
@@ -275,6 +296,10 @@ impl Refusal {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if class.status == StatusCode::METHOD_NOT_ALLOWED {
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+        }
         if class.status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -293,6 +318,8 @@ mod tests {
     fn every_error() -> Vec<ProxyError> {
         vec![
             ProxyError::BadSessionHeader,
+            ProxyError::BadTarget,
+            ProxyError::Connect,
             ProxyError::MalformedCursor(CursorError::Malformed),
             ProxyError::UnknownSession,
             ProxyError::Resume(ResumeError::ForeignCursor),

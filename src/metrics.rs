@@ -91,6 +91,8 @@ label_values! {
         BodyTimeout => "body_timeout",
         AtCapacity => "at_capacity",
         OriginNotAllowed => "origin_not_allowed",
+        BadTarget => "bad_target",
+        Connect => "connect",
     }
 }
 

@@ -244,7 +244,7 @@ mod tests {
     use super::*;
     use crate::attach::AttachBody;
     use crate::config::Config;
-    use crate::session::StreamKind;
+    use crate::session::{Owner, StreamKind};
     use crate::sse::{Decoder, Event};
     use bytes::Bytes;
     use http_body_util::BodyExt;
@@ -305,7 +305,7 @@ mod tests {
         graceful: &GracefulShutdown,
         kind: StreamKind,
     ) -> (u32, tokio::sync::mpsc::UnboundedReceiver<Event>) {
-        let session = registry.get_or_create("s", 0).unwrap();
+        let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
         let (stream, generation, _) =
             session.open_stream(kind, vec!["1".into()], false, false, None, None);
         let body = AttachBody::new(session, stream, generation, None, None);

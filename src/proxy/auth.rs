@@ -54,9 +54,9 @@ impl Gateway {
             ResumeAuth::None => true,
             ResumeAuth::Principal => session.principal() == inb.principal,
             ResumeAuth::Upstream => {
-                let ok = self
-                    .upstream_accepts(&inb.parts.headers, &inb.parts.uri)
-                    .await;
+                // Asked of the session's own endpoint, whatever path the caller used.
+                let endpoint = http::Uri::try_from(session.endpoint()).unwrap_or_default();
+                let ok = self.upstream_accepts(&inb.parts.headers, &endpoint).await;
                 if ok {
                     // Credentials rotate (token refresh): bind to the latest accepted one.
                     session.set_principal(inb.principal);

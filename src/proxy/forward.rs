@@ -16,7 +16,9 @@ use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
-use crate::session::{Eviction, Forwarding, Reattach, Reservation, Session, StreamKind};
+use crate::session::{
+    hash_id, Eviction, Forwarding, Owner, Reattach, Reservation, Session, StreamKind,
+};
 use crate::upstream::{full_body, hold, is_sse, spawn_reader, Source};
 
 /// What the request ids of a POST into a known session turned out to be.
@@ -66,7 +68,9 @@ impl Gateway {
         let source = inb.source(&self.upstream);
         let headers = std::mem::take(&mut inb.parts.headers);
         let resp = self.send(&mut inb, headers).await?;
-        self.evict_on_answer(&inb, resp.status());
+        if let Some(s) = &session {
+            self.evict_on_answer(&mut inb, s, resp.status()).await;
+        }
         let Some(session) = self.answered_session(&inb, &resp, reservation) else {
             return Ok(pass_through(resp));
         };
@@ -158,15 +162,21 @@ impl Gateway {
     }
 
     /// The upstream's 404 for a session ends it at the gateway too, and so does a
-    /// successful `DELETE`.
-    fn evict_on_answer(&self, inb: &Inbound, status: StatusCode) {
-        let Some(sid) = &inb.sid else {
+    /// successful `DELETE`: when the request was the session's own (its endpoint, which
+    /// `session` is only when named there, and a caller that may attach to it, per
+    /// `--resume-auth`). Anyone else's 404 or DELETE is the upstream's answer to them.
+    async fn evict_on_answer(&self, inb: &mut Inbound, session: &Session, status: StatusCode) {
+        let why = if status == StatusCode::NOT_FOUND {
+            Eviction::Upstream404
+        } else if inb.parts.method == Method::DELETE && status.is_success() {
+            Eviction::Delete
+        } else {
             return;
         };
-        if status == StatusCode::NOT_FOUND {
-            self.registry.remove(sid, Eviction::Upstream404);
-        } else if inb.parts.method == Method::DELETE && status.is_success() {
-            self.registry.remove(sid, Eviction::Delete);
+        if self.authorized(inb, session).await {
+            self.registry.remove(session.id(), why);
+        } else {
+            tracing::debug!(mcp.session = %hash_id(session.id()), reason = why.as_str(), "not the session's own request: the session stays");
         }
     }
 
@@ -189,13 +199,17 @@ impl Gateway {
             .filter(|v| is_visible_ascii(v.as_bytes()))
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .or_else(|| inb.sid.clone())?;
+        let path = inb.parts.uri.path();
+        let owner = Owner::new(inb.principal, path);
         let created = match reservation {
-            Some(r) => Ok(self.registry.create_reserved(&sid, inb.principal, r)),
-            None => self.registry.get_or_create(&sid, inb.principal),
+            Some(r) => Ok(self.registry.create_reserved(&sid, owner, r)),
+            None => self.registry.get_or_create(&sid, owner),
         };
-        created
+        let session = created
             .inspect_err(|_| tracing::warn!("session cap reached with every session in use; passing the response through untagged"))
-            .ok()
+            .ok()?;
+        // Another path's answer is never tagged into the session: it is not the session's.
+        (session.endpoint() == path).then_some(session)
     }
 
     /// Once the session is initialized (a POST of `notifications/initialized`), the gateway holds its standalone stream from then on,

@@ -56,13 +56,14 @@ impl Inbound {
         principal: impl FnOnce(&http::HeaderMap) -> u64,
     ) -> Result<Inbound, Refusal> {
         let (parts, body) = req.into_parts();
-        let sid = match parts.headers.get(MCP_SESSION_ID) {
-            None => None,
-            Some(v) if is_visible_ascii(v.as_bytes()) => {
-                Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
-            }
-            Some(_) => return Err(ProxyError::BadSessionHeader.into()),
-        };
+        // Only an MCP endpoint is forwarded: never a tunnel, never the server as a whole.
+        if parts.method == Method::CONNECT {
+            return Err(ProxyError::Connect.into());
+        }
+        if is_asterisk(&parts) && parts.method != Method::OPTIONS {
+            return Err(ProxyError::BadTarget.into());
+        }
+        let sid = session_header(&parts.headers)?;
         let header_version = parts
             .headers
             .get(MCP_PROTOCOL_VERSION)
@@ -125,6 +126,24 @@ impl Inbound {
     }
 }
 
+/// The `Mcp-Session-Id`: absent, or one visible-ASCII value (a repeated header would let the
+/// gateway and the upstream act on different sessions).
+fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> {
+    let mut all = headers.get_all(MCP_SESSION_ID).iter();
+    match (all.next(), all.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) if is_visible_ascii(v.as_bytes()) => {
+            Ok(Some(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        }
+        _ => Err(ProxyError::BadSessionHeader.into()),
+    }
+}
+
+/// Whether the request target is `*` (asterisk-form, or h2's `:path *`).
+pub(super) fn is_asterisk(parts: &Parts) -> bool {
+    parts.uri.path() == "*"
+}
+
 /// Whether a request is of the modern era, by its version header or its body's `_meta`.
 /// `initialize` exists only in the legacy eras, whatever version it asks for.
 fn is_modern(header_version: Option<&str>, info: &PostInfo) -> bool {
@@ -169,6 +188,8 @@ async fn collect(body: Incoming, cfg: &Config) -> Result<bytes::Bytes, Refusal> 
 /// How the gateway serves a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Route {
+    /// `OPTIONS *`: about the server as a whole, answered by the gateway.
+    Asterisk,
     /// Modern era: forwarded as it is, the answer passed through untagged.
     PassThrough,
     /// A legacy `GET` with a session and `Last-Event-ID`: re-attached at the cursor (a
@@ -184,9 +205,12 @@ pub(super) enum Route {
     Forward,
 }
 
-/// Which route serves `inb`, given the session it names (if the gateway has it). Decides
-/// only: reads the session's state, changes nothing.
+/// Which route serves `inb`, given the session it names (if the gateway has it and `inb` is
+/// on its endpoint). Decides only: reads the session's state, changes nothing.
 pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
+    if is_asterisk(&inb.parts) {
+        return Route::Asterisk;
+    }
     if inb.modern {
         return Route::PassThrough;
     }
@@ -207,7 +231,7 @@ pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::Registry;
+    use crate::session::{Owner, Registry};
 
     fn inbound(method: Method, headers: &[(&str, &str)], body: &str) -> Inbound {
         let mut req = Request::builder().method(method.clone()).uri("/mcp");
@@ -249,7 +273,9 @@ mod tests {
     fn each_request_has_one_route() {
         let cfg = Arc::new(Config::new("http://127.0.0.1:1".parse().expect("uri")));
         let reg = Registry::new(cfg, Arc::default());
-        let s = reg.get_or_create("s1", 0).expect("session");
+        let s = reg
+            .get_or_create("s1", Owner::new(0, "/mcp"))
+            .expect("session");
         let sid = ("mcp-session-id", "s1");
         let cursor = ("last-event-id", "0000000000000001.0.1");
         let modern = ("mcp-protocol-version", "2026-07-28");

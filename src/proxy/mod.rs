@@ -172,12 +172,15 @@ impl Gateway {
         conn: &Conn,
     ) -> Result<Response<ResBody>, Refusal> {
         let inb = Inbound::read(req, &self.cfg, conn, |h| self.principal(h, conn)).await?;
+        // A session is only named on its own endpoint: elsewhere its id is just a header.
         let session = inb
             .sid
             .as_deref()
             .filter(|_| !inb.modern)
-            .and_then(|sid| self.registry.get(sid));
+            .and_then(|sid| self.registry.get(sid))
+            .filter(|s| s.endpoint() == inb.parts.uri.path());
         match classify(&inb, session.as_deref()) {
+            Route::Asterisk => Ok(respond::asterisk()),
             Route::PassThrough => self.pass_through(inb).await,
             Route::Resume => self.resume(inb, session).await,
             Route::Attach => self.attach(inb, session, None).await,

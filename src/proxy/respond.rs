@@ -11,8 +11,9 @@ use hyper::body::Incoming;
 use super::{Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::config::Priming;
+use crate::error::ALLOWED_METHODS;
 use crate::jsonrpc;
-use crate::upstream::{strip_hop_by_hop, BoxError};
+use crate::upstream::{full_body, strip_hop_by_hop, BoxError};
 
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
@@ -47,6 +48,14 @@ impl Gateway {
         sse_headers(resp.headers_mut(), sid);
         resp
     }
+}
+
+/// `OPTIONS *`: what the gateway serves, and nothing forwarded.
+pub(super) fn asterisk() -> Response<ResBody> {
+    let mut resp = Response::new(full_body(bytes::Bytes::new()));
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+    resp
 }
 
 /// An upstream answer as it came, less its hop-by-hop headers.

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
-pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
+pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Owner, Registry, Reservation};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
@@ -109,6 +109,8 @@ pub struct Session {
     budget: Arc<Budget>,
     /// Keyed hash of the principal the session is bound to (see `proxy`).
     principal: AtomicU64,
+    /// The path the session was created on: the only one that is the session's.
+    endpoint: Box<str>,
     state: Mutex<State>,
     /// Woken when an attempt to open the held standalone stream settles.
     hold_settled: Notify,
@@ -246,7 +248,7 @@ impl Session {
         cfg: Arc<Config>,
         metrics: Arc<Metrics>,
         budget: Arc<Budget>,
-        principal: u64,
+        owner: Owner,
     ) -> Session {
         let epoch = new_epoch();
         let mut id_prefix = [0u8; 21];
@@ -278,7 +280,8 @@ impl Session {
             cfg,
             metrics,
             budget,
-            principal: AtomicU64::new(principal),
+            principal: AtomicU64::new(owner.principal),
+            endpoint: owner.endpoint,
             hold_settled: Notify::new(),
             hold_kick: Arc::new(Notify::new()),
             forward_settled: Notify::new(),
@@ -287,6 +290,11 @@ impl Session {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The path the session was created on.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// The keyed hash of the principal this session is bound to.

@@ -69,6 +69,24 @@ pub struct Registry {
     reserved: Arc<AtomicUsize>,
 }
 
+/// Who a new session belongs to: the principal of the request that created it and the
+/// endpoint (path) it was created on. Only that endpoint is the session's: a request on
+/// another path that names the session neither resumes, retransmits into, nor ends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub principal: u64,
+    pub endpoint: Box<str>,
+}
+
+impl Owner {
+    pub fn new(principal: u64, endpoint: &str) -> Owner {
+        Owner {
+            principal,
+            endpoint: endpoint.into(),
+        }
+    }
+}
+
 /// A place for one new session under the cap, taken before an `initialize` is forwarded and
 /// turned into the session by [`Registry::create_reserved`]; dropping it (the upstream did
 /// not create a session, the request failed) gives the place back.
@@ -111,13 +129,13 @@ impl Registry {
 
     /// The session `id`, created if the gateway has not seen it (sheds an idle session at
     /// the cap; errs when every session is in use).
-    pub fn get_or_create(&self, id: &str, principal: u64) -> Result<Arc<Session>, AtCapacity> {
+    pub fn get_or_create(&self, id: &str, owner: Owner) -> Result<Arc<Session>, AtCapacity> {
         let mut map = lock(&self.sessions);
         if let Some(s) = map.get(id) {
             return Ok(s.clone());
         }
         self.make_room(&mut map)?;
-        Ok(self.insert(&mut map, id, principal))
+        Ok(self.insert(&mut map, id, owner))
     }
 
     /// The session `id`, created in the place `reservation` holds (so it cannot fail), or
@@ -125,13 +143,13 @@ impl Registry {
     pub fn create_reserved(
         &self,
         id: &str,
-        principal: u64,
+        owner: Owner,
         reservation: Reservation,
     ) -> Arc<Session> {
         let mut map = lock(&self.sessions);
         let s = match map.get(id) {
             Some(s) => s.clone(),
-            None => self.insert(&mut map, id, principal),
+            None => self.insert(&mut map, id, owner),
         };
         // Released under the lock: the new session takes the reservation's place atomically.
         drop(reservation);
@@ -142,14 +160,14 @@ impl Registry {
         &self,
         map: &mut HashMap<String, Arc<Session>>,
         id: &str,
-        principal: u64,
+        owner: Owner,
     ) -> Arc<Session> {
         let s = Arc::new(Session::new(
             id.to_owned(),
             self.cfg.clone(),
             self.metrics.clone(),
             self.budget.clone(),
-            principal,
+            owner,
         ));
         map.insert(id.to_owned(), s.clone());
         tracing::debug!(mcp.session = %hash_id(id), "session created");

@@ -22,7 +22,7 @@ fn session(c: Arc<Config>) -> Session {
         c,
         Arc::default(),
         Arc::new(Budget::new(usize::MAX)),
-        0,
+        Owner::new(0, "/mcp"),
     )
 }
 
@@ -43,7 +43,7 @@ async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
         cfg(|c| c.session_ttl = Duration::from_secs(60)),
         Arc::default(),
     );
-    let s = reg.get_or_create("a", 0).unwrap();
+    let s = reg.get_or_create("a", Owner::new(0, "/mcp")).unwrap();
     let (stream, generation, _) = s.open_stream(StreamKind::Post, vec![], false, false, None, None);
     tokio::time::advance(Duration::from_secs(120)).await;
     reg.sweep();
@@ -805,7 +805,9 @@ fn a_client_stream_that_ends_hands_the_session_to_a_holder_once() {
 #[tokio::test]
 async fn closing_the_session_stops_its_holder() {
     let reg = Registry::new(cfg(|_| {}), Arc::default());
-    let s = reg.get_or_create("s", 0).expect("created");
+    let s = reg
+        .get_or_create("s", Owner::new(0, "/mcp"))
+        .expect("created");
     let task = tokio::spawn(std::future::pending::<()>());
     s.set_holder(task.abort_handle());
     reg.remove("s", Eviction::Delete);

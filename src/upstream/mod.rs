@@ -85,6 +85,23 @@ impl Upstream {
         self.client.request(req).await
     }
 
+    /// The upstream URI for a client request's target: the upstream's scheme and authority,
+    /// always, and the request's path and query (`/` for one that has none that is a path).
+    /// Built from parts, so no request target can change where the request goes.
+    fn target(&self, uri: &Uri) -> Uri {
+        let base = &self.cfg.upstream;
+        let pq = uri
+            .path_and_query()
+            .filter(|pq| pq.as_str().starts_with('/'))
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(base.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP));
+        parts.authority = base.authority().cloned();
+        parts.path_and_query = Some(pq);
+        Uri::from_parts(parts).unwrap_or_else(|_| base.clone())
+    }
+
     /// The upstream request for a client request: same method, path, query and headers
     /// (`Host` unchanged), hop-by-hop headers removed, the client's address appended to
     /// `X-Forwarded-For`.
@@ -96,14 +113,7 @@ impl Upstream {
         body: UpBody,
         remote: Option<SocketAddr>,
     ) -> Request<UpBody> {
-        let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let base = &self.cfg.upstream;
-        let target = format!(
-            "{}://{}{}",
-            base.scheme_str().unwrap_or("http"),
-            base.authority().map_or("", |a| a.as_str()),
-            pq
-        );
+        let target = self.target(&uri);
         if !headers.contains_key(header::HOST) {
             // HTTP/2 clients send :authority instead; forward it as Host, unchanged.
             if let Some(a) = uri
@@ -137,7 +147,7 @@ impl Upstream {
         // version is left at its default).
         let mut req = Request::new(body);
         *req.method_mut() = method;
-        *req.uri_mut() = target.parse().unwrap_or_else(|_| base.clone());
+        *req.uri_mut() = target;
         *req.headers_mut() = headers;
         req
     }
@@ -278,6 +288,21 @@ mod tests {
         assert_eq!(left.len(), 2, "{left:?}");
         assert!(h.contains_key(header::AUTHORIZATION));
         assert!(h.contains_key("mcp-session-id"));
+    }
+
+    #[test]
+    fn the_target_never_changes_the_upstream_authority() {
+        let cfg = Config::new("http://10.0.0.7:3000".parse().unwrap());
+        let up = Upstream::new(Arc::new(cfg));
+        for (client, want) in [
+            ("/mcp?x=1", "http://10.0.0.7:3000/mcp?x=1"),
+            ("*", "http://10.0.0.7:3000/"),
+            ("http://evil.example:81/mcp", "http://10.0.0.7:3000/mcp"),
+            ("evil.example:443", "http://10.0.0.7:3000/"),
+        ] {
+            let uri: Uri = client.parse().unwrap();
+            assert_eq!(up.target(&uri).to_string(), want, "{client}");
+        }
     }
 
     #[test]

@@ -1,0 +1,170 @@
+//! A session is its creator's (issue 20): knowing a session id is not enough to end it, read
+//! it or answer for it, and requests that are not for the upstream's endpoint (`*`, `CONNECT`)
+//! never reach another authority. Raw HTTP/1.1 where the SDKs cannot send the attack.
+
+// Real sockets run on the wall clock (the ban in clippy.toml is for src/).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SID: &str = "victim-session";
+const VICTIM: &str = "Bearer victim-token";
+
+/// Sends raw bytes on a fresh connection and reads the answer's head (up to the blank line).
+async fn raw(gw: &Gw, request: &str) -> String {
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .expect("an answer in time");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The victim's session, created by an `initialize` carrying its credentials on `/mcp`.
+async fn victim_session(gw: &Gw, mock: &mut Mock) {
+    let mut init = post(INITIALIZE, None);
+    init.headers_mut()
+        .insert("authorization", VICTIM.parse().unwrap());
+    let pending = tokio::spawn(send(gw.addr, init));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert!(gw.gateway.registry().get(SID).is_some());
+}
+
+fn answer(status: u16) -> http::Response<Full<Bytes>> {
+    http::Response::builder()
+        .status(status)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_asterisk_target_is_answered_by_the_gateway_and_never_forwarded() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    let head = raw(&gw, "OPTIONS * HTTP/1.1\r\nHost: mcp.example\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("\r\nallow: "), "{head}");
+    let head = raw(
+        &gw,
+        "POST * HTTP/1.1\r\nHost: mcp.example\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(mock.nothing_within(Duration::from_millis(200)).await);
+}
+
+#[tokio::test]
+async fn connect_is_refused_at_the_gateway() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    let head = raw(
+        &gw,
+        "CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 405"), "{head}");
+    assert!(mock.nothing_within(Duration::from_millis(200)).await);
+}
+
+#[tokio::test]
+async fn a_repeated_session_header_is_a_400_and_ends_nothing() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    let head = raw(
+        &gw,
+        &format!("POST /mcp HTTP/1.1\r\nHost: mcp.example\r\nMcp-Session-Id: {SID}\r\nMcp-Session-Id: other\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(mock.nothing_within(Duration::from_millis(200)).await);
+    assert!(gw.gateway.registry().get(SID).is_some());
+}
+
+#[tokio::test]
+async fn a_404_for_another_path_or_principal_does_not_end_the_session() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    // Another path of the same upstream, with the victim's session id and no credentials.
+    let favicon = Request::get("/favicon.ico")
+        .header("host", "mcp.example")
+        .header("mcp-session-id", SID)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let pending = tokio::spawn(send(gw.addr, favicon));
+    mock.next().await.respond(answer(404));
+    assert_eq!(pending.await.unwrap().status(), 404);
+    assert!(gw.gateway.registry().get(SID).is_some(), "another path");
+    // The session's own path, another principal: the upstream's 404 is for that caller.
+    let pending = tokio::spawn(send(gw.addr, post(&call(3), Some(SID))));
+    mock.next().await.respond(answer(404));
+    assert_eq!(pending.await.unwrap().status(), 404);
+    assert!(
+        gw.gateway.registry().get(SID).is_some(),
+        "another principal"
+    );
+    // The session's own request gets 404: the upstream has forgotten it.
+    let mut own = post(&call(4), Some(SID));
+    own.headers_mut()
+        .insert("authorization", VICTIM.parse().unwrap());
+    let pending = tokio::spawn(send(gw.addr, own));
+    mock.next().await.respond(answer(404));
+    assert_eq!(pending.await.unwrap().status(), 404);
+    assert!(
+        gw.gateway.registry().get(SID).is_none(),
+        "its own 404 ends it"
+    );
+}
+
+#[tokio::test]
+async fn only_the_sessions_principal_on_its_path_deletes_it() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    for (path, auth) in [("/other", Some(VICTIM)), ("/mcp", None)] {
+        let mut del = Request::delete(path)
+            .header("host", "mcp.example")
+            .header("mcp-session-id", SID);
+        if let Some(a) = auth {
+            del = del.header("authorization", a);
+        }
+        let pending = tokio::spawn(send(gw.addr, del.body(Full::new(Bytes::new())).unwrap()));
+        mock.next().await.respond(answer(200));
+        assert_eq!(pending.await.unwrap().status(), 200);
+        assert!(
+            gw.gateway.registry().get(SID).is_some(),
+            "DELETE {path} {auth:?}"
+        );
+    }
+    let del = Request::delete("/mcp")
+        .header("host", "mcp.example")
+        .header("mcp-session-id", SID)
+        .header("authorization", VICTIM)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let pending = tokio::spawn(send(gw.addr, del));
+    mock.next().await.respond(answer(200));
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert!(gw.gateway.registry().get(SID).is_none());
+}
