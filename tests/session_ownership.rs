@@ -168,3 +168,49 @@ async fn only_the_sessions_principal_on_its_path_deletes_it() {
     assert_eq!(pending.await.unwrap().status(), 200);
     assert!(gw.gateway.registry().get(SID).is_none());
 }
+
+#[tokio::test]
+async fn a_retransmission_or_resume_on_another_path_is_not_one() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.resume_auth = mcp_reattach::config::ResumeAuth::Upstream
+    })
+    .await;
+    victim_session(&gw, &mut mock).await;
+    // The victim's call 2 streams on /mcp.
+    let mut own = post(&call(2), Some(SID));
+    own.headers_mut()
+        .insert("authorization", VICTIM.parse().unwrap());
+    let pending = tokio::spawn(send(gw.addr, own));
+    let writer = mock.next().await.respond_sse(Some(SID));
+    let mut victim = SseReader::new(pending.await.unwrap());
+    writer.message(&result(2)).await;
+    let answered = victim.next().await.expect("the victim's result");
+    let cursor = answered.id.clone().expect("a tagged event");
+    // Someone without credentials retransmits id 2 to a public path of the same upstream:
+    // it reaches the upstream as an ordinary request there, never as the victim's stream.
+    let pending = tokio::spawn(send(
+        gw.addr,
+        Request::post("/public")
+            .header("host", "mcp.example")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", SID)
+            .body(Full::new(Bytes::from(call(2))))
+            .unwrap(),
+    ));
+    let seen = mock.next().await;
+    assert_eq!(seen.uri.path(), "/public");
+    assert_eq!(
+        seen.json_body()["method"],
+        "tools/call",
+        "forwarded, not pinged"
+    );
+    seen.respond(json_response(404, &[], "{}"));
+    assert_eq!(pending.await.unwrap().status(), 404);
+    // A resume there finds no session either.
+    let mut resume = get(SID, Some(&cursor));
+    *resume.uri_mut() = "/public".parse().unwrap();
+    assert_eq!(send(gw.addr, resume).await.status(), 404);
+    assert!(gw.gateway.registry().get(SID).is_some());
+}
