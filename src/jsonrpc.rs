@@ -18,8 +18,6 @@ use crate::sse;
 pub const FIRST_MODERN_VERSION: &str = "2026-07-28";
 /// First protocol version whose servers prime streams (SEP-1699).
 pub const FIRST_PRIMING_VERSION: &str = "2025-11-25";
-/// The `_meta` key carrying the protocol version in modern-era requests.
-pub const META_VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 
 /// What the gateway needs to know of a POST body.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -66,6 +64,7 @@ struct Params {
 
 #[derive(Deserialize)]
 struct Meta {
+    /// The `_meta` key carrying the protocol version in modern-era requests.
     #[serde(default, rename = "io.modelcontextprotocol/protocolVersion")]
     version: Option<String>,
 }

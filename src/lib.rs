@@ -26,22 +26,25 @@
 //! `main.rs` only parses flags, installs logging, maps SIGTERM / SIGINT to a graceful / quick
 //! [`shutdown::Shutdown`], binds, and calls [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 
+// The public surface: what `main.rs`, the integration tests, the fuzz targets and the bench
+// use (config, the pure core, the demo, TLS setup, shutdown, the access sink, and the session
+// and attach types of the paused-time tests). The request path's layers are the crate's own.
 pub mod access;
-pub mod admin;
+pub(crate) mod admin;
 pub mod attach;
 pub mod config;
 pub mod cursor;
 pub mod demo;
-pub mod error;
-pub mod jsonrpc;
-pub mod metrics;
-pub mod proxy;
-pub mod server;
+pub(crate) mod error;
+pub(crate) mod jsonrpc;
+pub(crate) mod metrics;
+pub(crate) mod proxy;
+pub(crate) mod server;
 pub mod session;
 pub mod shutdown;
 pub mod sse;
 pub mod tls;
-pub mod upstream;
+pub(crate) mod upstream;
 pub mod window;
 
 pub use admin::serve_admin;

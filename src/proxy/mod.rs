@@ -42,11 +42,11 @@ use self::inbound::{classify, Inbound, Route};
 use crate::access::{AccessLog, Observed, StreamStats};
 use crate::config::Config;
 use crate::error::Refusal;
-pub use crate::error::{codes, ProxyError};
+
 use crate::metrics::Metrics;
 use crate::session::{hash_id, Registry};
+pub use crate::upstream::BoxError;
 use crate::upstream::{full_body, Upstream};
-pub use crate::upstream::{BoxError, LAST_EVENT_ID};
 
 /// Body of every response the gateway sends.
 pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
