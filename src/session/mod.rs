@@ -7,10 +7,12 @@
 //! nothing of HTTP requests or sockets (the proxy layer calls it, the attach body reads from
 //! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 //!
-//! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates) and
-//! [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
+//! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates),
+//! [`reserve`] (the in-flight reserve of written batches) and [`registry`] (all sessions,
+//! the cap, the memory budget, the TTL sweep).
 
 mod registry;
+mod reserve;
 mod stream;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -25,6 +27,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
+use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
@@ -51,23 +54,6 @@ const BATCH_BYTES: usize = 64 * 1024;
 /// `event: message` + LF.
 const ENTRY_OVERHEAD: usize = 4 + crate::cursor::MAX_CURSOR_LEN + 1 + 15;
 
-/// How long a written batch stays in the in-flight reserve while its client stays attached,
-/// when no later sends push it out: on a live connection, bytes written this long ago have
-/// reached the client. (A connection that dies silently stops taking writes; its client is
-/// then detached as stalled.)
-const INFLIGHT_AGE: Duration = Duration::from_secs(1);
-
-/// One batch handed to a client, kept in the session's in-flight reserve until later sends
-/// push it out, or until it is [`INFLIGHT_AGE`] old with its client still attached.
-#[derive(Debug)]
-struct Sent {
-    stream: u32,
-    last: u64,
-    events: usize,
-    bytes: usize,
-    at: Instant,
-}
-
 #[derive(Debug)]
 struct State {
     window: Window,
@@ -84,13 +70,8 @@ struct State {
     rehold_delay: Duration,
     closed: bool,
     next_generation: u64,
-    /// The in-flight reserve: the most recent batches written to clients (any stream),
-    /// oldest first. Written bytes may still sit in kernel buffers, in a hop in between or in
-    /// the client's receive buffer when a connection dies, so they stay protected until
-    /// later sends push them out (see [`Session::reserve_limits`]).
-    inflight: VecDeque<Sent>,
-    inflight_events: usize,
-    inflight_bytes: usize,
+    /// The in-flight reserve: the most recent batches written to clients (any stream).
+    inflight: Reserve,
     /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no
     /// answer yet): a retransmission of one waits for it instead of being forwarded again.
     forwarding: Vec<String>,
@@ -241,6 +222,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What the in-flight reserve needs of the session's streams.
+impl Delivery for BTreeMap<u32, Stream> {
+    fn reading(&self, stream: u32) -> bool {
+        self.get(&stream)
+            .and_then(|s| s.sub.as_ref())
+            .is_some_and(|sub| sub.detach.is_none())
+    }
+
+    fn delivered(&mut self, stream: u32, last: u64) -> bool {
+        self.get_mut(&stream).is_some_and(|s| {
+            let moved = last > s.acked;
+            s.acked = s.acked.max(last);
+            moved
+        })
+    }
+}
+
 /// Records the eviction of `old` against its stream: a resume before it is now a gap.
 fn note_eviction(metrics: &Metrics, streams: &mut BTreeMap<u32, Stream>, old: &Entry) {
     metrics.window_evictions.inc();
@@ -283,9 +281,7 @@ impl Session {
                 rehold_delay: REHOLD_MIN,
                 closed: false,
                 next_generation: 0,
-                inflight: VecDeque::new(),
-                inflight_events: 0,
-                inflight_bytes: 0,
+                inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
                 forwarding: Vec::new(),
             }),
             cfg,
@@ -318,18 +314,6 @@ impl Session {
             seq,
         }
         .to_string()
-    }
-
-    /// The in-flight reserve's bounds (events, bytes): three quarters of the window, and
-    /// always at least one event short of it. Written events stay protected until this much
-    /// was written after them; the rest of the window is the read-ahead of events not yet
-    /// written, so the upstream can always move while a client reads.
-    fn reserve_limits(&self) -> (usize, usize) {
-        let (n, b) = (self.cfg.window_events, self.cfg.window_bytes);
-        (
-            (n - n / 4).min(n.saturating_sub(1)).max(1),
-            (b - b / 4).max(1),
-        )
     }
 
     /// Records client activity (a request): the TTL counts from the latest one.
@@ -568,7 +552,7 @@ impl Session {
                 Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
                 // Batches written long enough ago to a live client count as delivered.
                 None if !aged => {
-                    Self::age_reserve(st, now);
+                    st.inflight.age(now, &mut st.streams);
                     aged = true;
                 }
                 None => return false,
@@ -796,12 +780,7 @@ impl Session {
             "replay": replay,
             "ended": s.end.is_some(),
         });
-        let before = st.inflight.len();
-        st.inflight.retain(|b| b.stream != cursor.stream);
-        if st.inflight.len() != before {
-            st.inflight_events = st.inflight.iter().map(|b| b.events).sum();
-            st.inflight_bytes = st.inflight.iter().map(|b| b.bytes).sum();
-        }
+        st.inflight.forget(cursor.stream);
         let prelude = sse::control(Some(&here), Some(EVENT_RESUMED), None, &data.to_string());
         Ok(Resume::Attached {
             stream: cursor.stream,
@@ -1018,7 +997,7 @@ impl Session {
         }
         // One batch: several ready events per write, but never more than the in-flight
         // reserve can cover, so everything written stays protected until it is delivered.
-        let (max_events, max_bytes) = self.reserve_limits();
+        let (max_events, max_bytes) = st.inflight.limits();
         let max_bytes = max_bytes.min(BATCH_BYTES);
         // Sized once for the batch: growing it by doubling copied every event again.
         let mut size = 0;
@@ -1075,7 +1054,10 @@ impl Session {
             // Progress: the stall clock restarts (or stops, once caught up).
             s.stall_since = (last < s.last_seq).then(Instant::now);
             let bytes = out.len();
-            room |= self.record_sent(st, stream, last, events, bytes);
+            let now = Instant::now();
+            room |= st
+                .inflight
+                .record(stream, last, events, bytes, now, &mut st.streams);
             if room {
                 for s in st.streams.values_mut() {
                     s.wake_reader();
@@ -1107,68 +1089,6 @@ impl Session {
                 Outcome::UpstreamFailed,
             ),
         }
-    }
-
-    /// Puts a batch just written to a client into the in-flight reserve and pushes the
-    /// oldest batches out of it past its bounds: their events count as delivered from now
-    /// on. Returns whether any stream's delivered mark moved (room may have been made).
-    fn record_sent(
-        &self,
-        st: &mut State,
-        stream: u32,
-        last: u64,
-        events: usize,
-        bytes: usize,
-    ) -> bool {
-        let (max_events, max_bytes) = self.reserve_limits();
-        st.inflight.push_back(Sent {
-            stream,
-            last,
-            events,
-            bytes,
-            at: Instant::now(),
-        });
-        st.inflight_events += events;
-        st.inflight_bytes += bytes;
-        let mut moved = false;
-        while st.inflight_events > max_events || st.inflight_bytes > max_bytes {
-            match Self::release_oldest(st) {
-                Some(m) => moved |= m,
-                None => break,
-            }
-        }
-        moved
-    }
-
-    /// Takes the oldest batch out of the in-flight reserve: its events count as delivered.
-    /// `None` when the reserve is empty, else whether a stream's `acked` moved.
-    fn release_oldest(st: &mut State) -> Option<bool> {
-        let b = st.inflight.pop_front()?;
-        st.inflight_events -= b.events;
-        st.inflight_bytes -= b.bytes;
-        Some(st.streams.get_mut(&b.stream).is_some_and(|s| {
-            let moved = b.last > s.acked;
-            s.acked = s.acked.max(b.last);
-            moved
-        }))
-    }
-
-    /// Releases reserve batches at least [`INFLIGHT_AGE`] old whose client is still
-    /// attached and reading: they were delivered. Returns whether any was released.
-    fn age_reserve(st: &mut State, now: Instant) -> bool {
-        let mut moved = false;
-        while let Some(b) = st.inflight.front() {
-            let live = st
-                .streams
-                .get(&b.stream)
-                .and_then(|s| s.sub.as_ref())
-                .is_some_and(|sub| sub.detach.is_none());
-            if now.duration_since(b.at) < INFLIGHT_AGE || !live {
-                break;
-            }
-            moved |= Self::release_oldest(st).unwrap_or(false);
-        }
-        moved
     }
 
     /// Tells every attached client of streams of `kind` (all, if `None`) to resume elsewhere.
