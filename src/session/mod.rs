@@ -8,9 +8,10 @@
 //! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 //!
 //! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates),
-//! [`reserve`] (the in-flight reserve of written batches) and [`registry`] (all sessions,
-//! the cap, the memory budget, the TTL sweep).
+//! [`reserve`] (the in-flight reserve of written batches), [`dedup`] (POST de-duplication)
+//! and [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
 
+mod dedup;
 mod registry;
 mod reserve;
 mod stream;
@@ -26,6 +27,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use self::dedup::Forwarded;
 pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
@@ -72,9 +74,8 @@ struct State {
     next_generation: u64,
     /// The in-flight reserve: the most recent batches written to clients (any stream).
     inflight: Reserve,
-    /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no
-    /// answer yet): a retransmission of one waits for it instead of being forwarded again.
-    forwarding: Vec<String>,
+    /// Request ids of POSTs forwarded and not yet settled.
+    forwarded: Forwarded,
 }
 
 /// One MCP session as the gateway sees it.
@@ -105,13 +106,7 @@ pub struct Forwarding {
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
-        let mut st = lock(&self.session.state);
-        for id in &self.ids {
-            if let Some(i) = st.forwarding.iter().position(|f| f == id) {
-                st.forwarding.swap_remove(i);
-            }
-        }
-        drop(st);
+        lock(&self.session.state).forwarded.settle(&self.ids);
         self.session.forward_settled.notify_waiters();
     }
 }
@@ -282,7 +277,7 @@ impl Session {
                 closed: false,
                 next_generation: 0,
                 inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
-                forwarding: Vec::new(),
+                forwarded: Forwarded::default(),
             }),
             cfg,
             metrics,
@@ -825,11 +820,9 @@ impl Session {
     /// ([`Session::forward_settled`]) and then takes it as a retransmission, so a client that
     /// retries before the upstream's response head does not run the tool twice.
     pub fn begin_forward(self: &Arc<Self>, ids: &[String]) -> Option<Forwarding> {
-        let mut st = lock(&self.state);
-        if ids.iter().any(|id| st.forwarding.contains(id)) {
+        if !lock(&self.state).forwarded.begin(ids) {
             return None;
         }
-        st.forwarding.extend(ids.iter().cloned());
         Some(Forwarding {
             session: self.clone(),
             ids: ids.to_vec(),
@@ -840,10 +833,7 @@ impl Session {
     pub async fn forward_settled(&self, ids: &[String]) {
         loop {
             let settled = self.forward_settled.notified();
-            if !ids
-                .iter()
-                .any(|id| lock(&self.state).forwarding.contains(id))
-            {
+            if !lock(&self.state).forwarded.any(ids) {
                 return;
             }
             settled.await;
@@ -852,10 +842,7 @@ impl Session {
 
     /// Whether a retained stream of this session was started by a POST carrying one of `ids`.
     pub fn carries_any(&self, ids: &[String]) -> bool {
-        let st = lock(&self.state);
-        st.streams
-            .values()
-            .any(|s| ids.iter().any(|id| s.carries(id)))
+        dedup::carrier(&lock(&self.state).streams, ids).is_some()
     }
 
     /// A POST whose request ids include one already carried by a retained stream of this
@@ -871,20 +858,14 @@ impl Session {
         cursor: Option<Cursor>,
         kill: Option<Arc<Notify>>,
     ) -> Option<Result<Resume, (String, Option<ResumeError>)>> {
-        let (stream, first_seq, dup) = {
-            let st = lock(&self.state);
-            st.streams.iter().find_map(|(&n, s)| {
-                ids.iter()
-                    .find(|id| s.carries(id))
-                    .map(|id| (n, s.first_seq, id.clone()))
-            })?
-        };
-        let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == stream);
+        let carrier = dedup::carrier(&lock(&self.state).streams, ids)?;
+        let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == carrier.stream);
         let at = exact.unwrap_or(Cursor {
             epoch: self.epoch,
-            stream,
-            seq: first_seq,
+            stream: carrier.stream,
+            seq: carrier.first_seq,
         });
+        let dup = carrier.id.to_owned();
         Some(match self.resume(at, kill) {
             Ok(r) => Ok(r),
             Err(e) if exact.is_some() => Err((dup, Some(e))),
