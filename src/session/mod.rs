@@ -8,9 +8,11 @@
 //! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 //!
 //! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates),
-//! [`reserve`] (the in-flight reserve of written batches), [`dedup`] (POST de-duplication)
+//! [`reserve`] (the in-flight reserve of written batches), [`dedup`] (POST de-duplication),
+//! [`control`] (the gateway's own events: priming, resumed, resumption-failed / -required)
 //! and [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
 
+mod control;
 mod dedup;
 mod registry;
 mod reserve;
@@ -34,10 +36,7 @@ pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
 use crate::cursor::{self, new_epoch, Cursor};
-use crate::jsonrpc::{
-    self, failure_frames, upstream_failure_frames, EVENT_RESUMED, EVENT_RESUMPTION_FAILED,
-    EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, UPSTREAM_ENDED_MESSAGE,
-};
+use crate::jsonrpc;
 use crate::metrics::Metrics;
 use crate::sse::{self, Event};
 use crate::window::{Entry, Window};
@@ -345,8 +344,8 @@ impl Session {
             .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
     }
 
-    /// The first event of a stream the client attaches to at `stream`/`seq`: the priming
-    /// event (if `prime`), or, for a standalone re-attach, the control event saying so.
+    /// The first event of a stream the client attaches to at `stream`/`seq` (see
+    /// [`control::opening`]).
     fn opening_event(
         &self,
         stream: u32,
@@ -354,34 +353,11 @@ impl Session {
         prime: bool,
         reattach: Option<&Reattach>,
     ) -> Option<Bytes> {
-        let here = self.cursor(stream, seq);
-        let retry = self.cfg.retry_hint.map(|d| d.as_millis() as u64);
-        match reattach {
-            Some(r) => {
-                let data = serde_json::json!({
-                    "stream": stream,
-                    "kind": StreamKind::Standalone.as_str(),
-                    "after": here,
-                    "replay": 0,
-                    "reattached": "session",
-                    "previous": r.previous,
-                    "reason": r.reason,
-                    "lost": r.lost,
-                });
-                let event = if r.lost {
-                    EVENT_RESUMPTION_FAILED
-                } else {
-                    EVENT_RESUMED
-                };
-                Some(sse::control(
-                    Some(&here),
-                    Some(event),
-                    retry,
-                    &data.to_string(),
-                ))
-            }
-            None => prime.then(|| sse::control(Some(&here), None, retry, "")),
+        if !prime && reattach.is_none() {
+            return None;
         }
+        let here = self.cursor(stream, seq);
+        control::opening(&here, stream, prime, reattach, self.cfg.retry_hint)
     }
 
     /// Opens a tagged stream and attaches its first client at the opening position.
@@ -740,7 +716,7 @@ impl Session {
                 return Err(ResumeError::Gap);
             }
             return Ok(Resume::GapWithErrors {
-                frames: failure_frames(&here, true, "gap", &ids, GAP_MESSAGE),
+                frames: control::gap(&here, true, &ids),
             });
         }
         let replay = st.window.after(cursor.stream, cursor.seq).count()
@@ -768,15 +744,8 @@ impl Session {
                 w.wake();
             }
         }
-        let data = serde_json::json!({
-            "stream": cursor.stream,
-            "kind": s.kind.as_str(),
-            "after": here,
-            "replay": replay,
-            "ended": s.end.is_some(),
-        });
+        let prelude = control::resumed(&here, cursor.stream, s.kind, replay, s.end.is_some());
         st.inflight.forget(cursor.stream);
-        let prelude = sse::control(Some(&here), Some(EVENT_RESUMED), None, &data.to_string());
         Ok(Resume::Attached {
             stream: cursor.stream,
             generation,
@@ -951,28 +920,13 @@ impl Session {
         if let Some((_, why)) = sub.detach {
             s.sub = None;
             st.last_activity = Instant::now();
-            let retry = self
-                .cfg
-                .retry_hint
-                .unwrap_or(Duration::from_secs(1))
-                .as_millis() as u64;
-            let reason = match why {
-                Outcome::Shutdown => "shutdown",
-                _ => "slow-consumer",
-            };
-            let data = serde_json::json!({ "reason": reason, "resume_from": here });
-            let frame = sse::control(
-                Some(&here),
-                Some(EVENT_RESUMPTION_REQUIRED),
-                Some(retry),
-                &data.to_string(),
-            );
+            let frame = control::resumption_required(&here, why, self.cfg.retry_hint);
             return Step::Finish(frame, why);
         }
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
             let ids = s.fail_unanswered(cursor);
-            let frames = failure_frames(&here, has_id, "gap", &ids, GAP_MESSAGE);
+            let frames = control::gap(&here, has_id, &ids);
             s.sub = None;
             return Step::Finish(frames, Outcome::Gap);
         }
@@ -1055,18 +1009,8 @@ impl Session {
         let ids = s.fail_unanswered(cursor);
         match end {
             End::Complete if ids.is_empty() => Step::Finish(Bytes::new(), Outcome::Completed),
-            End::Complete => Step::Finish(
-                failure_frames(
-                    &here,
-                    has_id,
-                    "upstream-ended",
-                    &ids,
-                    UPSTREAM_ENDED_MESSAGE,
-                ),
-                Outcome::UpstreamFailed,
-            ),
-            End::Failed(cause) => Step::Finish(
-                upstream_failure_frames(&here, has_id, &cause.to_string(), &ids),
+            end => Step::Finish(
+                control::upstream_ended(&here, has_id, &end, &ids),
                 Outcome::UpstreamFailed,
             ),
         }

@@ -1,6 +1,7 @@
 //! Unit tests of the session state machine, with paused time where clocks matter.
 
 use super::*;
+use crate::jsonrpc::{EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED};
 
 fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
     let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
