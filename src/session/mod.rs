@@ -8,10 +8,12 @@
 //! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 //!
 //! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates),
-//! [`reserve`] (the in-flight reserve of written batches), [`dedup`] (POST de-duplication),
+//! [`reserve`] (the in-flight reserve of written batches), [`batch`] (the frame one poll
+//! writes), [`dedup`] (POST de-duplication),
 //! [`control`] (the gateway's own events: priming, resumed, resumption-failed / -required)
 //! and [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
 
+mod batch;
 mod control;
 mod dedup;
 mod registry;
@@ -24,18 +26,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use self::batch::Batch;
 use self::dedup::Forwarded;
 pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Registry, Reservation};
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
-use crate::cursor::{self, new_epoch, Cursor};
+use crate::cursor::{new_epoch, Cursor};
 use crate::jsonrpc;
 use crate::metrics::Metrics;
 use crate::sse::{self, Event};
@@ -48,12 +51,6 @@ const MAX_ENDED_STREAMS: usize = 64;
 /// Standalone stream numbers a session remembers after their metadata is forgotten, so a
 /// client's very old standalone cursor still re-attaches to the session.
 const STANDALONE_HISTORY: usize = 8;
-
-/// Most bytes of retained events one poll of an attached client copies into a single frame.
-const BATCH_BYTES: usize = 64 * 1024;
-/// What [`Session::write_entry`] adds to a body at most: `id: ` + cursor + LF +
-/// `event: message` + LF.
-const ENTRY_OVERHEAD: usize = 4 + crate::cursor::MAX_CURSOR_LEN + 1 + 15;
 
 #[derive(Debug)]
 struct State {
@@ -216,6 +213,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Wakes every paused upstream reader of the session (room may have been made).
+fn wake_readers(streams: &mut BTreeMap<u32, Stream>) {
+    for s in streams.values_mut() {
+        s.wake_reader();
+    }
+}
+
+/// The client of `s` was handed every event of it up to `last`.
+fn handed(s: &mut Stream, last: u64) {
+    if let Some(sub) = s.sub.as_mut() {
+        sub.cursor = last;
+        sub.has_id = true;
+    }
+    s.sent = s.sent.max(last);
+    // Progress: the stall clock restarts (or stops, once caught up).
+    s.stall_since = (last < s.last_seq).then(Instant::now);
+}
+
 /// What the in-flight reserve needs of the session's streams.
 impl Delivery for BTreeMap<u32, Stream> {
     fn reading(&self, stream: u32) -> bool {
@@ -253,14 +268,10 @@ impl Session {
         principal: u64,
     ) -> Session {
         let epoch = new_epoch();
-        let mut id_prefix = [0u8; 21];
-        id_prefix[..4].copy_from_slice(b"id: ");
-        id_prefix[4..20].copy_from_slice(&cursor::epoch_hex(epoch));
-        id_prefix[20] = b'.';
         Session {
             id,
             epoch,
-            id_prefix,
+            id_prefix: batch::id_prefix(epoch),
             state: Mutex::new(State {
                 window: Window::new(cfg.window_events, cfg.window_bytes),
                 last_seq: 0,
@@ -547,17 +558,38 @@ impl Session {
             return true;
         }
         let now = Instant::now();
-        let stall = self.cfg.stall_timeout;
         let mut st = lock(&self.state);
         let st = &mut *st;
         if st.closed || !st.streams.contains_key(&stream) {
             events.clear();
             return true;
         }
-        let mut learned_version = None;
         let bytes_before = st.window.bytes();
-        let mut pushed = 0;
-        for ev in events.iter() {
+        let (pushed, learned_version) = self.tag_events(st, stream, events, now);
+        events.drain(..pushed);
+        self.metrics.events_tagged.inc_by(pushed as u64);
+        self.budget.adjust(bytes_before, st.window.bytes());
+        if let Some(v) = learned_version {
+            st.protocol_version = Some(v);
+        }
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return true;
+        };
+        Self::wake_or_pause(s, pushed > 0, events.is_empty(), reader, now)
+    }
+
+    /// Tags `events` of `stream` in order and retains each (in the window, or in the
+    /// stream's overflow slot when too large for it) until one finds no room. Returns how
+    /// many were taken, and the protocol version an `initialize` answer among them told.
+    fn tag_events(
+        &self,
+        st: &mut State,
+        stream: u32,
+        events: &[Event],
+        now: Instant,
+    ) -> (usize, Option<String>) {
+        let mut learned_version = None;
+        for (pushed, ev) in events.iter().enumerate() {
             let mut body = Vec::with_capacity(sse::body_len(ev));
             let message = sse::encode_body(ev, &mut body);
             let retained = st.window.retains(body.len());
@@ -567,45 +599,21 @@ impl Session {
                 // Too large for the window: it waits in the stream's one-slot overflow for
                 // the attached client, which must first be free.
                 let Some(s) = st.streams.get_mut(&stream) else {
-                    break;
+                    return (pushed, learned_version);
                 };
-                match &s.overflow {
-                    Some(prev) if s.needs(prev.seq, now, stall) => false,
-                    Some(prev) => {
-                        if prev.seq > s.sent {
-                            self.metrics.events_evicted_undelivered.inc();
-                        }
-                        s.lost_upto = s.lost_upto.max(prev.seq);
-                        s.set_overflow(None, &self.budget);
-                        true
-                    }
-                    None => true,
-                }
+                self.free_overflow(s, now)
             };
             if !room {
-                break;
+                return (pushed, learned_version);
             }
             st.last_seq += 1;
             let seq = st.last_seq;
             let Some(s) = st.streams.get_mut(&stream) else {
-                break;
+                return (pushed, learned_version);
             };
             s.last_seq = seq;
             if let Some(data) = ev.data.as_deref() {
-                if s.requests.iter().any(|r| r.answered_at.is_none()) {
-                    for rid in jsonrpc::response_ids(data) {
-                        if let Some(r) = s
-                            .requests
-                            .iter_mut()
-                            .find(|r| r.id == rid && r.answered_at.is_none())
-                        {
-                            r.answered_at = Some(seq);
-                        }
-                    }
-                    if s.initialize {
-                        learned_version = jsonrpc::initialize_version(data).or(learned_version);
-                    }
-                }
+                learned_version = Self::note_answers(s, data, seq).or(learned_version);
             }
             let entry = Entry {
                 seq,
@@ -621,24 +629,67 @@ impl Session {
             } else {
                 s.set_overflow(Some(entry), &self.budget);
             }
-            pushed += 1;
         }
-        events.drain(..pushed);
-        self.metrics.events_tagged.inc_by(pushed as u64);
-        self.budget.adjust(bytes_before, st.window.bytes());
-        if let Some(v) = learned_version {
-            st.protocol_version = Some(v);
+        (events.len(), learned_version)
+    }
+
+    /// Empties `s`'s overflow slot for a new oversized event, unless the event in it may
+    /// still be needed by the stream's client (`false`: the new one waits). An event dropped
+    /// from it is lost: a resume before it is a gap.
+    fn free_overflow(&self, s: &mut Stream, now: Instant) -> bool {
+        match &s.overflow {
+            Some(prev) if s.needs(prev.seq, now, self.cfg.stall_timeout) => false,
+            Some(prev) => {
+                if prev.seq > s.sent {
+                    self.metrics.events_evicted_undelivered.inc();
+                }
+                s.lost_upto = s.lost_upto.max(prev.seq);
+                s.set_overflow(None, &self.budget);
+                true
+            }
+            None => true,
         }
-        let Some(s) = st.streams.get_mut(&stream) else {
-            return true;
-        };
-        if pushed > 0 {
+    }
+
+    /// Marks the requests of `s` that the event `seq` (with `data`) answers. Returns the
+    /// protocol version it tells, if it answers the stream's `initialize`.
+    fn note_answers(s: &mut Stream, data: &str, seq: u64) -> Option<String> {
+        if !s.requests.iter().any(|r| r.answered_at.is_none()) {
+            return None;
+        }
+        for rid in jsonrpc::response_ids(data) {
+            if let Some(r) = s
+                .requests
+                .iter_mut()
+                .find(|r| r.id == rid && r.answered_at.is_none())
+            {
+                r.answered_at = Some(seq);
+            }
+        }
+        if s.initialize {
+            jsonrpc::initialize_version(data)
+        } else {
+            None
+        }
+    }
+
+    /// After events of `s` were tagged (`pushed`): its stall clock runs and its client is
+    /// woken. When some are left (not `done`), registers `reader` to be woken when room may
+    /// have been made, and returns `false`.
+    fn wake_or_pause(
+        s: &mut Stream,
+        pushed: bool,
+        done: bool,
+        reader: Option<&Waker>,
+        now: Instant,
+    ) -> bool {
+        if pushed {
             s.stall_since.get_or_insert(now);
             if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
                 w.wake();
             }
         }
-        if events.is_empty() {
+        if done {
             return true;
         }
         if let Some(w) = reader {
@@ -680,9 +731,7 @@ impl Session {
             st.window.remove_stream(old);
             self.budget.adjust(before, st.window.bytes());
             // Its events no longer hold anything back.
-            for s in st.streams.values_mut() {
-                s.wake_reader();
-            }
+            wake_readers(&mut st.streams);
         }
     }
 
@@ -911,109 +960,89 @@ impl Session {
         let Some(s) = st.streams.get_mut(&stream) else {
             return Step::Finish(Bytes::new(), Outcome::SessionClosed);
         };
-        let Some(sub) = s.sub.as_mut().filter(|sub| sub.generation == generation) else {
+        let Some(sub) = s.sub.as_ref().filter(|sub| sub.generation == generation) else {
             return Step::Finish(Bytes::new(), Outcome::Replaced);
         };
-        let cursor = sub.cursor;
-        let has_id = sub.has_id;
-        let here = self.cursor(stream, cursor);
+        let (cursor, has_id) = (sub.cursor, sub.has_id);
         if let Some((_, why)) = sub.detach {
             s.sub = None;
             st.last_activity = Instant::now();
+            let here = self.cursor(stream, cursor);
             let frame = control::resumption_required(&here, why, self.cfg.retry_hint);
             return Step::Finish(frame, why);
         }
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
             let ids = s.fail_unanswered(cursor);
-            let frames = control::gap(&here, has_id, &ids);
             s.sub = None;
+            let frames = control::gap(&self.cursor(stream, cursor), has_id, &ids);
             return Step::Finish(frames, Outcome::Gap);
         }
-        // One batch: several ready events per write, but never more than the in-flight
-        // reserve can cover, so everything written stays protected until it is delivered.
-        let (max_events, max_bytes) = st.inflight.limits();
-        let max_bytes = max_bytes.min(BATCH_BYTES);
-        // Sized once for the batch: growing it by doubling copied every event again.
-        let mut size = 0;
-        for (n, e) in st.window.after(stream, cursor).enumerate() {
-            if size >= max_bytes || n >= max_events {
-                break;
-            }
-            size += ENTRY_OVERHEAD + e.body.len();
+        let (overflow, limits) = (s.overflow.as_ref(), st.inflight.limits());
+        let batch = Batch::collect(
+            &self.id_prefix,
+            &st.window,
+            stream,
+            cursor,
+            overflow,
+            limits,
+        );
+        let room = self.hand_over_overflow(s, batch.last);
+        if batch.out.is_empty() {
+            return self.idle_step(s, stream, cursor, has_id, waker);
         }
-        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq > cursor) {
-            size += ENTRY_OVERHEAD + o.body.len();
+        handed(s, batch.last);
+        let moved = st.inflight.record(
+            stream,
+            batch.last,
+            batch.events,
+            batch.out.len(),
+            Instant::now(),
+            &mut st.streams,
+        );
+        if room || moved {
+            wake_readers(&mut st.streams);
         }
-        let mut out = BytesMut::with_capacity(size);
-        let mut events = 0;
-        let mut last = cursor;
-        let mut overflow = s.overflow.as_ref().filter(|o| o.seq > cursor);
-        let full = |out: &BytesMut, events: usize| out.len() >= max_bytes || events >= max_events;
-        for e in st.window.after(stream, cursor) {
-            if full(&out, events) {
-                break;
-            }
-            if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
-                self.write_entry(o, &mut out);
-                events += 1;
-                last = o.seq;
-                overflow = None;
-                if full(&out, events) {
-                    break;
-                }
-            }
-            self.write_entry(e, &mut out);
-            events += 1;
-            last = e.seq;
-        }
-        if let Some(o) = overflow.filter(|o| o.seq > last && !full(&out, events)) {
-            self.write_entry(o, &mut out);
-            events += 1;
-            last = o.seq;
-        }
-        let mut room = false;
-        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
-            // Handed to the client: from now on a resume before it is a gap.
-            s.lost_upto = s.lost_upto.max(o.seq);
-            s.set_overflow(None, &self.budget);
-            room = true;
-        }
-        let Some(sub) = s.sub.as_mut() else {
-            return Step::Finish(Bytes::new(), Outcome::Replaced);
+        Step::Data(batch.out.freeze(), batch.events as u64)
+    }
+
+    /// Empties the overflow slot of `s` once its event is in a batch up to `last`: from now
+    /// on a resume before it is a gap. Returns whether it did (room was made).
+    fn hand_over_overflow(&self, s: &mut Stream, last: u64) -> bool {
+        let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) else {
+            return false;
         };
-        if !out.is_empty() {
-            sub.cursor = last;
-            sub.has_id = true;
-            s.sent = s.sent.max(last);
-            // Progress: the stall clock restarts (or stops, once caught up).
-            s.stall_since = (last < s.last_seq).then(Instant::now);
-            let bytes = out.len();
-            let now = Instant::now();
-            room |= st
-                .inflight
-                .record(stream, last, events, bytes, now, &mut st.streams);
-            if room {
-                for s in st.streams.values_mut() {
-                    s.wake_reader();
-                }
-            }
-            return Step::Data(out.freeze(), events as u64);
-        }
+        s.lost_upto = s.lost_upto.max(o.seq);
+        s.set_overflow(None, &self.budget);
+        true
+    }
+
+    /// The step of a client at `cursor` of `s` (number `stream`) with nothing to send: it
+    /// waits for more, or, when the upstream ended the stream, its body ends (with an error
+    /// for each request the client has not seen answered).
+    fn idle_step(
+        &self,
+        s: &mut Stream,
+        stream: u32,
+        cursor: u64,
+        has_id: bool,
+        waker: &Waker,
+    ) -> Step {
         s.stall_since = None;
         let Some(end) = s.end.clone() else {
-            sub.waker = Some(waker.clone());
+            if let Some(sub) = s.sub.as_mut() {
+                sub.waker = Some(waker.clone());
+            }
             return Step::Pending;
         };
         s.sub = None;
         let ids = s.fail_unanswered(cursor);
-        match end {
-            End::Complete if ids.is_empty() => Step::Finish(Bytes::new(), Outcome::Completed),
-            end => Step::Finish(
-                control::upstream_ended(&here, has_id, &end, &ids),
-                Outcome::UpstreamFailed,
-            ),
+        if matches!(end, End::Complete) && ids.is_empty() {
+            return Step::Finish(Bytes::new(), Outcome::Completed);
         }
+        let here = self.cursor(stream, cursor);
+        let frames = control::upstream_ended(&here, has_id, &end, &ids);
+        Step::Finish(frames, Outcome::UpstreamFailed)
     }
 
     /// Tells every attached client of streams of `kind` (all, if `None`) to resume elsewhere.
@@ -1032,18 +1061,6 @@ impl Session {
                 }
             }
         }
-    }
-
-    /// Writes a retained event as sent on the wire: its gateway id, then its body.
-    fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
-        out.reserve(ENTRY_OVERHEAD + e.body.len());
-        out.put_slice(&self.id_prefix);
-        cursor::write_position(e.stream, e.seq, out);
-        out.put_u8(b'\n');
-        if e.message {
-            out.put_slice(b"event: message\n");
-        }
-        out.put_slice(&e.body);
     }
 
     /// The client `generation` of `stream` went away (its body was dropped). Its stream's
