@@ -29,7 +29,9 @@ use crate::error::Refusal;
 pub use crate::error::{codes, ProxyError};
 use crate::jsonrpc::{self, PostInfo};
 use crate::metrics::Metrics;
-use crate::session::{hash_id, Eviction, Reattach, Registry, Resume, Session, StreamKind};
+use crate::session::{
+    hash_id, Eviction, Reattach, Registry, Resume, Retransmission, Session, StreamKind,
+};
 use crate::upstream::{
     full_body, hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
 };
@@ -525,13 +527,15 @@ impl Gateway {
             self.registry.metrics().resume("unauthorized");
             return Some(Err(ProxyError::UnknownSession));
         }
-        let found = session.retransmission(&info.request_ids, cursor, Some(conn.kill.clone()))?;
+        let kill = Some(conn.kill.clone());
+        let found = match session.retransmission(&info.request_ids, cursor, kill) {
+            Retransmission::NotOne => return None,
+            Retransmission::Resumed(r) => Ok(r),
+            Retransmission::Refused(e) => Err(ProxyError::Resume(e)),
+            Retransmission::Duplicate(dup) => Err(ProxyError::DuplicateRequest(dup)),
+        };
         tracing::info!(mcp.session = %hash_id(sid), "retransmitted request answered as a resume");
-        Some(match found {
-            Ok(r) => Ok(self.resumed(sid, session.clone(), r, "retransmission")),
-            Err((_, Some(e))) => Err(ProxyError::Resume(e)),
-            Err((dup, None)) => Err(ProxyError::DuplicateRequest(dup)),
-        })
+        Some(found.map(|r| self.resumed(sid, session.clone(), r, "retransmission")))
     }
 
     /// The response to a resume the session accepted.

@@ -152,6 +152,20 @@ pub enum ResumeError {
     StreamEnded,
 }
 
+/// What [`Session::retransmission`] makes of a POST's request ids.
+#[derive(Debug)]
+pub enum Retransmission {
+    /// No retained stream carried any of them: not a retransmission.
+    NotOne,
+    /// Answered as a resume of the stream that carried one.
+    Resumed(Resume),
+    /// The client's cursor named that stream, and the resume at it was refused.
+    Refused(ResumeError),
+    /// Without a usable cursor the stream could not be served from its start: this id is a
+    /// duplicate of one the session already ran.
+    Duplicate(String),
+}
+
 /// A client's standalone-stream cursor that cannot be resumed exactly: it re-attaches to the
 /// session at an indeterminate position, told so by an id-bearing control event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -867,28 +881,28 @@ impl Session {
     /// session is a retransmission (MCP forbids reusing an id within a session): it is
     /// answered as a resume of that stream, never forwarded. With `cursor` naming that
     /// stream the resume is exact; without a usable cursor it starts at the stream's opening
-    /// position, which is only served if nothing of the stream was lost. `None` when no
-    /// retained stream carried any of `ids`; `Err` carries the duplicate id when the
-    /// retransmission cannot be served.
+    /// position, which is only served if nothing of the stream was lost (see
+    /// [`Retransmission`]).
     pub fn retransmission(
         &self,
         ids: &[String],
         cursor: Option<Cursor>,
         kill: Option<Arc<Notify>>,
-    ) -> Option<Result<Resume, (String, Option<ResumeError>)>> {
-        let carrier = dedup::carrier(&lock(&self.state).streams, ids)?;
+    ) -> Retransmission {
+        let Some(carrier) = dedup::carrier(&lock(&self.state).streams, ids) else {
+            return Retransmission::NotOne;
+        };
         let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == carrier.stream);
         let at = exact.unwrap_or(Cursor {
             epoch: self.epoch,
             stream: carrier.stream,
             seq: carrier.first_seq,
         });
-        let dup = carrier.id.to_owned();
-        Some(match self.resume(at, kill) {
-            Ok(r) => Ok(r),
-            Err(e) if exact.is_some() => Err((dup, Some(e))),
-            Err(_) => Err((dup, None)),
-        })
+        match self.resume(at, kill) {
+            Ok(r) => Retransmission::Resumed(r),
+            Err(e) if exact.is_some() => Retransmission::Refused(e),
+            Err(_) => Retransmission::Duplicate(carrier.id.to_owned()),
+        }
     }
 
     /// Attaches a client without a cursor to the held standalone stream, replacing any

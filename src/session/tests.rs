@@ -522,16 +522,19 @@ fn a_retransmitted_request_is_a_resume_of_its_stream() {
     };
     assert!(s.carries_any(&["7".into()]));
     assert!(!s.carries_any(&["8".into()]));
-    assert!(s.retransmission(&["8".into()], Some(seen), None).is_none());
+    assert!(matches!(
+        s.retransmission(&["8".into()], Some(seen), None),
+        Retransmission::NotOne
+    ));
     // With the stream's cursor: exactly what came after it.
-    let Some(Ok(Resume::Attached { replay: 2, .. })) =
+    let Retransmission::Resumed(Resume::Attached { replay: 2, .. }) =
         s.retransmission(&["7".into()], Some(seen), None)
     else {
         panic!("resume after the cursor")
     };
     // Without a usable cursor: the stream from its start, nothing of it being lost.
     let foreign = Cursor { epoch: 1, ..seen };
-    let Some(Ok(Resume::Attached { replay: 3, .. })) =
+    let Retransmission::Resumed(Resume::Attached { replay: 3, .. }) =
         s.retransmission(&["7".into()], Some(foreign), None)
     else {
         panic!("resume from the start")
