@@ -30,7 +30,7 @@ pub use crate::error::{codes, ProxyError};
 use crate::jsonrpc::{self, PostInfo};
 use crate::metrics::Metrics;
 use crate::session::{
-    hash_id, Eviction, Reattach, Registry, Resume, Retransmission, Session, StreamKind,
+    hash_id, Eviction, OpenStream, Reattach, Registry, Resume, Retransmission, Session, StreamKind,
 };
 use crate::upstream::{
     full_body, hold_standalone, is_sse, read_stream, strip_hop_by_hop, Source, UpBody, Upstream,
@@ -249,15 +249,14 @@ impl Gateway {
                                 .as_deref()
                                 .or(s.protocol_version().as_deref()),
                         );
-                        if let Some((stream, generation, opening)) =
+                        if let Some(attachment) =
                             s.attach_standalone(prime, reattach.as_ref(), Some(conn.kill.clone()))
                         {
                             if reattach.is_some() {
                                 self.registry.metrics().resume("reattached");
                             }
-                            tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = stream, "attached live to held standalone stream");
-                            let body =
-                                AttachBody::new(s, stream, generation, opening, self.cfg.keepalive);
+                            tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = attachment.stream, "attached live to held standalone stream");
+                            let body = AttachBody::new(s, attachment, self.cfg.keepalive);
                             return Ok(self.sse_response(StatusCode::OK, None, sid, body));
                         }
                     }
@@ -442,14 +441,15 @@ impl Gateway {
         if reattach.is_some() {
             self.registry.metrics().resume("reattached");
         }
-        let (stream, generation, opening) = session.open_stream(
+        let attachment = session.open_stream(OpenStream {
             kind,
-            info.request_ids,
-            info.initialize,
+            requests: info.request_ids,
+            initialize: info.initialize,
             prime,
-            reattach.as_ref(),
-            Some(conn.kill.clone()),
-        );
+            reattach: reattach.as_ref(),
+            kill: Some(conn.kill.clone()),
+        });
+        let stream = attachment.stream;
         let (resp_parts, upstream_body) = resp.into_parts();
         let source = Source {
             upstream: self.upstream.clone(),
@@ -465,7 +465,7 @@ impl Gateway {
             source,
         ));
         session.set_reader(stream, reader.abort_handle());
-        let body = AttachBody::new(session, stream, generation, opening, self.cfg.keepalive);
+        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         Ok(self.sse_response(resp_parts.status, Some(resp_parts.headers), &sid, body))
     }
 
@@ -547,22 +547,11 @@ impl Gateway {
         outcome: &'static str,
     ) -> Response<ResBody> {
         match r {
-            Resume::Attached {
-                stream,
-                generation,
-                prelude,
-                replay,
-            } => {
+            Resume::Attached { attachment, replay } => {
                 self.registry.metrics().resume(outcome);
-                tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = stream, replay, "resumed");
-                let body = AttachBody::new(
-                    session,
-                    stream,
-                    generation,
-                    Some(prelude),
-                    self.cfg.keepalive,
-                )
-                .with_replayed(replay);
+                tracing::debug!(mcp.session = %hash_id(sid), mcp.stream = attachment.stream, replay, "resumed");
+                let body =
+                    AttachBody::new(session, attachment, self.cfg.keepalive).with_replayed(replay);
                 self.sse_response(StatusCode::OK, None, sid, body)
             }
             Resume::GapWithErrors { frames } => {

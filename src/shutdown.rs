@@ -170,7 +170,7 @@ mod tests {
     use super::*;
     use crate::attach::AttachBody;
     use crate::config::Config;
-    use crate::session::StreamKind;
+    use crate::session::{OpenStream, StreamKind};
     use crate::sse::{Decoder, Event};
     use bytes::Bytes;
     use http_body_util::BodyExt;
@@ -235,9 +235,9 @@ mod tests {
         kind: StreamKind,
     ) -> (u32, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let session = gw.registry().get_or_create("s", 0).unwrap();
-        let (stream, generation, _) =
-            session.open_stream(kind, vec!["1".into()], false, false, None, None);
-        let body = AttachBody::new(session, stream, generation, None, None);
+        let attachment = session.open_stream(OpenStream::new(kind, vec!["1".into()]));
+        let stream = attachment.stream;
+        let body = AttachBody::new(session, attachment, None);
         let (near, far) = tokio::io::duplex(64 << 10);
         let body = std::sync::Mutex::new(Some(body));
         let svc = hyper::service::service_fn(move |_req: http::Request<Incoming>| {

@@ -122,14 +122,56 @@ enum Hold {
 const REHOLD_MIN: Duration = Duration::from_secs(1);
 const REHOLD_MAX: Duration = Duration::from_secs(60);
 
+/// A client attached to a tagged stream: what its body pulls from the session with.
+#[derive(Debug)]
+pub struct Attachment {
+    pub stream: u32,
+    /// Which client of the stream this is: a later attachment to the stream replaces it.
+    pub generation: u64,
+    /// What the body sends first (the priming event, the resumed or re-attach control
+    /// event), if anything.
+    pub opening: Option<Bytes>,
+}
+
+/// What [`Session::open_stream`] opens, and how its first client is attached.
+#[derive(Debug)]
+pub struct OpenStream<'a> {
+    pub kind: StreamKind,
+    /// The request ids (JSON text) of the POST the stream answers.
+    pub requests: Vec<String>,
+    /// That POST was `initialize`: its answer tells the session's protocol version.
+    pub initialize: bool,
+    /// The client's body starts with a priming event.
+    pub prime: bool,
+    /// A standalone stream opened to serve a client's stale cursor: its body starts with the
+    /// control event saying so.
+    pub reattach: Option<&'a Reattach>,
+    /// Closes the client's connection when its body cannot even be polled.
+    pub kill: Option<Arc<Notify>>,
+}
+
+impl OpenStream<'_> {
+    /// The common case: a stream of `kind` for `requests`, not `initialize`, no priming, no
+    /// re-attach, no connection to close.
+    pub fn new(kind: StreamKind, requests: Vec<String>) -> Self {
+        OpenStream {
+            kind,
+            requests,
+            initialize: false,
+            prime: false,
+            reattach: None,
+            kill: None,
+        }
+    }
+}
+
 /// The answer to a resume request that the gateway can serve.
 #[derive(Debug)]
 pub enum Resume {
-    /// Attached: the body starts with `prelude` (the resumed event) then replays.
+    /// Attached: the body starts with the attachment's opening (the resumed event), then
+    /// replays `replay` retained events.
     Attached {
-        stream: u32,
-        generation: u64,
-        prelude: Bytes,
+        attachment: Attachment,
         replay: usize,
     },
     /// The stream's successors of the cursor were evicted, and requests are still unanswered:
@@ -385,19 +427,18 @@ impl Session {
         control::opening(&here, stream, prime, reattach, self.cfg.retry_hint)
     }
 
-    /// Opens a tagged stream and attaches its first client at the opening position.
-    /// Returns the stream number, the subscriber generation and the opening event: the
-    /// priming event if asked, or the re-attach event for a standalone stream opened to
-    /// serve a client's stale cursor.
-    pub fn open_stream(
-        &self,
-        kind: StreamKind,
-        requests: Vec<String>,
-        initialize: bool,
-        prime: bool,
-        reattach: Option<&Reattach>,
-        kill: Option<Arc<Notify>>,
-    ) -> (u32, u64, Option<Bytes>) {
+    /// Opens a tagged stream and attaches its first client at the opening position. The
+    /// attachment opens with the priming event if asked, or the re-attach event for a
+    /// standalone stream opened to serve a client's stale cursor.
+    pub fn open_stream(&self, open: OpenStream<'_>) -> Attachment {
+        let OpenStream {
+            kind,
+            requests,
+            initialize,
+            prime,
+            reattach,
+            kill,
+        } = open;
         let mut st = lock(&self.state);
         st.last_seq += 1;
         let seq = st.last_seq;
@@ -416,11 +457,11 @@ impl Session {
         self.metrics.streams_attached.inc();
         st.last_activity = Instant::now();
         drop(st);
-        (
+        Attachment {
             stream,
             generation,
-            self.opening_event(stream, seq, prime, reattach),
-        )
+            opening: self.opening_event(stream, seq, prime, reattach),
+        }
     }
 
     fn set_standalone(st: &mut State, stream: u32) {
@@ -810,9 +851,11 @@ impl Session {
         let prelude = control::resumed(&here, cursor.stream, s.kind, replay, s.end.is_some());
         st.inflight.forget(cursor.stream);
         Ok(Resume::Attached {
-            stream: cursor.stream,
-            generation,
-            prelude,
+            attachment: Attachment {
+                stream: cursor.stream,
+                generation,
+                opening: Some(prelude),
+            },
             replay,
         })
     }
@@ -916,7 +959,7 @@ impl Session {
         prime: bool,
         reattach: Option<&Reattach>,
         kill: Option<Arc<Notify>>,
-    ) -> Option<(u32, u64, Option<Bytes>)> {
+    ) -> Option<Attachment> {
         let now = Instant::now();
         let mut st = lock(&self.state);
         let st = &mut *st;
@@ -960,8 +1003,11 @@ impl Session {
                 w.wake();
             }
         }
-        let opening = self.opening_event(stream, at, prime, reattach);
-        Some((stream, generation, opening))
+        Some(Attachment {
+            stream,
+            generation,
+            opening: self.opening_event(stream, at, prime, reattach),
+        })
     }
 
     /// The next step for the client `generation` attached to `stream`.
