@@ -7,11 +7,11 @@
 //! nothing of HTTP requests or sockets (the proxy layer calls it, the attach body reads from
 //! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 //!
-//! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates),
-//! [`reserve`] (the in-flight reserve of written batches), [`batch`] (the frame one poll
-//! writes), [`dedup`] (POST de-duplication),
-//! [`control`] (the gateway's own events: priming, resumed, resumption-failed / -required)
-//! and [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
+//! Submodules: `stream` (one stream's bookkeeping and the flow-control predicates),
+//! `reserve` (the in-flight reserve of written batches), `batch` (the frame one poll
+//! writes), `dedup` (POST de-duplication), `control` (the gateway's own events: priming,
+//! resumed, resumption-failed / -required) and `registry` (all sessions, the cap, the
+//! memory budget, the TTL sweep). All but `registry` are pure: no locks, no I/O.
 
 mod batch;
 mod control;
