@@ -16,7 +16,7 @@ use http_body::{Body, Frame};
 use tokio::time::{Instant, Sleep};
 
 use crate::access::StreamStats;
-use crate::session::{Session, Step};
+use crate::session::{Attachment, Session, Step};
 use crate::sse::KEEPALIVE;
 
 /// Body of a gateway-served SSE response for one attached client.
@@ -33,16 +33,14 @@ pub struct AttachBody {
 impl AttachBody {
     pub fn new(
         session: Arc<Session>,
-        stream: u32,
-        generation: u64,
-        prelude: Option<Bytes>,
+        attachment: Attachment,
         keepalive: Option<Duration>,
     ) -> AttachBody {
         AttachBody {
             session,
-            stream,
-            generation,
-            prelude,
+            stream: attachment.stream,
+            generation: attachment.generation,
+            prelude: attachment.opening,
             keepalive: keepalive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
             done: false,
             stats: StreamStats::new(0),

@@ -11,7 +11,7 @@
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
 //! | [`metrics`] | Prometheus metrics, their label values as enums, their exposition | HTTP, sessions |
-//! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (`stream`, `registry` inside) | HTTP, sockets |
+//! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (inside: `stream` one stream's bookkeeping, `reserve` the in-flight reserve, `batch` the frame one poll writes, `dedup` POST de-duplication, `control` the gateway's own events, `registry` all sessions) | HTTP, sockets |
 //! | [`upstream`] | upstream client, request building, the flow-controlled stream reader and its upstream resume (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |

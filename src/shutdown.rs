@@ -244,7 +244,7 @@ mod tests {
     use super::*;
     use crate::attach::AttachBody;
     use crate::config::Config;
-    use crate::session::{Owner, StreamKind};
+    use crate::session::{OpenStream, Owner, StreamKind};
     use crate::sse::{Decoder, Event};
     use bytes::Bytes;
     use http_body_util::BodyExt;
@@ -306,9 +306,9 @@ mod tests {
         kind: StreamKind,
     ) -> (u32, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
-        let (stream, generation, _) =
-            session.open_stream(kind, vec!["1".into()], false, false, None, None);
-        let body = AttachBody::new(session, stream, generation, None, None);
+        let attachment = session.open_stream(OpenStream::new(kind, vec!["1".into()]));
+        let stream = attachment.stream;
+        let body = AttachBody::new(session, attachment, None);
         let (near, far) = tokio::io::duplex(64 << 10);
         let body = std::sync::Mutex::new(Some(body));
         let svc = hyper::service::service_fn(move |_req: http::Request<Incoming>| {

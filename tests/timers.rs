@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use mcp_reattach::attach::AttachBody;
-use mcp_reattach::session::{Owner, Registry, StreamKind};
+use mcp_reattach::session::{OpenStream, Owner, Registry, StreamKind};
 use mcp_reattach::sse::{Event, KEEPALIVE};
 use mcp_reattach::Config;
 use tokio::time::Instant;
@@ -31,15 +31,9 @@ async fn keepalives_come_after_each_idle_interval_and_data_restarts_the_clock() 
     let cfg = Config::new("http://127.0.0.1:1".parse().unwrap());
     let registry = Registry::new(Arc::new(cfg), Arc::default());
     let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
-    let (stream, generation, _) =
-        session.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
-    let mut body = AttachBody::new(
-        session.clone(),
-        stream,
-        generation,
-        None,
-        Some(Duration::from_secs(15)),
-    );
+    let attachment = session.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let stream = attachment.stream;
+    let mut body = AttachBody::new(session.clone(), attachment, Some(Duration::from_secs(15)));
     let t0 = Instant::now();
 
     // Idle: a keep-alive after exactly one interval, then after each further interval.
@@ -66,9 +60,8 @@ async fn no_keepalives_when_disabled() {
     let cfg = Config::new("http://127.0.0.1:1".parse().unwrap());
     let registry = Registry::new(Arc::new(cfg), Arc::default());
     let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
-    let (stream, generation, _) =
-        session.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
-    let mut body = AttachBody::new(session, stream, generation, None, None);
+    let attachment = session.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let mut body = AttachBody::new(session, attachment, None);
     assert!(
         tokio::time::timeout(Duration::from_secs(3600), body.frame())
             .await

@@ -17,7 +17,7 @@ use crate::attach::AttachBody;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
 use crate::session::{
-    hash_id, Eviction, Forwarding, Owner, Reattach, Reservation, Session, StreamKind,
+    hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
 use crate::upstream::{full_body, hold, is_sse, spawn_reader, Source};
 
@@ -252,14 +252,15 @@ impl Gateway {
         if reattach.is_some() {
             self.registry.metrics().resume(ResumeOutcome::Reattached);
         }
-        let (stream, generation, opening) = session.open_stream(
+        let attachment = session.open_stream(OpenStream {
             kind,
-            inb.info.request_ids,
-            inb.info.initialize,
+            requests: inb.info.request_ids,
+            initialize: inb.info.initialize,
             prime,
-            reattach.as_ref(),
-            Some(inb.kill),
-        );
+            reattach: reattach.as_ref(),
+            kill: Some(inb.kill),
+        });
+        let stream = attachment.stream;
         let (parts, upstream_body) = resp.into_parts();
         spawn_reader(
             self.registry.clone(),
@@ -269,7 +270,7 @@ impl Gateway {
             source,
         );
         let s = session.clone();
-        let body = AttachBody::new(session, stream, generation, opening, self.cfg.keepalive);
+        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         self.sse_response(parts.status, Some(parts.headers), s.id(), body)
     }
 }

@@ -319,14 +319,10 @@ mod tests {
             assert_eq!(classify(inb, *session), *want, "case {i}");
         }
         // Once a retained stream carries request 7, the same POST is a retransmission.
-        let _ = s.open_stream(
+        let _ = s.open_stream(crate::session::OpenStream::new(
             crate::session::StreamKind::Post,
             vec!["7".into()],
-            false,
-            false,
-            None,
-            None,
-        );
+        ));
         let post = inbound(Method::POST, &[sid], CALL);
         assert_eq!(classify(&post, Some(&s)), Route::Retransmission);
         // `initialize` is legacy whatever version it asks for.

@@ -42,15 +42,15 @@ impl Gateway {
         if s.has_standalone() && self.authorized(&mut inb, &s).await {
             let version = inb.header_version.clone().or_else(|| s.protocol_version());
             let prime = self.prime(version.as_deref());
-            if let Some((stream, generation, opening)) =
+            if let Some(attachment) =
                 s.attach_standalone(prime, reattach.as_ref(), Some(inb.kill.clone()))
             {
                 if reattach.is_some() {
                     self.registry.metrics().resume(ResumeOutcome::Reattached);
                 }
-                tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = stream, "attached live to held standalone stream");
+                tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = attachment.stream, "attached live to held standalone stream");
                 let sid = s.id().to_owned();
-                let body = AttachBody::new(s, stream, generation, opening, self.cfg.keepalive);
+                let body = AttachBody::new(s, attachment, self.cfg.keepalive);
                 return Ok(self.sse_response(StatusCode::OK, None, &sid, body));
             }
         }

@@ -15,7 +15,7 @@ use crate::attach::AttachBody;
 use crate::cursor::Cursor;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
-use crate::session::{hash_id, Resume, Session};
+use crate::session::{hash_id, Resume, Retransmission, Session};
 use crate::upstream::full_body;
 
 impl Gateway {
@@ -67,15 +67,16 @@ impl Gateway {
         // A cursor that does not parse is as good as none: the duplicate id decides.
         let cursor = inb.cursor().and_then(|c| Cursor::parse(c.as_bytes()).ok());
         let kill = Some(inb.kill.clone());
-        let Some(found) = session.retransmission(&inb.info.request_ids, cursor, kill) else {
-            return self.forward(inb, Some(session), None).await;
+        let found = match session.retransmission(&inb.info.request_ids, cursor, kill) {
+            Retransmission::NotOne => return self.forward(inb, Some(session), None).await,
+            Retransmission::Resumed(r) => Ok(r),
+            Retransmission::Refused(e) => Err(ProxyError::Resume(e)),
+            Retransmission::Duplicate(dup) => Err(ProxyError::DuplicateRequest(dup)),
         };
         tracing::info!(mcp.session = %hash_id(session.id()), "retransmitted request answered as a resume");
-        match found {
-            Ok(r) => Ok(self.resumed(session, r, ResumeOutcome::Retransmission)),
-            Err((_, Some(e))) => Err(ProxyError::Resume(e).for_request(single_id)),
-            Err((dup, None)) => Err(ProxyError::DuplicateRequest(dup).for_request(single_id)),
-        }
+        found
+            .map(|r| self.resumed(session, r, ResumeOutcome::Retransmission))
+            .map_err(|e| e.for_request(single_id))
     }
 
     /// The response to a resume the session accepted.
@@ -86,23 +87,12 @@ impl Gateway {
         outcome: ResumeOutcome,
     ) -> Response<ResBody> {
         match r {
-            Resume::Attached {
-                stream,
-                generation,
-                prelude,
-                replay,
-            } => {
+            Resume::Attached { attachment, replay } => {
                 self.registry.metrics().resume(outcome);
-                tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, replay, "resumed");
+                tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = attachment.stream, replay, "resumed");
                 let sid = session.id().to_owned();
-                let body = AttachBody::new(
-                    session,
-                    stream,
-                    generation,
-                    Some(prelude),
-                    self.cfg.keepalive,
-                )
-                .with_replayed(replay);
+                let body =
+                    AttachBody::new(session, attachment, self.cfg.keepalive).with_replayed(replay);
                 self.sse_response(StatusCode::OK, None, &sid, body)
             }
             Resume::GapWithErrors { frames } => {

@@ -7,11 +7,18 @@
 //! nothing of HTTP requests or sockets (the proxy layer calls it, the attach body reads from
 //! it). Locks are `std::sync::Mutex`, held briefly and never across an `.await`.
 //!
-//! Submodules: [`stream`] (one stream's bookkeeping and the flow-control predicates) and
-//! [`registry`] (all sessions, the cap, the memory budget, the TTL sweep).
+//! Submodules: `stream` (one stream's bookkeeping and the flow-control predicates),
+//! `reserve` (the in-flight reserve of written batches), `batch` (the frame one poll
+//! writes), `dedup` (POST de-duplication), `control` (the gateway's own events: priming,
+//! resumed, resumption-failed / -required) and `registry` (all sessions, the cap, the
+//! memory budget, the TTL sweep). All but `registry` are pure: no locks, no I/O.
 
+mod batch;
+mod control;
+mod dedup;
 mod hold;
 mod registry;
+mod reserve;
 mod stream;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -20,22 +27,22 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use self::batch::Batch;
+use self::dedup::Forwarded;
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
 pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Owner, Registry, Reservation};
+use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
 use crate::config::Config;
-use crate::cursor::{self, new_epoch, Cursor};
-use crate::jsonrpc::{
-    self, failure_frames, upstream_failure_frames, EVENT_RESUMED, EVENT_RESUMPTION_FAILED,
-    EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, UPSTREAM_ENDED_MESSAGE,
-};
+use crate::cursor::{new_epoch, Cursor};
+use crate::jsonrpc;
 use crate::metrics::Metrics;
 use crate::sse::{self, Event};
 use crate::window::{Entry, Window};
@@ -47,29 +54,6 @@ const MAX_ENDED_STREAMS: usize = 64;
 /// Standalone stream numbers a session remembers after their metadata is forgotten, so a
 /// client's very old standalone cursor still re-attaches to the session.
 const STANDALONE_HISTORY: usize = 8;
-
-/// Most bytes of retained events one poll of an attached client copies into a single frame.
-const BATCH_BYTES: usize = 64 * 1024;
-/// What [`Session::write_entry`] adds to a body at most: `id: ` + cursor + LF +
-/// `event: message` + LF.
-const ENTRY_OVERHEAD: usize = 4 + crate::cursor::MAX_CURSOR_LEN + 1 + 15;
-
-/// How long a written batch stays in the in-flight reserve while its client stays attached,
-/// when no later sends push it out: on a live connection, bytes written this long ago have
-/// reached the client. (A connection that dies silently stops taking writes; its client is
-/// then detached as stalled.)
-const INFLIGHT_AGE: Duration = Duration::from_secs(1);
-
-/// One batch handed to a client, kept in the session's in-flight reserve until later sends
-/// push it out, or until it is [`INFLIGHT_AGE`] old with its client still attached.
-#[derive(Debug)]
-struct Sent {
-    stream: u32,
-    last: u64,
-    events: usize,
-    bytes: usize,
-    at: Instant,
-}
 
 #[derive(Debug)]
 struct State {
@@ -85,16 +69,10 @@ struct State {
     hold: Hold,
     closed: bool,
     next_generation: u64,
-    /// The in-flight reserve: the most recent batches written to clients (any stream),
-    /// oldest first. Written bytes may still sit in kernel buffers, in a hop in between or in
-    /// the client's receive buffer when a connection dies, so they stay protected until
-    /// later sends push them out (see [`Session::reserve_limits`]).
-    inflight: VecDeque<Sent>,
-    inflight_events: usize,
-    inflight_bytes: usize,
-    /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no
-    /// answer yet): a retransmission of one waits for it instead of being forwarded again.
-    forwarding: Vec<String>,
+    /// The in-flight reserve: the most recent batches written to clients (any stream).
+    inflight: Reserve,
+    /// Request ids of POSTs forwarded and not yet settled.
+    forwarded: Forwarded,
 }
 
 /// One MCP session as the gateway sees it.
@@ -129,25 +107,61 @@ pub struct Forwarding {
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
-        let mut st = lock(&self.session.state);
-        for id in &self.ids {
-            if let Some(i) = st.forwarding.iter().position(|f| f == id) {
-                st.forwarding.swap_remove(i);
-            }
-        }
-        drop(st);
+        lock(&self.session.state).forwarded.settle(&self.ids);
         self.session.forward_settled.notify_waiters();
+    }
+}
+
+/// A client attached to a tagged stream: what its body pulls from the session with.
+#[derive(Debug)]
+pub struct Attachment {
+    pub stream: u32,
+    /// Which client of the stream this is: a later attachment to the stream replaces it.
+    pub generation: u64,
+    /// What the body sends first (the priming event, the resumed or re-attach control
+    /// event), if anything.
+    pub opening: Option<Bytes>,
+}
+
+/// What [`Session::open_stream`] opens, and how its first client is attached.
+#[derive(Debug)]
+pub struct OpenStream<'a> {
+    pub kind: StreamKind,
+    /// The request ids (JSON text) of the POST the stream answers.
+    pub requests: Vec<String>,
+    /// That POST was `initialize`: its answer tells the session's protocol version.
+    pub initialize: bool,
+    /// The client's body starts with a priming event.
+    pub prime: bool,
+    /// A standalone stream opened to serve a client's stale cursor: its body starts with the
+    /// control event saying so.
+    pub reattach: Option<&'a Reattach>,
+    /// Closes the client's connection when its body cannot even be polled.
+    pub kill: Option<Arc<Notify>>,
+}
+
+impl OpenStream<'_> {
+    /// The common case: a stream of `kind` for `requests`, not `initialize`, no priming, no
+    /// re-attach, no connection to close.
+    pub fn new(kind: StreamKind, requests: Vec<String>) -> Self {
+        OpenStream {
+            kind,
+            requests,
+            initialize: false,
+            prime: false,
+            reattach: None,
+            kill: None,
+        }
     }
 }
 
 /// The answer to a resume request that the gateway can serve.
 #[derive(Debug)]
 pub enum Resume {
-    /// Attached: the body starts with `prelude` (the resumed event) then replays.
+    /// Attached: the body starts with the attachment's opening (the resumed event), then
+    /// replays `replay` retained events.
     Attached {
-        stream: u32,
-        generation: u64,
-        prelude: Bytes,
+        attachment: Attachment,
         replay: usize,
     },
     /// The stream's successors of the cursor were evicted, and requests are still unanswered:
@@ -168,6 +182,20 @@ pub enum ResumeError {
     StreamExpired,
     #[error("the cursor's stream has ended and everything after the cursor was delivered")]
     StreamEnded,
+}
+
+/// What [`Session::retransmission`] makes of a POST's request ids.
+#[derive(Debug)]
+pub enum Retransmission {
+    /// No retained stream carried any of them: not a retransmission.
+    NotOne,
+    /// Answered as a resume of the stream that carried one.
+    Resumed(Resume),
+    /// The client's cursor named that stream, and the resume at it was refused.
+    Refused(ResumeError),
+    /// Without a usable cursor the stream could not be served from its start: this id is a
+    /// duplicate of one the session already ran.
+    Duplicate(String),
 }
 
 /// A client's standalone-stream cursor that cannot be resumed exactly: it re-attaches to the
@@ -231,6 +259,41 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Wakes every paused upstream reader of the session (room may have been made).
+fn wake_readers(streams: &mut BTreeMap<u32, Stream>) {
+    for s in streams.values_mut() {
+        s.wake_reader();
+    }
+}
+
+/// The client of `s` was handed every event of it up to `last`.
+fn handed(s: &mut Stream, last: u64) {
+    if let Some(sub) = s.sub.as_mut() {
+        sub.cursor = last;
+        sub.has_id = true;
+    }
+    s.sent = s.sent.max(last);
+    // Progress: the stall clock restarts (or stops, once caught up).
+    s.stall_since = (last < s.last_seq).then(Instant::now);
+}
+
+/// What the in-flight reserve needs of the session's streams.
+impl Delivery for BTreeMap<u32, Stream> {
+    fn reading(&self, stream: u32) -> bool {
+        self.get(&stream)
+            .and_then(|s| s.sub.as_ref())
+            .is_some_and(|sub| sub.detach.is_none())
+    }
+
+    fn delivered(&mut self, stream: u32, last: u64) -> bool {
+        self.get_mut(&stream).is_some_and(|s| {
+            let moved = last > s.acked;
+            s.acked = s.acked.max(last);
+            moved
+        })
+    }
+}
+
 /// Records the eviction of `old` against its stream: a resume before it is now a gap.
 fn note_eviction(metrics: &Metrics, streams: &mut BTreeMap<u32, Stream>, old: &Entry) {
     metrics.window_evictions.inc();
@@ -251,14 +314,10 @@ impl Session {
         owner: Owner,
     ) -> Session {
         let epoch = new_epoch();
-        let mut id_prefix = [0u8; 21];
-        id_prefix[..4].copy_from_slice(b"id: ");
-        id_prefix[4..20].copy_from_slice(&cursor::epoch_hex(epoch));
-        id_prefix[20] = b'.';
         Session {
             id,
             epoch,
-            id_prefix,
+            id_prefix: batch::id_prefix(epoch),
             state: Mutex::new(State {
                 window: Window::new(cfg.window_events, cfg.window_bytes),
                 last_seq: 0,
@@ -272,10 +331,8 @@ impl Session {
                 hold: Hold::new(),
                 closed: false,
                 next_generation: 0,
-                inflight: VecDeque::new(),
-                inflight_events: 0,
-                inflight_bytes: 0,
-                forwarding: Vec::new(),
+                inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
+                forwarded: Forwarded::default(),
             }),
             cfg,
             metrics,
@@ -316,18 +373,6 @@ impl Session {
         .to_string()
     }
 
-    /// The in-flight reserve's bounds (events, bytes): three quarters of the window, and
-    /// always at least one event short of it. Written events stay protected until this much
-    /// was written after them; the rest of the window is the read-ahead of events not yet
-    /// written, so the upstream can always move while a client reads.
-    fn reserve_limits(&self) -> (usize, usize) {
-        let (n, b) = (self.cfg.window_events, self.cfg.window_bytes);
-        (
-            (n - n / 4).min(n.saturating_sub(1)).max(1),
-            (b - b / 4).max(1),
-        )
-    }
-
     /// Records client activity (a request): the TTL counts from the latest one.
     pub fn touch(&self) {
         lock(&self.state).last_activity = Instant::now();
@@ -362,8 +407,8 @@ impl Session {
             .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
     }
 
-    /// The first event of a stream the client attaches to at `stream`/`seq`: the priming
-    /// event (if `prime`), or, for a standalone re-attach, the control event saying so.
+    /// The first event of a stream the client attaches to at `stream`/`seq` (see
+    /// [`control::opening`]).
     fn opening_event(
         &self,
         stream: u32,
@@ -371,49 +416,25 @@ impl Session {
         prime: bool,
         reattach: Option<&Reattach>,
     ) -> Option<Bytes> {
-        let here = self.cursor(stream, seq);
-        let retry = self.cfg.retry_hint.map(|d| d.as_millis() as u64);
-        match reattach {
-            Some(r) => {
-                let data = serde_json::json!({
-                    "stream": stream,
-                    "kind": StreamKind::Standalone.as_str(),
-                    "after": here,
-                    "replay": 0,
-                    "reattached": "session",
-                    "previous": r.previous,
-                    "reason": r.reason,
-                    "lost": r.lost,
-                });
-                let event = if r.lost {
-                    EVENT_RESUMPTION_FAILED
-                } else {
-                    EVENT_RESUMED
-                };
-                Some(sse::control(
-                    Some(&here),
-                    Some(event),
-                    retry,
-                    &data.to_string(),
-                ))
-            }
-            None => prime.then(|| sse::control(Some(&here), None, retry, "")),
+        if !prime && reattach.is_none() {
+            return None;
         }
+        let here = self.cursor(stream, seq);
+        control::opening(&here, stream, prime, reattach, self.cfg.retry_hint)
     }
 
-    /// Opens a tagged stream and attaches its first client at the opening position.
-    /// Returns the stream number, the subscriber generation and the opening event: the
-    /// priming event if asked, or the re-attach event for a standalone stream opened to
-    /// serve a client's stale cursor.
-    pub fn open_stream(
-        &self,
-        kind: StreamKind,
-        requests: Vec<String>,
-        initialize: bool,
-        prime: bool,
-        reattach: Option<&Reattach>,
-        kill: Option<Arc<Notify>>,
-    ) -> (u32, u64, Option<Bytes>) {
+    /// Opens a tagged stream and attaches its first client at the opening position. The
+    /// attachment opens with the priming event if asked, or the re-attach event for a
+    /// standalone stream opened to serve a client's stale cursor.
+    pub fn open_stream(&self, open: OpenStream<'_>) -> Attachment {
+        let OpenStream {
+            kind,
+            requests,
+            initialize,
+            prime,
+            reattach,
+            kill,
+        } = open;
         let mut st = lock(&self.state);
         st.last_seq += 1;
         let seq = st.last_seq;
@@ -432,11 +453,11 @@ impl Session {
         self.metrics.streams_attached.inc();
         st.last_activity = Instant::now();
         drop(st);
-        (
+        Attachment {
             stream,
             generation,
-            self.opening_event(stream, seq, prime, reattach),
-        )
+            opening: self.opening_event(stream, seq, prime, reattach),
+        }
     }
 
     fn set_standalone(st: &mut State, stream: u32) {
@@ -474,7 +495,7 @@ impl Session {
                 Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
                 // Batches written long enough ago to a live client count as delivered.
                 None if !aged => {
-                    Self::age_reserve(st, now);
+                    st.inflight.age(now, &mut st.streams);
                     aged = true;
                 }
                 None => return false,
@@ -498,17 +519,38 @@ impl Session {
             return true;
         }
         let now = Instant::now();
-        let stall = self.cfg.stall_timeout;
         let mut st = lock(&self.state);
         let st = &mut *st;
         if st.closed || !st.streams.contains_key(&stream) {
             events.clear();
             return true;
         }
-        let mut learned_version = None;
         let bytes_before = st.window.bytes();
-        let mut pushed = 0;
-        for ev in events.iter() {
+        let (pushed, learned_version) = self.tag_events(st, stream, events, now);
+        events.drain(..pushed);
+        self.metrics.events_tagged.inc_by(pushed as u64);
+        self.budget.adjust(bytes_before, st.window.bytes());
+        if let Some(v) = learned_version {
+            st.protocol_version = Some(v);
+        }
+        let Some(s) = st.streams.get_mut(&stream) else {
+            return true;
+        };
+        Self::wake_or_pause(s, pushed > 0, events.is_empty(), reader, now)
+    }
+
+    /// Tags `events` of `stream` in order and retains each (in the window, or in the
+    /// stream's overflow slot when too large for it) until one finds no room. Returns how
+    /// many were taken, and the protocol version an `initialize` answer among them told.
+    fn tag_events(
+        &self,
+        st: &mut State,
+        stream: u32,
+        events: &[Event],
+        now: Instant,
+    ) -> (usize, Option<String>) {
+        let mut learned_version = None;
+        for (pushed, ev) in events.iter().enumerate() {
             let mut body = Vec::with_capacity(sse::body_len(ev));
             let message = sse::encode_body(ev, &mut body);
             let retained = st.window.retains(body.len());
@@ -518,45 +560,21 @@ impl Session {
                 // Too large for the window: it waits in the stream's one-slot overflow for
                 // the attached client, which must first be free.
                 let Some(s) = st.streams.get_mut(&stream) else {
-                    break;
+                    return (pushed, learned_version);
                 };
-                match &s.overflow {
-                    Some(prev) if s.needs(prev.seq, now, stall) => false,
-                    Some(prev) => {
-                        if prev.seq > s.sent {
-                            self.metrics.events_evicted_undelivered.inc();
-                        }
-                        s.lost_upto = s.lost_upto.max(prev.seq);
-                        s.set_overflow(None, &self.budget);
-                        true
-                    }
-                    None => true,
-                }
+                self.free_overflow(s, now)
             };
             if !room {
-                break;
+                return (pushed, learned_version);
             }
             st.last_seq += 1;
             let seq = st.last_seq;
             let Some(s) = st.streams.get_mut(&stream) else {
-                break;
+                return (pushed, learned_version);
             };
             s.last_seq = seq;
             if let Some(data) = ev.data.as_deref() {
-                if s.requests.iter().any(|r| r.answered_at.is_none()) {
-                    for rid in jsonrpc::response_ids(data) {
-                        if let Some(r) = s
-                            .requests
-                            .iter_mut()
-                            .find(|r| r.id == rid && r.answered_at.is_none())
-                        {
-                            r.answered_at = Some(seq);
-                        }
-                    }
-                    if s.initialize {
-                        learned_version = jsonrpc::initialize_version(data).or(learned_version);
-                    }
-                }
+                learned_version = Self::note_answers(s, data, seq).or(learned_version);
             }
             let entry = Entry {
                 seq,
@@ -572,24 +590,67 @@ impl Session {
             } else {
                 s.set_overflow(Some(entry), &self.budget);
             }
-            pushed += 1;
         }
-        events.drain(..pushed);
-        self.metrics.events_tagged.inc_by(pushed as u64);
-        self.budget.adjust(bytes_before, st.window.bytes());
-        if let Some(v) = learned_version {
-            st.protocol_version = Some(v);
+        (events.len(), learned_version)
+    }
+
+    /// Empties `s`'s overflow slot for a new oversized event, unless the event in it may
+    /// still be needed by the stream's client (`false`: the new one waits). An event dropped
+    /// from it is lost: a resume before it is a gap.
+    fn free_overflow(&self, s: &mut Stream, now: Instant) -> bool {
+        match &s.overflow {
+            Some(prev) if s.needs(prev.seq, now, self.cfg.stall_timeout) => false,
+            Some(prev) => {
+                if prev.seq > s.sent {
+                    self.metrics.events_evicted_undelivered.inc();
+                }
+                s.lost_upto = s.lost_upto.max(prev.seq);
+                s.set_overflow(None, &self.budget);
+                true
+            }
+            None => true,
         }
-        let Some(s) = st.streams.get_mut(&stream) else {
-            return true;
-        };
-        if pushed > 0 {
+    }
+
+    /// Marks the requests of `s` that the event `seq` (with `data`) answers. Returns the
+    /// protocol version it tells, if it answers the stream's `initialize`.
+    fn note_answers(s: &mut Stream, data: &str, seq: u64) -> Option<String> {
+        if !s.requests.iter().any(|r| r.answered_at.is_none()) {
+            return None;
+        }
+        for rid in jsonrpc::response_ids(data) {
+            if let Some(r) = s
+                .requests
+                .iter_mut()
+                .find(|r| r.id == rid && r.answered_at.is_none())
+            {
+                r.answered_at = Some(seq);
+            }
+        }
+        if s.initialize {
+            jsonrpc::initialize_version(data)
+        } else {
+            None
+        }
+    }
+
+    /// After events of `s` were tagged (`pushed`): its stall clock runs and its client is
+    /// woken. When some are left (not `done`), registers `reader` to be woken when room may
+    /// have been made, and returns `false`.
+    fn wake_or_pause(
+        s: &mut Stream,
+        pushed: bool,
+        done: bool,
+        reader: Option<&Waker>,
+        now: Instant,
+    ) -> bool {
+        if pushed {
             s.stall_since.get_or_insert(now);
             if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
                 w.wake();
             }
         }
-        if events.is_empty() {
+        if done {
             return true;
         }
         if let Some(w) = reader {
@@ -631,9 +692,7 @@ impl Session {
             st.window.remove_stream(old);
             self.budget.adjust(before, st.window.bytes());
             // Its events no longer hold anything back.
-            for s in st.streams.values_mut() {
-                s.wake_reader();
-            }
+            wake_readers(&mut st.streams);
         }
     }
 
@@ -667,7 +726,7 @@ impl Session {
                 return Err(ResumeError::Gap);
             }
             return Ok(Resume::GapWithErrors {
-                frames: failure_frames(&here, true, "gap", &ids, GAP_MESSAGE),
+                frames: control::gap(&here, true, &ids),
             });
         }
         let replay = st.window.after(cursor.stream, cursor.seq).count()
@@ -695,24 +754,14 @@ impl Session {
                 w.wake();
             }
         }
-        let data = serde_json::json!({
-            "stream": cursor.stream,
-            "kind": s.kind.as_str(),
-            "after": here,
-            "replay": replay,
-            "ended": s.end.is_some(),
-        });
-        let before = st.inflight.len();
-        st.inflight.retain(|b| b.stream != cursor.stream);
-        if st.inflight.len() != before {
-            st.inflight_events = st.inflight.iter().map(|b| b.events).sum();
-            st.inflight_bytes = st.inflight.iter().map(|b| b.bytes).sum();
-        }
-        let prelude = sse::control(Some(&here), Some(EVENT_RESUMED), None, &data.to_string());
+        let prelude = control::resumed(&here, cursor.stream, s.kind, replay, s.end.is_some());
+        st.inflight.forget(cursor.stream);
         Ok(Resume::Attached {
-            stream: cursor.stream,
-            generation,
-            prelude,
+            attachment: Attachment {
+                stream: cursor.stream,
+                generation,
+                opening: Some(prelude),
+            },
             replay,
         })
     }
@@ -752,11 +801,9 @@ impl Session {
     /// ([`Session::forward_settled`]) and then takes it as a retransmission, so a client that
     /// retries before the upstream's response head does not run the tool twice.
     pub fn begin_forward(self: &Arc<Self>, ids: &[String]) -> Option<Forwarding> {
-        let mut st = lock(&self.state);
-        if ids.iter().any(|id| st.forwarding.contains(id)) {
+        if !lock(&self.state).forwarded.begin(ids) {
             return None;
         }
-        st.forwarding.extend(ids.iter().cloned());
         Some(Forwarding {
             session: self.clone(),
             ids: ids.to_vec(),
@@ -767,10 +814,7 @@ impl Session {
     pub async fn forward_settled(&self, ids: &[String]) {
         loop {
             let settled = self.forward_settled.notified();
-            if !ids
-                .iter()
-                .any(|id| lock(&self.state).forwarding.contains(id))
-            {
+            if !lock(&self.state).forwarded.any(ids) {
                 return;
             }
             settled.await;
@@ -779,44 +823,35 @@ impl Session {
 
     /// Whether a retained stream of this session was started by a POST carrying one of `ids`.
     pub fn carries_any(&self, ids: &[String]) -> bool {
-        let st = lock(&self.state);
-        st.streams
-            .values()
-            .any(|s| ids.iter().any(|id| s.carries(id)))
+        dedup::carrier(&lock(&self.state).streams, ids).is_some()
     }
 
     /// A POST whose request ids include one already carried by a retained stream of this
     /// session is a retransmission (MCP forbids reusing an id within a session): it is
     /// answered as a resume of that stream, never forwarded. With `cursor` naming that
     /// stream the resume is exact; without a usable cursor it starts at the stream's opening
-    /// position, which is only served if nothing of the stream was lost. `None` when no
-    /// retained stream carried any of `ids`; `Err` carries the duplicate id when the
-    /// retransmission cannot be served.
+    /// position, which is only served if nothing of the stream was lost (see
+    /// [`Retransmission`]).
     pub fn retransmission(
         &self,
         ids: &[String],
         cursor: Option<Cursor>,
         kill: Option<Arc<Notify>>,
-    ) -> Option<Result<Resume, (String, Option<ResumeError>)>> {
-        let (stream, first_seq, dup) = {
-            let st = lock(&self.state);
-            st.streams.iter().find_map(|(&n, s)| {
-                ids.iter()
-                    .find(|id| s.carries(id))
-                    .map(|id| (n, s.first_seq, id.clone()))
-            })?
+    ) -> Retransmission {
+        let Some(carrier) = dedup::carrier(&lock(&self.state).streams, ids) else {
+            return Retransmission::NotOne;
         };
-        let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == stream);
+        let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == carrier.stream);
         let at = exact.unwrap_or(Cursor {
             epoch: self.epoch,
-            stream,
-            seq: first_seq,
+            stream: carrier.stream,
+            seq: carrier.first_seq,
         });
-        Some(match self.resume(at, kill) {
-            Ok(r) => Ok(r),
-            Err(e) if exact.is_some() => Err((dup, Some(e))),
-            Err(_) => Err((dup, None)),
-        })
+        match self.resume(at, kill) {
+            Ok(r) => Retransmission::Resumed(r),
+            Err(e) if exact.is_some() => Retransmission::Refused(e),
+            Err(_) => Retransmission::Duplicate(carrier.id.to_owned()),
+        }
     }
 
     /// Attaches a client without a cursor to the held standalone stream, replacing any
@@ -830,7 +865,7 @@ impl Session {
         prime: bool,
         reattach: Option<&Reattach>,
         kill: Option<Arc<Notify>>,
-    ) -> Option<(u32, u64, Option<Bytes>)> {
+    ) -> Option<Attachment> {
         let now = Instant::now();
         let mut st = lock(&self.state);
         let st = &mut *st;
@@ -874,8 +909,11 @@ impl Session {
                 w.wake();
             }
         }
-        let opening = self.opening_event(stream, at, prime, reattach);
-        Some((stream, generation, opening))
+        Some(Attachment {
+            stream,
+            generation,
+            opening: self.opening_event(stream, at, prime, reattach),
+        })
     }
 
     /// The next step for the client `generation` attached to `stream`.
@@ -888,193 +926,89 @@ impl Session {
         let Some(s) = st.streams.get_mut(&stream) else {
             return Step::Finish(Bytes::new(), Outcome::SessionClosed);
         };
-        let Some(sub) = s.sub.as_mut().filter(|sub| sub.generation == generation) else {
+        let Some(sub) = s.sub.as_ref().filter(|sub| sub.generation == generation) else {
             return Step::Finish(Bytes::new(), Outcome::Replaced);
         };
-        let cursor = sub.cursor;
-        let has_id = sub.has_id;
-        let here = self.cursor(stream, cursor);
+        let (cursor, has_id) = (sub.cursor, sub.has_id);
         if let Some((_, why)) = sub.detach {
             s.sub = None;
             st.last_activity = Instant::now();
-            let retry = self
-                .cfg
-                .retry_hint
-                .unwrap_or(Duration::from_secs(1))
-                .as_millis() as u64;
-            let reason = match why {
-                Outcome::Shutdown => "shutdown",
-                _ => "slow-consumer",
-            };
-            let data = serde_json::json!({ "reason": reason, "resume_from": here });
-            let frame = sse::control(
-                Some(&here),
-                Some(EVENT_RESUMPTION_REQUIRED),
-                Some(retry),
-                &data.to_string(),
-            );
+            let here = self.cursor(stream, cursor);
+            let frame = control::resumption_required(&here, why, self.cfg.retry_hint);
             return Step::Finish(frame, why);
         }
         if s.lost_upto > cursor {
             // This client fell behind the window: the same explicit failure as a late resume.
             let ids = s.fail_unanswered(cursor);
-            let frames = failure_frames(&here, has_id, "gap", &ids, GAP_MESSAGE);
             s.sub = None;
+            let frames = control::gap(&self.cursor(stream, cursor), has_id, &ids);
             return Step::Finish(frames, Outcome::Gap);
         }
-        // One batch: several ready events per write, but never more than the in-flight
-        // reserve can cover, so everything written stays protected until it is delivered.
-        let (max_events, max_bytes) = self.reserve_limits();
-        let max_bytes = max_bytes.min(BATCH_BYTES);
-        // Sized once for the batch: growing it by doubling copied every event again.
-        let mut size = 0;
-        for (n, e) in st.window.after(stream, cursor).enumerate() {
-            if size >= max_bytes || n >= max_events {
-                break;
-            }
-            size += ENTRY_OVERHEAD + e.body.len();
+        let (overflow, limits) = (s.overflow.as_ref(), st.inflight.limits());
+        let batch = Batch::collect(
+            &self.id_prefix,
+            &st.window,
+            stream,
+            cursor,
+            overflow,
+            limits,
+        );
+        let room = self.hand_over_overflow(s, batch.last);
+        if batch.out.is_empty() {
+            return self.idle_step(s, stream, cursor, has_id, waker);
         }
-        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq > cursor) {
-            size += ENTRY_OVERHEAD + o.body.len();
+        handed(s, batch.last);
+        let moved = st.inflight.record(
+            stream,
+            batch.last,
+            batch.events,
+            batch.out.len(),
+            Instant::now(),
+            &mut st.streams,
+        );
+        if room || moved {
+            wake_readers(&mut st.streams);
         }
-        let mut out = BytesMut::with_capacity(size);
-        let mut events = 0;
-        let mut last = cursor;
-        let mut overflow = s.overflow.as_ref().filter(|o| o.seq > cursor);
-        let full = |out: &BytesMut, events: usize| out.len() >= max_bytes || events >= max_events;
-        for e in st.window.after(stream, cursor) {
-            if full(&out, events) {
-                break;
-            }
-            if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
-                self.write_entry(o, &mut out);
-                events += 1;
-                last = o.seq;
-                overflow = None;
-                if full(&out, events) {
-                    break;
-                }
-            }
-            self.write_entry(e, &mut out);
-            events += 1;
-            last = e.seq;
-        }
-        if let Some(o) = overflow.filter(|o| o.seq > last && !full(&out, events)) {
-            self.write_entry(o, &mut out);
-            events += 1;
-            last = o.seq;
-        }
-        let mut room = false;
-        if let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) {
-            // Handed to the client: from now on a resume before it is a gap.
-            s.lost_upto = s.lost_upto.max(o.seq);
-            s.set_overflow(None, &self.budget);
-            room = true;
-        }
-        let Some(sub) = s.sub.as_mut() else {
-            return Step::Finish(Bytes::new(), Outcome::Replaced);
+        Step::Data(batch.out.freeze(), batch.events as u64)
+    }
+
+    /// Empties the overflow slot of `s` once its event is in a batch up to `last`: from now
+    /// on a resume before it is a gap. Returns whether it did (room was made).
+    fn hand_over_overflow(&self, s: &mut Stream, last: u64) -> bool {
+        let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) else {
+            return false;
         };
-        if !out.is_empty() {
-            sub.cursor = last;
-            sub.has_id = true;
-            s.sent = s.sent.max(last);
-            // Progress: the stall clock restarts (or stops, once caught up).
-            s.stall_since = (last < s.last_seq).then(Instant::now);
-            let bytes = out.len();
-            room |= self.record_sent(st, stream, last, events, bytes);
-            if room {
-                for s in st.streams.values_mut() {
-                    s.wake_reader();
-                }
-            }
-            return Step::Data(out.freeze(), events as u64);
-        }
+        s.lost_upto = s.lost_upto.max(o.seq);
+        s.set_overflow(None, &self.budget);
+        true
+    }
+
+    /// The step of a client at `cursor` of `s` (number `stream`) with nothing to send: it
+    /// waits for more, or, when the upstream ended the stream, its body ends (with an error
+    /// for each request the client has not seen answered).
+    fn idle_step(
+        &self,
+        s: &mut Stream,
+        stream: u32,
+        cursor: u64,
+        has_id: bool,
+        waker: &Waker,
+    ) -> Step {
         s.stall_since = None;
         let Some(end) = s.end.clone() else {
-            sub.waker = Some(waker.clone());
+            if let Some(sub) = s.sub.as_mut() {
+                sub.waker = Some(waker.clone());
+            }
             return Step::Pending;
         };
         s.sub = None;
         let ids = s.fail_unanswered(cursor);
-        match end {
-            End::Complete if ids.is_empty() => Step::Finish(Bytes::new(), Outcome::Completed),
-            End::Complete => Step::Finish(
-                failure_frames(
-                    &here,
-                    has_id,
-                    "upstream-ended",
-                    &ids,
-                    UPSTREAM_ENDED_MESSAGE,
-                ),
-                Outcome::UpstreamFailed,
-            ),
-            End::Failed(cause) => Step::Finish(
-                upstream_failure_frames(&here, has_id, &cause.to_string(), &ids),
-                Outcome::UpstreamFailed,
-            ),
+        if matches!(end, End::Complete) && ids.is_empty() {
+            return Step::Finish(Bytes::new(), Outcome::Completed);
         }
-    }
-
-    /// Puts a batch just written to a client into the in-flight reserve and pushes the
-    /// oldest batches out of it past its bounds: their events count as delivered from now
-    /// on. Returns whether any stream's delivered mark moved (room may have been made).
-    fn record_sent(
-        &self,
-        st: &mut State,
-        stream: u32,
-        last: u64,
-        events: usize,
-        bytes: usize,
-    ) -> bool {
-        let (max_events, max_bytes) = self.reserve_limits();
-        st.inflight.push_back(Sent {
-            stream,
-            last,
-            events,
-            bytes,
-            at: Instant::now(),
-        });
-        st.inflight_events += events;
-        st.inflight_bytes += bytes;
-        let mut moved = false;
-        while st.inflight_events > max_events || st.inflight_bytes > max_bytes {
-            match Self::release_oldest(st) {
-                Some(m) => moved |= m,
-                None => break,
-            }
-        }
-        moved
-    }
-
-    /// Takes the oldest batch out of the in-flight reserve: its events count as delivered.
-    /// `None` when the reserve is empty, else whether a stream's `acked` moved.
-    fn release_oldest(st: &mut State) -> Option<bool> {
-        let b = st.inflight.pop_front()?;
-        st.inflight_events -= b.events;
-        st.inflight_bytes -= b.bytes;
-        Some(st.streams.get_mut(&b.stream).is_some_and(|s| {
-            let moved = b.last > s.acked;
-            s.acked = s.acked.max(b.last);
-            moved
-        }))
-    }
-
-    /// Releases reserve batches at least [`INFLIGHT_AGE`] old whose client is still
-    /// attached and reading: they were delivered. Returns whether any was released.
-    fn age_reserve(st: &mut State, now: Instant) -> bool {
-        let mut moved = false;
-        while let Some(b) = st.inflight.front() {
-            let live = st
-                .streams
-                .get(&b.stream)
-                .and_then(|s| s.sub.as_ref())
-                .is_some_and(|sub| sub.detach.is_none());
-            if now.duration_since(b.at) < INFLIGHT_AGE || !live {
-                break;
-            }
-            moved |= Self::release_oldest(st).unwrap_or(false);
-        }
-        moved
+        let here = self.cursor(stream, cursor);
+        let frames = control::upstream_ended(&here, has_id, &end, &ids);
+        Step::Finish(frames, Outcome::UpstreamFailed)
     }
 
     /// Tells every attached client of streams of `kind` (all, if `None`) to resume elsewhere.
@@ -1093,18 +1027,6 @@ impl Session {
                 }
             }
         }
-    }
-
-    /// Writes a retained event as sent on the wire: its gateway id, then its body.
-    fn write_entry(&self, e: &Entry, out: &mut BytesMut) {
-        out.reserve(ENTRY_OVERHEAD + e.body.len());
-        out.put_slice(&self.id_prefix);
-        cursor::write_position(e.stream, e.seq, out);
-        out.put_u8(b'\n');
-        if e.message {
-            out.put_slice(b"event: message\n");
-        }
-        out.put_slice(&e.body);
     }
 
     /// The client `generation` of `stream` went away (its body was dropped). Its stream's

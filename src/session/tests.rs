@@ -1,6 +1,7 @@
 //! Unit tests of the session state machine, with paused time where clocks matter.
 
 use super::*;
+use crate::jsonrpc::{EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED};
 
 fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
     let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
@@ -44,7 +45,9 @@ async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
         Arc::default(),
     );
     let s = reg.get_or_create("a", Owner::new(0, "/mcp")).unwrap();
-    let (stream, generation, _) = s.open_stream(StreamKind::Post, vec![], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
     tokio::time::advance(Duration::from_secs(120)).await;
     reg.sweep();
     assert_eq!(reg.len(), 1, "a client is attached");
@@ -65,8 +68,9 @@ async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
 #[tokio::test(start_paused = true)]
 async fn stalled_client_gets_resumption_required_with_retry() {
     let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(30)));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     s.push_events(stream, &mut vec![msg("{\"n\":1}")], None);
     assert!(text(step(&s, stream, generation)).contains("{\"n\":1}"));
     // The client stops polling while events keep coming.
@@ -93,9 +97,8 @@ async fn stalled_client_gets_resumption_required_with_retry() {
         seq: 2,
     };
     let Ok(Resume::Attached {
-        generation: g2,
+        attachment: Attachment { generation: g2, .. },
         replay,
-        ..
     }) = s.resume(here, None)
     else {
         panic!("resumable")
@@ -108,8 +111,9 @@ async fn stalled_client_gets_resumption_required_with_retry() {
 #[tokio::test(start_paused = true)]
 async fn a_client_that_keeps_up_is_never_detached() {
     let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(1)));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
     for i in 0..100 {
         s.push_events(stream, &mut vec![msg(&format!("{{\"n\":{i}}}"))], None);
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -126,8 +130,9 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
             c.window_events = events;
             c.window_bytes = bytes;
         }));
-        let (stream, generation, _) =
-            s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+        let Attachment {
+            stream, generation, ..
+        } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
         s.detach(stream, generation);
         let start = Cursor {
             epoch: s.epoch,
@@ -145,9 +150,8 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
             );
         }
         let Ok(Resume::Attached {
+            attachment: Attachment { generation, .. },
             replay: 3,
-            generation,
-            ..
         }) = s.resume(start, None)
         else {
             panic!("resumable")
@@ -184,14 +188,12 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
 #[tokio::test(start_paused = true)]
 async fn gap_answers_only_requests_not_answered_before_the_cursor() {
     let s = session(cfg(|c| c.window_events = 2));
-    let (stream, generation, _) = s.open_stream(
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(
         StreamKind::Post,
         vec!["1".into(), "\"b\"".into()],
-        false,
-        false,
-        None,
-        None,
-    );
+    ));
     s.detach(stream, generation);
     s.push_events(
         stream,
@@ -226,8 +228,9 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
 fn ended_stream_metadata_is_bounded() {
     let s = session(cfg(|_| {}));
     for _ in 0..(MAX_ENDED_STREAMS + 50) {
-        let (stream, generation, _) =
-            s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+        let Attachment {
+            stream, generation, ..
+        } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
         s.push_events(
             stream,
             &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
@@ -291,8 +294,9 @@ async fn a_slow_reader_gets_everything_and_the_upstream_waits_for_it() {
         c.window_events = 8;
         c.stall_timeout = Duration::from_secs(30);
     }));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let (reader, wakes) = counting_waker();
     let mut pending = numbered(0, 200, 10);
     let mut got = Vec::new();
@@ -332,8 +336,9 @@ async fn a_slow_reader_gets_everything_and_the_upstream_waits_for_it() {
 #[tokio::test(start_paused = true)]
 async fn written_events_in_the_reserve_survive_a_cut() {
     let s = session(cfg(|c| c.window_events = 8));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let mut pending = numbered(0, 4, 10);
     assert!(s.push_events(stream, &mut pending, None));
     // Written to the socket, then the connection dies before the client read it.
@@ -351,9 +356,8 @@ async fn written_events_in_the_reserve_survive_a_cut() {
         seq: 1,
     };
     let Ok(Resume::Attached {
-        generation: g2,
+        attachment: Attachment { generation: g2, .. },
         replay,
-        ..
     }) = s.resume(opening, None)
     else {
         panic!("the in-flight events are still there")
@@ -375,8 +379,16 @@ async fn written_events_in_the_reserve_survive_a_cut() {
 #[tokio::test(start_paused = true)]
 async fn one_streams_traffic_never_evicts_anothers_undelivered_events() {
     let s = session(cfg(|c| c.window_events = 6));
-    let (a, ga, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
-    let (b, gb, _) = s.open_stream(StreamKind::Post, vec!["2".into()], false, false, None, None);
+    let Attachment {
+        stream: a,
+        generation: ga,
+        ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let Attachment {
+        stream: b,
+        generation: gb,
+        ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["2".into()]));
     let mut for_a = numbered(0, 3, 10);
     assert!(s.push_events(a, &mut for_a, None));
     s.detach(a, ga); // a's client is away, within its stall budget
@@ -412,8 +424,9 @@ async fn one_streams_traffic_never_evicts_anothers_undelivered_events() {
 #[tokio::test(start_paused = true)]
 async fn an_oversized_event_waits_for_its_client_and_is_never_dropped_silently() {
     let s = session(cfg(|c| c.window_bytes = 100));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let mut big = numbered(0, 3, 300);
     assert!(!s.push_events(stream, &mut big, None), "one overflow slot");
     assert_eq!(big.len(), 2);
@@ -436,8 +449,9 @@ async fn a_stalled_client_is_detached_and_only_then_the_window_moves_on() {
         c.window_events = 4;
         c.stall_timeout = Duration::from_secs(30);
     }));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let (reader, wakes) = counting_waker();
     let mut pending = numbered(0, 10, 10);
     assert!(!s.push_events(stream, &mut pending, Some(&reader)));
@@ -474,8 +488,9 @@ async fn a_client_briefly_away_gets_everything_when_it_returns() {
         c.window_events = 4;
         c.stall_timeout = Duration::from_secs(30);
     }));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
     s.detach(stream, generation);
     let mut pending = numbered(0, 10, 10);
     assert!(!s.push_events(stream, &mut pending, None));
@@ -487,7 +502,11 @@ async fn a_client_briefly_away_gets_everything_when_it_returns() {
         stream,
         seq: 1,
     };
-    let Ok(Resume::Attached { generation: g, .. }) = s.resume(opening, None) else {
+    let Ok(Resume::Attached {
+        attachment: Attachment { generation: g, .. },
+        ..
+    }) = s.resume(opening, None)
+    else {
         panic!("resumable")
     };
     let mut got = Vec::new();
@@ -505,8 +524,12 @@ async fn a_client_briefly_away_gets_everything_when_it_returns() {
 #[test]
 fn a_retransmitted_request_is_a_resume_of_its_stream() {
     let s = session(cfg(|_| {}));
-    let (stream, generation, _) =
-        s.open_stream(StreamKind::Post, vec!["7".into()], false, true, None, None);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream {
+        prime: true,
+        ..OpenStream::new(StreamKind::Post, vec!["7".into()])
+    });
     s.push_events(stream, &mut numbered(0, 2, 0), None);
     s.push_events(
         stream,
@@ -521,16 +544,19 @@ fn a_retransmitted_request_is_a_resume_of_its_stream() {
     };
     assert!(s.carries_any(&["7".into()]));
     assert!(!s.carries_any(&["8".into()]));
-    assert!(s.retransmission(&["8".into()], Some(seen), None).is_none());
+    assert!(matches!(
+        s.retransmission(&["8".into()], Some(seen), None),
+        Retransmission::NotOne
+    ));
     // With the stream's cursor: exactly what came after it.
-    let Some(Ok(Resume::Attached { replay: 2, .. })) =
+    let Retransmission::Resumed(Resume::Attached { replay: 2, .. }) =
         s.retransmission(&["7".into()], Some(seen), None)
     else {
         panic!("resume after the cursor")
     };
     // Without a usable cursor: the stream from its start, nothing of it being lost.
     let foreign = Cursor { epoch: 1, ..seen };
-    let Some(Ok(Resume::Attached { replay: 3, .. })) =
+    let Retransmission::Resumed(Resume::Attached { replay: 3, .. }) =
         s.retransmission(&["7".into()], Some(foreign), None)
     else {
         panic!("resume from the start")
@@ -540,8 +566,11 @@ fn a_retransmitted_request_is_a_resume_of_its_stream() {
 #[test]
 fn a_stale_standalone_cursor_reattaches_to_the_session() {
     let s = session(cfg(|_| {}));
-    let (standalone, g, _) =
-        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    let Attachment {
+        stream: standalone,
+        generation: g,
+        ..
+    } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
     s.push_events(standalone, &mut numbered(0, 1, 0), None);
     let Step::Data(..) = step(&s, standalone, g) else {
         panic!()
@@ -557,7 +586,8 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
     let r = s.standalone_reattach(&at, err).expect("re-attach");
     assert!(!r.lost);
     // A POST stream's cursor keeps its 409.
-    let (post, _, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let Attachment { stream: post, .. } =
+        s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     s.end_stream(post, End::Complete);
     let p = Cursor {
         epoch: s.epoch,
@@ -568,8 +598,12 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
         .standalone_reattach(&p, ResumeError::StreamEnded)
         .is_none());
     // The new standalone stream opens with an id-bearing control event saying so.
-    let (n, _, opening) =
-        s.open_stream(StreamKind::Standalone, vec![], false, false, Some(&r), None);
+    let Attachment {
+        stream: n, opening, ..
+    } = s.open_stream(OpenStream {
+        reattach: Some(&r),
+        ..OpenStream::new(StreamKind::Standalone, vec![])
+    });
     let opening = String::from_utf8(opening.unwrap().to_vec()).unwrap();
     assert!(
         opening.starts_with(&format!("id: {}\n", s.cursor(n, 4))),
@@ -580,7 +614,7 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
         lost: true,
         ..r.clone()
     };
-    let (_, _, opening) = s.attach_standalone(false, Some(&lost), None).expect("held");
+    let Attachment { opening, .. } = s.attach_standalone(false, Some(&lost), None).expect("held");
     assert!(String::from_utf8_lossy(&opening.unwrap()).contains(EVENT_RESUMPTION_FAILED));
 }
 
@@ -618,8 +652,8 @@ mod model {
                 c.window_events = window_events;
                 c.window_bytes = 4096;
             }));
-            let (stream, mut generation, _) =
-                s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+            let Attachment { stream, mut generation, .. } =
+                s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
             let mut next = 0u64;
             let mut reader: Vec<Event> = Vec::new();
             let mut got: Vec<u64> = Vec::new();
@@ -667,7 +701,7 @@ mod model {
                         let at = Cursor { epoch: s.epoch, stream, seq: confirmed.1 };
                         got.truncate(confirmed.0);
                         match s.resume(at, None) {
-                            Ok(Resume::Attached { generation: g, .. }) => generation = g,
+                            Ok(Resume::Attached { attachment: Attachment { generation: g, .. }, .. }) => generation = g,
                             other => prop_assert!(false, "resume within the budget: {:?}", other),
                         }
                         in_flight = confirmed;
@@ -684,7 +718,7 @@ mod model {
             if !attached {
                 let at = Cursor { epoch: s.epoch, stream, seq: confirmed.1 };
                 got.truncate(confirmed.0);
-                let Ok(Resume::Attached { generation: g, .. }) = s.resume(at, None) else {
+                let Ok(Resume::Attached { attachment: Attachment { generation: g, .. }, .. }) = s.resume(at, None) else {
                     panic!("resume at the end")
                 };
                 generation = g;
@@ -699,8 +733,11 @@ mod model {
 #[tokio::test(start_paused = true)]
 async fn a_get_without_cursor_gets_what_no_client_was_sent() {
     let s = session(cfg(|c| c.window_events = 4));
-    let (standalone, g, _) =
-        s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
+    let Attachment {
+        stream: standalone,
+        generation: g,
+        ..
+    } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
     assert!(s.push_events(standalone, &mut numbered(0, 1, 0), None));
     let Step::Data(..) = step(&s, standalone, g) else {
         panic!("sent")
@@ -709,7 +746,7 @@ async fn a_get_without_cursor_gets_what_no_client_was_sent() {
     s.detach(standalone, g);
     // A new GET without Last-Event-ID: the stream's client now. It gets what the replaced
     // client was never sent (1, 2), not what it was (0).
-    let (_, g2, _) = s.attach_standalone(false, None, None).expect("held");
+    let Attachment { generation: g2, .. } = s.attach_standalone(false, None, None).expect("held");
     assert_eq!(ns(&text(step(&s, standalone, g2))), vec![1, 2]);
 }
 
@@ -730,7 +767,11 @@ async fn a_held_standalone_stream_keeps_messages_for_its_first_client() {
     s.sweep(Instant::now());
     let mut pending = numbered(4, 6, 0);
     assert!(!s.push_events(held, &mut pending, None));
-    let (stream, g, _) = s.attach_standalone(false, None, None).expect("held");
+    let Attachment {
+        stream,
+        generation: g,
+        ..
+    } = s.attach_standalone(false, None, None).expect("held");
     assert_eq!(stream, held);
     let mut got = Vec::new();
     for _ in 0..10 {
@@ -788,8 +829,12 @@ fn a_waiting_holder_is_kicked_not_doubled() {
 #[test]
 fn a_client_stream_that_ends_hands_the_session_to_a_holder_once() {
     let s = session(cfg(|_| {}));
-    let (stream, _, _) = s.open_stream(StreamKind::Standalone, vec![], false, false, None, None);
-    let (post, _, _) = s.open_stream(StreamKind::Post, vec!["1".into()], false, false, None, None);
+    let stream = s
+        .open_stream(OpenStream::new(StreamKind::Standalone, vec![]))
+        .stream;
+    let post = s
+        .open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]))
+        .stream;
     s.end_stream(post, End::Complete);
     assert_eq!(
         s.hold_after_client_stream(post),
@@ -819,8 +864,14 @@ async fn closing_the_session_stops_its_holder() {
 fn failure_frames_carry_an_id_only_for_a_client_that_already_has_one() {
     for prime in [false, true] {
         let s = session(cfg(|_| {}));
-        let (stream, g, _) =
-            s.open_stream(StreamKind::Post, vec!["1".into()], false, prime, None, None);
+        let Attachment {
+            stream,
+            generation: g,
+            ..
+        } = s.open_stream(OpenStream {
+            prime,
+            ..OpenStream::new(StreamKind::Post, vec!["1".into()])
+        });
         // The upstream ends the stream before answering, having sent nothing.
         s.end_stream(stream, End::Complete);
         let out = text(step(&s, stream, g));
