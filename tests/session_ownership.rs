@@ -214,3 +214,60 @@ async fn a_retransmission_or_resume_on_another_path_is_not_one() {
     assert_eq!(send(gw.addr, resume).await.status(), 404);
     assert!(gw.gateway.registry().get(SID).is_some());
 }
+
+/// A POST carrying `call(id)` into the victim's session with `auth` (none: no credentials).
+fn call_as(id: u64, auth: Option<&str>) -> Request<Full<Bytes>> {
+    let mut req = post(&call(id), Some(SID));
+    if let Some(a) = auth {
+        req.headers_mut()
+            .insert("authorization", a.parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test]
+async fn another_principals_stream_never_answers_for_the_sessions_owner() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    // Someone who knows the session id posts id 2 first (SDKs count from 0).
+    let pending = tokio::spawn(send(gw.addr, call_as(2, Some("Bearer attacker"))));
+    let writer = mock.next().await.respond_sse(Some(SID));
+    writer
+        .message(r#"{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"INJECTED by attacker"}]}}"#)
+        .await;
+    drop(writer);
+    let mut attacker = SseReader::new(pending.await.unwrap());
+    assert!(attacker.next().await.is_some());
+    // The victim's own request 2 is its own: forwarded, its side effect runs.
+    let pending = tokio::spawn(send(gw.addr, call_as(2, Some(VICTIM))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 2);
+    let writer = seen.respond_sse(Some(SID));
+    writer.message(&result(2)).await;
+    drop(writer);
+    let got = SseReader::new(pending.await.unwrap()).rest().await;
+    let text = messages(&got).join("\n");
+    assert!(!text.contains("INJECTED"), "{text}");
+    assert!(text.contains(r#""id":2"#), "{text}");
+}
+
+#[tokio::test]
+async fn a_retransmission_is_never_run_twice_however_many_streams_ended_since() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    // Call 2 and then 70 more, each answered and ended: more than the 64 ended streams whose
+    // metadata a session keeps.
+    for id in 2..=72 {
+        let pending = tokio::spawn(send(gw.addr, call_as(id, Some(VICTIM))));
+        let writer = mock.next().await.respond_sse(Some(SID));
+        writer.message(&result(id)).await;
+        drop(writer);
+        SseReader::new(pending.await.unwrap()).rest().await;
+    }
+    // Its retransmission is refused as a duplicate, never forwarded.
+    let resp = send(gw.addr, call_as(2, Some(VICTIM))).await;
+    assert_eq!(resp.status(), 409);
+    assert!(mock.nothing_within(Duration::from_millis(200)).await);
+}

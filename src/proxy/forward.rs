@@ -114,11 +114,11 @@ impl Gateway {
             return Claim::Forward(None);
         }
         loop {
-            if let Some(f) = s.begin_forward(ids) {
+            if let Some(f) = s.begin_forward(inb.principal, ids) {
                 return Claim::Forward(Some(f));
             }
-            s.forward_settled(ids).await;
-            if s.carries_any(ids) {
+            s.forward_settled(inb.principal, ids).await;
+            if s.carries_any(inb.principal, ids) {
                 return Claim::Retransmission;
             }
         }
@@ -255,6 +255,7 @@ impl Gateway {
         let attachment = session.open_stream(OpenStream {
             kind,
             requests: inb.info.request_ids,
+            principal: inb.principal,
             initialize: inb.info.initialize,
             prime,
             reattach: reattach.as_ref(),

@@ -219,7 +219,8 @@ pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
         Method::GET if session.is_some() => Route::Attach,
         Method::POST
             if session.is_some_and(|s| {
-                !inb.info.request_ids.is_empty() && s.carries_any(&inb.info.request_ids)
+                !inb.info.request_ids.is_empty()
+                    && s.carries_any(inb.principal, &inb.info.request_ids)
             }) =>
         {
             Route::Retransmission

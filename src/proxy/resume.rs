@@ -67,7 +67,8 @@ impl Gateway {
         // A cursor that does not parse is as good as none: the duplicate id decides.
         let cursor = inb.cursor().and_then(|c| Cursor::parse(c.as_bytes()).ok());
         let kill = Some(inb.kill.clone());
-        let found = match session.retransmission(&inb.info.request_ids, cursor, kill) {
+        let found = match session.retransmission(inb.principal, &inb.info.request_ids, cursor, kill)
+        {
             Retransmission::NotOne => return self.forward(inb, Some(session), None).await,
             Retransmission::Resumed(r) => Ok(r),
             Retransmission::Refused(e) => Err(ProxyError::Resume(e)),

@@ -1,11 +1,15 @@
 //! POST de-duplication: the request ids of POSTs being forwarded right now ([`Forwarded`]),
-//! and which retained stream of the session already carried one of a POST's ids
-//! ([`carrier`]), so that a retransmission is answered from that stream and never forwarded.
+//! which retained stream of the session already carried one of a POST's ids ([`carrier`]),
+//! so that a retransmission is answered from that stream and never forwarded, and the ids of
+//! requests whose streams the session no longer retains ([`Retired`]), so that their
+//! retransmission is refused as a duplicate instead. Every id is its principal's: another
+//! principal's POST with the same id is not a retransmission of it.
 //!
 //! Pure bookkeeping under the session's lock: no locks, no waiting, nothing of HTTP or of how
 //! a retransmission is answered (the session resumes the stream; the proxy responds).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use super::stream::Stream;
 
@@ -13,31 +17,77 @@ use super::stream::Stream;
 /// yet): a retransmission of one waits for it instead of being forwarded again.
 #[derive(Debug, Default)]
 pub(super) struct Forwarded {
-    ids: Vec<String>,
+    ids: Vec<(u64, String)>,
 }
 
 impl Forwarded {
-    /// Whether a POST carrying one of `ids` is in flight.
-    pub fn any(&self, ids: &[String]) -> bool {
-        ids.iter().any(|id| self.ids.contains(id))
+    /// Whether a POST of `principal` carrying one of `ids` is in flight.
+    pub fn any(&self, principal: u64, ids: &[String]) -> bool {
+        ids.iter()
+            .any(|id| self.ids.iter().any(|(p, f)| *p == principal && f == id))
     }
 
     /// Marks `ids` as forwarded; `false`, marking nothing, while one of them is in flight.
-    pub fn begin(&mut self, ids: &[String]) -> bool {
-        if self.any(ids) {
+    pub fn begin(&mut self, principal: u64, ids: &[String]) -> bool {
+        if self.any(principal, ids) {
             return false;
         }
-        self.ids.extend(ids.iter().cloned());
+        self.ids
+            .extend(ids.iter().map(|id| (principal, id.clone())));
         true
     }
 
     /// The POST that carried `ids` settled: they are free again.
-    pub fn settle(&mut self, ids: &[String]) {
+    pub fn settle(&mut self, principal: u64, ids: &[String]) {
         for id in ids {
-            if let Some(i) = self.ids.iter().position(|f| f == id) {
+            if let Some(i) = self
+                .ids
+                .iter()
+                .position(|(p, f)| *p == principal && f == id)
+            {
                 self.ids.swap_remove(i);
             }
         }
+    }
+}
+
+/// Most request ids a session remembers after their streams are forgotten (8 bytes each plus
+/// the set's overhead: at most ~128 KiB a session). Past it, the oldest forgotten streams'
+/// retransmissions are forwarded again; docs/reliability.md states the bound.
+pub(super) const MAX_RETIRED_IDS: usize = 8192;
+
+/// The request ids (each with its principal) of streams the session no longer retains, as
+/// keyed 64-bit hashes.
+#[derive(Debug, Default)]
+pub(super) struct Retired {
+    hashes: HashSet<u64>,
+    key: std::collections::hash_map::RandomState,
+}
+
+impl Retired {
+    fn hash(&self, principal: u64, id: &str) -> u64 {
+        let mut h = self.key.build_hasher();
+        principal.hash(&mut h);
+        id.hash(&mut h);
+        h.finish()
+    }
+
+    /// Remembers the requests of a stream the session forgets.
+    pub fn retire(&mut self, stream: &Stream) {
+        for r in &stream.requests {
+            if self.hashes.len() >= MAX_RETIRED_IDS {
+                return;
+            }
+            let h = self.hash(stream.principal, &r.id);
+            self.hashes.insert(h);
+        }
+    }
+
+    /// The first of `ids` that `principal` already sent in a stream now forgotten.
+    pub fn find<'a>(&self, principal: u64, ids: &'a [String]) -> Option<&'a str> {
+        ids.iter()
+            .find(|id| self.hashes.contains(&self.hash(principal, id)))
+            .map(String::as_str)
     }
 }
 
@@ -51,19 +101,23 @@ pub(super) struct Carrier<'a> {
     pub id: &'a str,
 }
 
-/// The first retained stream (in stream order) that carried one of `ids`, with the first of
-/// `ids` it carried; `None`: the POST is not a retransmission.
+/// The first retained stream (in stream order) opened by `principal` that carried one of
+/// `ids`, with the first of `ids` it carried; `None`: no retained stream answers for it.
 pub(super) fn carrier<'a>(
     streams: &BTreeMap<u32, Stream>,
+    principal: u64,
     ids: &'a [String],
 ) -> Option<Carrier<'a>> {
-    streams.iter().find_map(|(&stream, s)| {
-        ids.iter().find(|id| s.carries(id)).map(|id| Carrier {
-            stream,
-            first_seq: s.first_seq,
-            id,
+    streams
+        .iter()
+        .filter(|(_, s)| s.principal == principal)
+        .find_map(|(&stream, s)| {
+            ids.iter().find(|id| s.carries(id)).map(|id| Carrier {
+                stream,
+                first_seq: s.first_seq,
+                id,
+            })
         })
-    })
 }
 
 #[cfg(test)]
@@ -78,25 +132,25 @@ mod tests {
     #[test]
     fn ids_in_flight_are_held_until_their_post_settles() {
         let mut f = Forwarded::default();
-        assert!(f.begin(&ids(&["7", "8"])));
-        assert!(f.any(&ids(&["1", "8"])));
-        assert!(!f.begin(&ids(&["8", "9"])), "8 is in flight");
-        assert!(!f.any(&ids(&["9"])), "a refused begin marks nothing");
-        assert!(f.begin(&ids(&["9"])), "other ids are not held");
-        f.settle(&ids(&["7", "8"]));
-        assert!(!f.any(&ids(&["7", "8"])));
-        assert!(f.any(&ids(&["9"])), "another POST's ids stay");
-        assert!(f.begin(&ids(&["7", "8"])), "free again");
+        assert!(f.begin(1, &ids(&["7", "8"])));
+        assert!(f.any(1, &ids(&["1", "8"])));
+        assert!(!f.begin(1, &ids(&["8", "9"])), "8 is in flight");
+        assert!(!f.any(1, &ids(&["9"])), "a refused begin marks nothing");
+        assert!(f.begin(1, &ids(&["9"])), "other ids are not held");
+        f.settle(1, &ids(&["7", "8"]));
+        assert!(!f.any(1, &ids(&["7", "8"])));
+        assert!(f.any(1, &ids(&["9"])), "another POST's ids stay");
+        assert!(f.begin(1, &ids(&["7", "8"])), "free again");
     }
 
     #[test]
     fn a_post_that_repeats_an_id_frees_it_entirely() {
         let mut f = Forwarded::default();
-        assert!(f.begin(&ids(&["7", "7"])));
-        f.settle(&ids(&["7", "7"]));
-        assert!(!f.any(&ids(&["7"])));
-        f.settle(&ids(&["7"])); // settling what is not held is harmless
-        assert!(f.begin(&ids(&["7"])));
+        assert!(f.begin(1, &ids(&["7", "7"])));
+        f.settle(1, &ids(&["7", "7"]));
+        assert!(!f.any(1, &ids(&["7"])));
+        f.settle(1, &ids(&["7"])); // settling what is not held is harmless
+        assert!(f.begin(1, &ids(&["7"])));
     }
 
     #[test]
@@ -113,7 +167,7 @@ mod tests {
         ]);
         let dup = ids(&["5", "3"]);
         assert_eq!(
-            carrier(&streams, &dup),
+            carrier(&streams, 0, &dup),
             Some(Carrier {
                 stream: 2,
                 first_seq: 5,
@@ -122,14 +176,49 @@ mod tests {
         );
         let dup = ids(&["1", "5", "4"]);
         assert_eq!(
-            carrier(&streams, &dup).map(|c| (c.stream, c.id)),
+            carrier(&streams, 0, &dup).map(|c| (c.stream, c.id)),
             Some((4, "5"))
         );
         assert_eq!(
-            carrier(&streams, &ids(&["a", "6"])),
+            carrier(&streams, 0, &ids(&["a", "6"])),
             None,
             "ids are JSON text"
         );
-        assert_eq!(carrier(&streams, &[]), None);
+        assert_eq!(carrier(&streams, 0, &[]), None);
+    }
+
+    #[test]
+    fn another_principals_ids_are_its_own() {
+        let mut f = Forwarded::default();
+        assert!(f.begin(1, &ids(&["2"])));
+        assert!(!f.any(2, &ids(&["2"])), "not in flight for principal 2");
+        assert!(f.begin(2, &ids(&["2"])));
+        f.settle(1, &ids(&["2"]));
+        assert!(f.any(2, &ids(&["2"])), "principal 2's POST stays in flight");
+        let mut theirs = Stream::new(StreamKind::Post, 1, ids(&["2"]), false, None);
+        theirs.principal = 2;
+        let streams = BTreeMap::from([(0, theirs)]);
+        assert_eq!(carrier(&streams, 1, &ids(&["2"])), None);
+        assert_eq!(
+            carrier(&streams, 2, &ids(&["2"])).map(|c| c.stream),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn retired_ids_are_remembered_per_principal_up_to_the_bound() {
+        let mut r = Retired::default();
+        let mut s = Stream::new(StreamKind::Post, 1, ids(&["2", "3"]), false, None);
+        s.principal = 7;
+        r.retire(&s);
+        assert_eq!(r.find(7, &ids(&["9", "3"])), Some("3"));
+        assert_eq!(r.find(8, &ids(&["3"])), None, "another principal's 3");
+        let many: Vec<String> = (0..MAX_RETIRED_IDS + 10)
+            .map(|i| format!("\"x{i}\""))
+            .collect();
+        r.retire(&Stream::new(StreamKind::Post, 1, many.clone(), false, None));
+        assert_eq!(r.hashes.len(), MAX_RETIRED_IDS);
+        assert_eq!(r.find(0, &many[..1]), Some(many[0].as_str()));
+        assert_eq!(r.find(0, &many[many.len() - 1..]), None, "past the bound");
     }
 }

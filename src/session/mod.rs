@@ -33,7 +33,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use self::batch::Batch;
-use self::dedup::Forwarded;
+use self::dedup::{Forwarded, Retired};
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
 pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Owner, Registry, Reservation};
@@ -73,6 +73,8 @@ struct State {
     inflight: Reserve,
     /// Request ids of POSTs forwarded and not yet settled.
     forwarded: Forwarded,
+    /// Request ids of streams no longer retained.
+    retired: Retired,
 }
 
 /// One MCP session as the gateway sees it.
@@ -102,12 +104,15 @@ pub struct Session {
 #[derive(Debug)]
 pub struct Forwarding {
     session: Arc<Session>,
+    principal: u64,
     ids: Vec<String>,
 }
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
-        lock(&self.session.state).forwarded.settle(&self.ids);
+        lock(&self.session.state)
+            .forwarded
+            .settle(self.principal, &self.ids);
         self.session.forward_settled.notify_waiters();
     }
 }
@@ -129,6 +134,8 @@ pub struct OpenStream<'a> {
     pub kind: StreamKind,
     /// The request ids (JSON text) of the POST the stream answers.
     pub requests: Vec<String>,
+    /// The principal of that POST: only its retransmissions are answered from the stream.
+    pub principal: u64,
     /// That POST was `initialize`: its answer tells the session's protocol version.
     pub initialize: bool,
     /// The client's body starts with a priming event.
@@ -147,6 +154,7 @@ impl OpenStream<'_> {
         OpenStream {
             kind,
             requests,
+            principal: 0,
             initialize: false,
             prime: false,
             reattach: None,
@@ -333,6 +341,7 @@ impl Session {
                 next_generation: 0,
                 inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
                 forwarded: Forwarded::default(),
+                retired: Retired::default(),
             }),
             cfg,
             metrics,
@@ -430,6 +439,7 @@ impl Session {
         let OpenStream {
             kind,
             requests,
+            principal,
             initialize,
             prime,
             reattach,
@@ -443,10 +453,9 @@ impl Session {
         let generation = st.next_generation;
         st.next_generation += 1;
         let sub = Subscriber::new(generation, seq, kill, prime || reattach.is_some());
-        st.streams.insert(
-            stream,
-            Stream::new(kind, seq, requests, initialize, Some(sub)),
-        );
+        let mut opened = Stream::new(kind, seq, requests, initialize, Some(sub));
+        opened.principal = principal;
+        st.streams.insert(stream, opened);
         if kind == StreamKind::Standalone {
             Self::set_standalone(&mut st, stream);
         }
@@ -687,6 +696,7 @@ impl Session {
             }
             if let Some(mut gone) = st.streams.remove(&old) {
                 gone.set_overflow(None, &self.budget);
+                st.retired.retire(&gone);
             }
             let before = st.window.bytes();
             st.window.remove_stream(old);
@@ -800,30 +810,34 @@ impl Session {
     /// carrying one of `ids` is still in flight: the caller waits for it
     /// ([`Session::forward_settled`]) and then takes it as a retransmission, so a client that
     /// retries before the upstream's response head does not run the tool twice.
-    pub fn begin_forward(self: &Arc<Self>, ids: &[String]) -> Option<Forwarding> {
-        if !lock(&self.state).forwarded.begin(ids) {
+    pub fn begin_forward(self: &Arc<Self>, principal: u64, ids: &[String]) -> Option<Forwarding> {
+        if !lock(&self.state).forwarded.begin(principal, ids) {
             return None;
         }
         Some(Forwarding {
             session: self.clone(),
+            principal,
             ids: ids.to_vec(),
         })
     }
 
-    /// Waits until no POST carrying one of `ids` is in flight.
-    pub async fn forward_settled(&self, ids: &[String]) {
+    /// Waits until no POST of `principal` carrying one of `ids` is in flight.
+    pub async fn forward_settled(&self, principal: u64, ids: &[String]) {
         loop {
             let settled = self.forward_settled.notified();
-            if !lock(&self.state).forwarded.any(ids) {
+            if !lock(&self.state).forwarded.any(principal, ids) {
                 return;
             }
             settled.await;
         }
     }
 
-    /// Whether a retained stream of this session was started by a POST carrying one of `ids`.
-    pub fn carries_any(&self, ids: &[String]) -> bool {
-        dedup::carrier(&lock(&self.state).streams, ids).is_some()
+    /// Whether `principal` already sent one of `ids` in this session: a retained stream was
+    /// started by its POST carrying one, or a forgotten one was.
+    pub fn carries_any(&self, principal: u64, ids: &[String]) -> bool {
+        let st = lock(&self.state);
+        dedup::carrier(&st.streams, principal, ids).is_some()
+            || st.retired.find(principal, ids).is_some()
     }
 
     /// A POST whose request ids include one already carried by a retained stream of this
@@ -834,12 +848,21 @@ impl Session {
     /// [`Retransmission`]).
     pub fn retransmission(
         &self,
+        principal: u64,
         ids: &[String],
         cursor: Option<Cursor>,
         kill: Option<Arc<Notify>>,
     ) -> Retransmission {
-        let Some(carrier) = dedup::carrier(&lock(&self.state).streams, ids) else {
-            return Retransmission::NotOne;
+        let carrier = {
+            let st = lock(&self.state);
+            match dedup::carrier(&st.streams, principal, ids) {
+                Some(c) => c,
+                // Its stream is forgotten: refused, never run twice.
+                None => match st.retired.find(principal, ids) {
+                    Some(dup) => return Retransmission::Duplicate(dup.to_owned()),
+                    None => return Retransmission::NotOne,
+                },
+            }
         };
         let exact = cursor.filter(|c| c.epoch == self.epoch && c.stream == carrier.stream);
         let at = exact.unwrap_or(Cursor {

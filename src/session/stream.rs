@@ -131,6 +131,9 @@ pub(super) struct Stream {
     /// the memory budget: change it only through [`Stream::set_overflow`].
     pub overflow: Option<Entry>,
     pub requests: Vec<PendingRequest>,
+    /// The principal of the POST that opened the stream: a retransmission of its requests
+    /// is one only from the same principal.
+    pub principal: u64,
     /// The POST that opened this stream was `initialize`.
     pub initialize: bool,
     pub end: Option<End>,
@@ -179,6 +182,7 @@ impl Stream {
                 })
                 .collect(),
             initialize,
+            principal: 0,
             end: None,
             awaiting_client: sub.is_none(),
             sub,

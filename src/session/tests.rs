@@ -542,22 +542,22 @@ fn a_retransmitted_request_is_a_resume_of_its_stream() {
         stream,
         seq: 2,
     };
-    assert!(s.carries_any(&["7".into()]));
-    assert!(!s.carries_any(&["8".into()]));
+    assert!(s.carries_any(0, &["7".into()]));
+    assert!(!s.carries_any(0, &["8".into()]));
     assert!(matches!(
-        s.retransmission(&["8".into()], Some(seen), None),
+        s.retransmission(0, &["8".into()], Some(seen), None),
         Retransmission::NotOne
     ));
     // With the stream's cursor: exactly what came after it.
     let Retransmission::Resumed(Resume::Attached { replay: 2, .. }) =
-        s.retransmission(&["7".into()], Some(seen), None)
+        s.retransmission(0, &["7".into()], Some(seen), None)
     else {
         panic!("resume after the cursor")
     };
     // Without a usable cursor: the stream from its start, nothing of it being lost.
     let foreign = Cursor { epoch: 1, ..seen };
     let Retransmission::Resumed(Resume::Attached { replay: 3, .. }) =
-        s.retransmission(&["7".into()], Some(foreign), None)
+        s.retransmission(0, &["7".into()], Some(foreign), None)
     else {
         panic!("resume from the start")
     };
@@ -889,18 +889,18 @@ fn failure_frames_carry_an_id_only_for_a_client_that_already_has_one() {
 async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
     let s = Arc::new(session(cfg(|_| {})));
     let ids = vec!["7".to_owned(), "8".to_owned()];
-    let first = s.begin_forward(&ids).expect("nothing in flight yet");
+    let first = s.begin_forward(0, &ids).expect("nothing in flight yet");
     assert!(
-        s.begin_forward(&["8".to_owned()]).is_none(),
+        s.begin_forward(0, &["8".to_owned()]).is_none(),
         "8 is in flight"
     );
     assert!(
-        s.begin_forward(&["9".to_owned()]).is_some(),
+        s.begin_forward(0, &["9".to_owned()]).is_some(),
         "other ids are not held"
     );
     let waiter = {
         let s = s.clone();
-        tokio::spawn(async move { s.forward_settled(&["7".to_owned()]).await })
+        tokio::spawn(async move { s.forward_settled(0, &["7".to_owned()]).await })
     };
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(
@@ -912,5 +912,5 @@ async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
         .await
         .expect("settled when the guard drops")
         .unwrap();
-    assert!(s.begin_forward(&ids).is_some(), "free again");
+    assert!(s.begin_forward(0, &ids).is_some(), "free again");
 }
