@@ -218,6 +218,7 @@ pub const EVENT_RESUMPTION_REQUIRED: &str = "mcp-reattach/resumption-required";
 pub const EVENT_UPSTREAM_FAILED: &str = "mcp-reattach/upstream-failed";
 
 pub const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
+pub const SESSION_CLOSED_MESSAGE: &str = "mcp-reattach: the session ended at the gateway (deleted, forgotten by the upstream, or shed) before this request was answered";
 pub const UPSTREAM_ENDED_MESSAGE: &str =
     "mcp-reattach: the upstream server ended the stream without answering this request";
 

@@ -271,3 +271,30 @@ async fn a_retransmission_is_never_run_twice_however_many_streams_ended_since() 
     assert_eq!(resp.status(), 409);
     assert!(mock.nothing_within(Duration::from_millis(200)).await);
 }
+
+#[tokio::test]
+async fn a_live_call_of_a_session_that_ends_gets_an_explicit_error() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    let pending = tokio::spawn(send(gw.addr, call_as(5, Some(VICTIM))));
+    let writer = mock.next().await.respond_sse(Some(SID));
+    writer.message(&progress(1)).await;
+    let mut call = SseReader::new(pending.await.unwrap());
+    assert!(call.next().await.is_some(), "the progress event");
+    // The session's own DELETE ends it while the call is still running.
+    let del = Request::delete("/mcp")
+        .header("host", "mcp.example")
+        .header("mcp-session-id", SID)
+        .header("authorization", VICTIM)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let pending = tokio::spawn(send(gw.addr, del));
+    mock.next().await.respond(answer(200));
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let rest = messages(&call.rest().await).join("\n");
+    let error: serde_json::Value = serde_json::from_str(&rest).expect("one JSON-RPC error");
+    assert_eq!(error["id"], 5, "{rest}");
+    assert_eq!(error["error"]["data"]["reason"], "session-closed", "{rest}");
+    drop(writer);
+}

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::{End, Outcome, Reattach, StreamKind};
 use crate::jsonrpc::{
     failure_frames, upstream_failure_frames, EVENT_RESUMED, EVENT_RESUMPTION_FAILED,
-    EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, UPSTREAM_ENDED_MESSAGE,
+    EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, SESSION_CLOSED_MESSAGE, UPSTREAM_ENDED_MESSAGE,
 };
 use crate::sse;
 
@@ -103,6 +103,12 @@ pub(super) fn resumption_required(here: &str, why: Outcome, retry: Option<Durati
 /// id on this stream, so the failure event carries `here`.
 pub(super) fn gap(here: &str, with_id: bool, ids: &[String]) -> Bytes {
     failure_frames(here, with_id, "gap", ids, GAP_MESSAGE)
+}
+
+/// The session was dropped while the client was attached at `here`: a failure event, and a
+/// JSON-RPC error for each of `ids` (requests whose result will never come).
+pub(super) fn session_closed(here: &str, with_id: bool, ids: &[String]) -> Bytes {
+    failure_frames(here, with_id, "session-closed", ids, SESSION_CLOSED_MESSAGE)
 }
 
 /// The upstream ended the stream (`end`) before answering `ids`: a failure event and a

@@ -75,6 +75,9 @@ struct State {
     forwarded: Forwarded,
     /// Request ids of streams no longer retained.
     retired: Retired,
+    /// The last frames of the clients attached when the session closed, by (stream,
+    /// generation): each learns explicitly that its calls will not be answered.
+    closing: Vec<(u32, u64, Bytes)>,
 }
 
 /// One MCP session as the gateway sees it.
@@ -342,6 +345,7 @@ impl Session {
                 inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
                 forwarded: Forwarded::default(),
                 retired: Retired::default(),
+                closing: Vec::new(),
             }),
             cfg,
             metrics,
@@ -944,7 +948,12 @@ impl Session {
         let mut st = lock(&self.state);
         let st = &mut *st;
         if st.closed {
-            return Step::Finish(Bytes::new(), Outcome::SessionClosed);
+            let last = st
+                .closing
+                .iter()
+                .position(|&(s, g, _)| s == stream && g == generation)
+                .map_or_else(Bytes::new, |i| st.closing.swap_remove(i).2);
+            return Step::Finish(last, Outcome::SessionClosed);
         }
         let Some(s) = st.streams.get_mut(&stream) else {
             return Step::Finish(Bytes::new(), Outcome::SessionClosed);
@@ -1077,15 +1086,23 @@ impl Session {
         st.hold.abort();
         self.budget.adjust(st.window.bytes(), 0);
         st.window = Window::new(1, 0);
-        for s in st.streams.values_mut() {
+        let mut closing = Vec::new();
+        for (&n, s) in st.streams.iter_mut() {
             s.set_overflow(None, &self.budget);
             if let Some(r) = s.reader.take() {
                 r.abort();
+            }
+            if let Some(sub) = s.sub.as_ref() {
+                let (generation, at, has_id) = (sub.generation, sub.cursor, sub.has_id);
+                let ids = s.fail_unanswered(at);
+                let here = self.cursor(n, at);
+                closing.push((n, generation, control::session_closed(&here, has_id, &ids)));
             }
             if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
                 w.wake();
             }
         }
+        st.closing = closing;
         st.streams.clear();
         st.inflight.clear();
     }
