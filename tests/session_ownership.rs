@@ -298,3 +298,29 @@ async fn a_live_call_of_a_session_that_ends_gets_an_explicit_error() {
     assert_eq!(error["error"]["data"]["reason"], "session-closed", "{rest}");
     drop(writer);
 }
+
+#[tokio::test]
+async fn headers_the_gateway_acts_on_cannot_be_nominated_hop_by_hop() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    let mut req = call_as(6, Some(VICTIM));
+    req.headers_mut().insert(
+        "connection",
+        "mcp-session-id, authorization, mcp-protocol-version, x-other"
+            .parse()
+            .unwrap(),
+    );
+    req.headers_mut()
+        .insert("mcp-protocol-version", "2025-06-18".parse().unwrap());
+    req.headers_mut().insert("x-other", "1".parse().unwrap());
+    let pending = tokio::spawn(send(gw.addr, req));
+    let seen = mock.next().await;
+    // What the gateway acted on is what the upstream sees; other nominations still go.
+    assert_eq!(seen.headers["mcp-session-id"], SID);
+    assert_eq!(seen.headers["authorization"], VICTIM);
+    assert_eq!(seen.headers["mcp-protocol-version"], "2025-06-18");
+    assert!(!seen.headers.contains_key("x-other"));
+    seen.respond(json_response(202, &[], ""));
+    assert_eq!(pending.await.unwrap().status(), 202);
+}

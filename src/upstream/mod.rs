@@ -153,7 +153,21 @@ impl Upstream {
     }
 }
 
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
+/// End-to-end headers the gateway itself acts on: a `Connection` header naming one of them
+/// is not honoured for it, or the gateway and the upstream would see different requests (a
+/// session only one of them knows, a principal computed from a header the upstream never
+/// gets, an era split between them). A custom `--principal-header` is set by the hop in
+/// front, which also owns the `Connection` header the gateway receives.
+const ACTED_ON: [HeaderName; 5] = [
+    header::HOST,
+    header::AUTHORIZATION,
+    HeaderName::from_static("mcp-session-id"),
+    HeaderName::from_static("mcp-protocol-version"),
+    LAST_EVENT_ID,
+];
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`, except
+/// the end-to-end headers the gateway acts on ([`ACTED_ON`]).
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Usually there is nothing to strip: one pass over the names instead of a hashed
     // lookup per hop-by-hop name.
@@ -166,6 +180,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .filter(|n| !ACTED_ON.contains(n))
         .collect();
     for n in named {
         h.remove(n);
