@@ -40,6 +40,8 @@ pub enum ProxyError {
     BadSessionHeader,
     #[error("the request target must be a path")]
     BadTarget,
+    #[error("a request may carry one Host header, a valid authority")]
+    BadHost,
     #[error("CONNECT is not served: this is a reverse proxy for one MCP server")]
     Connect,
     #[error("malformed Last-Event-ID: {0}")]
@@ -197,6 +199,13 @@ impl ProxyError {
                 Rejected(RejectReason::BadTarget),
                 Client,
             ),
+            ProxyError::BadHost => (
+                StatusCode::BAD_REQUEST,
+                codes::GATEWAY,
+                "bad-host",
+                Rejected(RejectReason::BadHost),
+                Client,
+            ),
             ProxyError::Connect => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 codes::GATEWAY,
@@ -319,6 +328,7 @@ mod tests {
         vec![
             ProxyError::BadSessionHeader,
             ProxyError::BadTarget,
+            ProxyError::BadHost,
             ProxyError::Connect,
             ProxyError::MalformedCursor(CursorError::Malformed),
             ProxyError::UnknownSession,

@@ -92,6 +92,7 @@ label_values! {
         AtCapacity => "at_capacity",
         OriginNotAllowed => "origin_not_allowed",
         BadTarget => "bad_target",
+        BadHost => "bad_host",
         Connect => "connect",
     }
 }

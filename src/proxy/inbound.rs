@@ -63,6 +63,7 @@ impl Inbound {
         if is_asterisk(&parts) && parts.method != Method::OPTIONS {
             return Err(ProxyError::BadTarget.into());
         }
+        check_host(&parts)?;
         let sid = session_header(&parts.headers)?;
         let header_version = parts
             .headers
@@ -136,6 +137,18 @@ fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> 
             Ok(Some(String::from_utf8_lossy(v.as_bytes()).into_owned()))
         }
         _ => Err(ProxyError::BadSessionHeader.into()),
+    }
+}
+
+/// A request carries at most one `Host`, and a valid authority (RFC 9112 §3.2: a server
+/// answers 400 otherwise), so the gateway and the upstream agree on whom it is for. (A
+/// missing `Host` is still forwarded: see the note on issue 20.)
+fn check_host(parts: &Parts) -> Result<(), Refusal> {
+    let mut all = parts.headers.get_all(header::HOST).iter();
+    match (all.next(), all.next()) {
+        (None, _) => Ok(()),
+        (Some(h), None) if http::uri::Authority::try_from(h.as_bytes()).is_ok() => Ok(()),
+        _ => Err(ProxyError::BadHost.into()),
     }
 }
 
