@@ -244,7 +244,7 @@ mod tests {
     use super::*;
     use crate::attach::AttachBody;
     use crate::config::Config;
-    use crate::session::{OpenStream, Owner, StreamKind};
+    use crate::session::{OpenStream, Owner, Principal, StreamKind};
     use crate::sse::{Decoder, Event};
     use bytes::Bytes;
     use http_body_util::BodyExt;
@@ -305,7 +305,9 @@ mod tests {
         graceful: &GracefulShutdown,
         kind: StreamKind,
     ) -> (u32, tokio::sync::mpsc::UnboundedReceiver<Event>) {
-        let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
+        let session = registry
+            .get_or_create("s", Owner::new(Principal::default(), "/mcp"))
+            .unwrap();
         let attachment = session.open_stream(OpenStream::new(kind, vec!["1".into()]));
         let stream = attachment.stream;
         let body = AttachBody::new(session, attachment, None);

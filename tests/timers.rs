@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use mcp_reattach::attach::AttachBody;
-use mcp_reattach::session::{OpenStream, Owner, Registry, StreamKind};
+use mcp_reattach::session::{OpenStream, Owner, Principal, Registry, StreamKind};
 use mcp_reattach::sse::{Event, KEEPALIVE};
 use mcp_reattach::Config;
 use tokio::time::Instant;
@@ -30,7 +30,9 @@ async fn next(body: &mut AttachBody) -> bytes::Bytes {
 async fn keepalives_come_after_each_idle_interval_and_data_restarts_the_clock() {
     let cfg = Config::new("http://127.0.0.1:1".parse().unwrap());
     let registry = Registry::new(Arc::new(cfg), Arc::default());
-    let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
+    let session = registry
+        .get_or_create("s", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
     let attachment = session.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let stream = attachment.stream;
     let mut body = AttachBody::new(session.clone(), attachment, Some(Duration::from_secs(15)));
@@ -59,7 +61,9 @@ async fn keepalives_come_after_each_idle_interval_and_data_restarts_the_clock() 
 async fn no_keepalives_when_disabled() {
     let cfg = Config::new("http://127.0.0.1:1".parse().unwrap());
     let registry = Registry::new(Arc::new(cfg), Arc::default());
-    let session = registry.get_or_create("s", Owner::new(0, "/mcp")).unwrap();
+    let session = registry
+        .get_or_create("s", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
     let attachment = session.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let mut body = AttachBody::new(session, attachment, None);
     assert!(

@@ -1,10 +1,9 @@
 //! Who the caller is and whether it may attach to a session's streams: the principal (a keyed
-//! hash of its principal header or client certificate) and the `--resume-auth` decision,
-//! taken at most once per request (with `upstream`, one `ping` to the upstream).
+//! MAC, HMAC-SHA256 truncated to 128 bits, of its principal header or client certificate) and
+//! the `--resume-auth` decision, taken at most once per request (with `upstream`, one `ping`
+//! to the session's endpoint).
 //!
 //! Knows request headers and the upstream client; nothing of routes.
-
-use std::hash::{BuildHasher, Hasher};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -14,34 +13,37 @@ use http_body_util::{BodyExt, Limited};
 use super::inbound::Inbound;
 use super::{Conn, Gateway};
 use crate::config::{PrincipalSource, ResumeAuth};
-use crate::session::Session;
+use crate::session::{Principal, Session};
 use crate::upstream::{full_body, LAST_EVENT_ID};
 
 impl Gateway {
     /// The caller's principal: a keyed hash of its principal header (`Authorization` unless
     /// `--principal-header`), absent header included, or of its verified client
     /// certificate's subject. The key is random per process.
-    pub(super) fn principal(&self, headers: &HeaderMap, conn: &Conn) -> u64 {
-        let mut h = self.principal_key.build_hasher();
+    pub(super) fn principal(&self, headers: &HeaderMap, conn: &Conn) -> Principal {
+        let mut mac = ring::hmac::Context::with_key(&self.principal_key);
         if self.cfg.principal_source == PrincipalSource::ClientCert {
             // The verified certificate's subject; the connection was refused without one.
-            h.write_u8(2);
-            h.write(conn.client_subject.as_deref().unwrap_or("").as_bytes());
-            return h.finish();
-        }
-        let name = self
-            .cfg
-            .principal_header
-            .as_ref()
-            .unwrap_or(&header::AUTHORIZATION);
-        match headers.get(name) {
-            Some(v) => {
-                h.write_u8(1);
-                h.write(v.as_bytes());
+            mac.update(&[2]);
+            mac.update(conn.client_subject.as_deref().unwrap_or("").as_bytes());
+        } else {
+            let name = self
+                .cfg
+                .principal_header
+                .as_ref()
+                .unwrap_or(&header::AUTHORIZATION);
+            match headers.get(name) {
+                Some(v) => {
+                    mac.update(&[1]);
+                    mac.update(v.as_bytes());
+                }
+                None => mac.update(&[0]),
             }
-            None => h.write_u8(0),
         }
-        h.finish()
+        let tag = mac.sign();
+        let mut p = [0u8; 16];
+        p.copy_from_slice(&tag.as_ref()[..16]);
+        Principal(p)
     }
 
     /// Whether the caller of `inb` may attach to `session`'s streams, per `--resume-auth`:
@@ -111,5 +113,43 @@ impl Gateway {
             tokio::time::timeout(self.cfg.upstream_header_timeout, check).await,
             Ok(Some(()))
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_principal_is_a_keyed_mac_of_the_credential() {
+        let conn = Conn {
+            remote: "127.0.0.1:1".parse().unwrap(),
+            kill: Default::default(),
+            client_subject: None,
+        };
+        let of = |gw: &Gateway, auth: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(a) = auth {
+                h.insert(header::AUTHORIZATION, HeaderValue::from_str(a).unwrap());
+            }
+            gw.principal(&h, &conn)
+        };
+        let gw = Gateway::new(Config::new("http://127.0.0.1:1".parse().unwrap()));
+        let other = Gateway::new(Config::new("http://127.0.0.1:1".parse().unwrap()));
+        let a = of(&gw, Some("Bearer a"));
+        assert_eq!(a, of(&gw, Some("Bearer a")), "stable within a process");
+        assert_ne!(a, of(&gw, Some("Bearer b")));
+        assert_ne!(
+            of(&gw, None),
+            of(&gw, Some("")),
+            "no header is not an empty one"
+        );
+        assert_ne!(
+            a,
+            of(&other, Some("Bearer a")),
+            "the key is random per gateway"
+        );
+        assert_ne!(a.0, [0; 16]);
     }
 }

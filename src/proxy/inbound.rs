@@ -18,7 +18,7 @@ use super::{is_visible_ascii, Conn, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 use crate::jsonrpc::{self, PostInfo};
-use crate::session::Session;
+use crate::session::{Principal, Session};
 use crate::upstream::{full_body, BoxError, Source, UpBody, Upstream, LAST_EVENT_ID};
 
 /// Everything the gateway needs to know about a client request, read once.
@@ -32,8 +32,8 @@ pub(super) struct Inbound {
     pub sid: Option<String>,
     /// The `Mcp-Protocol-Version` header.
     pub header_version: Option<String>,
-    /// The keyed hash of the caller's principal.
-    pub principal: u64,
+    /// The caller's principal (a keyed MAC of its credential).
+    pub principal: Principal,
     /// What a POST's body carries (empty for other methods).
     pub info: PostInfo,
     /// The modern era (2026-07-28 and later): passed through, never tagged.
@@ -53,7 +53,7 @@ impl Inbound {
         req: Request<Incoming>,
         cfg: &Config,
         conn: &Conn,
-        principal: impl FnOnce(&http::HeaderMap) -> u64,
+        principal: impl FnOnce(&http::HeaderMap) -> Principal,
     ) -> Result<Inbound, Refusal> {
         let (parts, body) = req.into_parts();
         // Only an MCP endpoint is forwarded: never a tunnel, never the server as a whole.
@@ -245,7 +245,7 @@ pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{Owner, Registry};
+    use crate::session::{Owner, Principal, Registry};
 
     fn inbound(method: Method, headers: &[(&str, &str)], body: &str) -> Inbound {
         let mut req = Request::builder().method(method.clone()).uri("/mcp");
@@ -272,7 +272,7 @@ mod tests {
             body: None,
             sid,
             header_version,
-            principal: 0,
+            principal: Principal::default(),
             info,
             modern,
             authorized: None,
@@ -288,7 +288,7 @@ mod tests {
         let cfg = Arc::new(Config::new("http://127.0.0.1:1".parse().expect("uri")));
         let reg = Registry::new(cfg, Arc::default());
         let s = reg
-            .get_or_create("s1", Owner::new(0, "/mcp"))
+            .get_or_create("s1", Owner::new(Principal::default(), "/mcp"))
             .expect("session");
         let sid = ("mcp-session-id", "s1");
         let cursor = ("last-event-id", "0000000000000001.0.1");

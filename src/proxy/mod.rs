@@ -70,7 +70,7 @@ pub struct Gateway {
     registry: Arc<Registry>,
     upstream: Arc<Upstream>,
     /// Random per process: principals are hashed with it, never stored in the clear.
-    principal_key: std::collections::hash_map::RandomState,
+    principal_key: ring::hmac::Key,
 }
 
 impl Gateway {
@@ -84,7 +84,13 @@ impl Gateway {
             registry: Arc::new(Registry::new(cfg.clone(), metrics)),
             upstream: Arc::new(Upstream::new(cfg.clone())),
             cfg,
-            principal_key: std::collections::hash_map::RandomState::new(),
+            // At startup, before any request: a gateway without OS randomness cannot bind
+            // sessions to anyone safely, so it does not start.
+            principal_key: ring::hmac::Key::generate(
+                ring::hmac::HMAC_SHA256,
+                &ring::rand::SystemRandom::new(),
+            )
+            .expect("the OS random number generator, for the principal key"),
         })
     }
 

@@ -12,23 +12,24 @@ use std::collections::{BTreeMap, HashSet};
 use std::hash::{BuildHasher, Hash, Hasher};
 
 use super::stream::Stream;
+use super::Principal;
 
 /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no answer
 /// yet): a retransmission of one waits for it instead of being forwarded again.
 #[derive(Debug, Default)]
 pub(super) struct Forwarded {
-    ids: Vec<(u64, String)>,
+    ids: Vec<(Principal, String)>,
 }
 
 impl Forwarded {
     /// Whether a POST of `principal` carrying one of `ids` is in flight.
-    pub fn any(&self, principal: u64, ids: &[String]) -> bool {
+    pub fn any(&self, principal: Principal, ids: &[String]) -> bool {
         ids.iter()
             .any(|id| self.ids.iter().any(|(p, f)| *p == principal && f == id))
     }
 
     /// Marks `ids` as forwarded; `false`, marking nothing, while one of them is in flight.
-    pub fn begin(&mut self, principal: u64, ids: &[String]) -> bool {
+    pub fn begin(&mut self, principal: Principal, ids: &[String]) -> bool {
         if self.any(principal, ids) {
             return false;
         }
@@ -38,7 +39,7 @@ impl Forwarded {
     }
 
     /// The POST that carried `ids` settled: they are free again.
-    pub fn settle(&mut self, principal: u64, ids: &[String]) {
+    pub fn settle(&mut self, principal: Principal, ids: &[String]) {
         for id in ids {
             if let Some(i) = self
                 .ids
@@ -65,7 +66,7 @@ pub(super) struct Retired {
 }
 
 impl Retired {
-    fn hash(&self, principal: u64, id: &str) -> u64 {
+    fn hash(&self, principal: Principal, id: &str) -> u64 {
         let mut h = self.key.build_hasher();
         principal.hash(&mut h);
         id.hash(&mut h);
@@ -84,7 +85,7 @@ impl Retired {
     }
 
     /// The first of `ids` that `principal` already sent in a stream now forgotten.
-    pub fn find<'a>(&self, principal: u64, ids: &'a [String]) -> Option<&'a str> {
+    pub fn find<'a>(&self, principal: Principal, ids: &'a [String]) -> Option<&'a str> {
         ids.iter()
             .find(|id| self.hashes.contains(&self.hash(principal, id)))
             .map(String::as_str)
@@ -105,7 +106,7 @@ pub(super) struct Carrier<'a> {
 /// `ids`, with the first of `ids` it carried; `None`: no retained stream answers for it.
 pub(super) fn carrier<'a>(
     streams: &BTreeMap<u32, Stream>,
-    principal: u64,
+    principal: Principal,
     ids: &'a [String],
 ) -> Option<Carrier<'a>> {
     streams
@@ -125,6 +126,10 @@ mod tests {
     use super::*;
     use crate::session::StreamKind;
 
+    fn p(n: u8) -> Principal {
+        Principal([n; 16])
+    }
+
     fn ids(ids: &[&str]) -> Vec<String> {
         ids.iter().map(|&i| i.to_owned()).collect()
     }
@@ -132,25 +137,25 @@ mod tests {
     #[test]
     fn ids_in_flight_are_held_until_their_post_settles() {
         let mut f = Forwarded::default();
-        assert!(f.begin(1, &ids(&["7", "8"])));
-        assert!(f.any(1, &ids(&["1", "8"])));
-        assert!(!f.begin(1, &ids(&["8", "9"])), "8 is in flight");
-        assert!(!f.any(1, &ids(&["9"])), "a refused begin marks nothing");
-        assert!(f.begin(1, &ids(&["9"])), "other ids are not held");
-        f.settle(1, &ids(&["7", "8"]));
-        assert!(!f.any(1, &ids(&["7", "8"])));
-        assert!(f.any(1, &ids(&["9"])), "another POST's ids stay");
-        assert!(f.begin(1, &ids(&["7", "8"])), "free again");
+        assert!(f.begin(p(1), &ids(&["7", "8"])));
+        assert!(f.any(p(1), &ids(&["1", "8"])));
+        assert!(!f.begin(p(1), &ids(&["8", "9"])), "8 is in flight");
+        assert!(!f.any(p(1), &ids(&["9"])), "a refused begin marks nothing");
+        assert!(f.begin(p(1), &ids(&["9"])), "other ids are not held");
+        f.settle(p(1), &ids(&["7", "8"]));
+        assert!(!f.any(p(1), &ids(&["7", "8"])));
+        assert!(f.any(p(1), &ids(&["9"])), "another POST's ids stay");
+        assert!(f.begin(p(1), &ids(&["7", "8"])), "free again");
     }
 
     #[test]
     fn a_post_that_repeats_an_id_frees_it_entirely() {
         let mut f = Forwarded::default();
-        assert!(f.begin(1, &ids(&["7", "7"])));
-        f.settle(1, &ids(&["7", "7"]));
-        assert!(!f.any(1, &ids(&["7"])));
-        f.settle(1, &ids(&["7"])); // settling what is not held is harmless
-        assert!(f.begin(1, &ids(&["7"])));
+        assert!(f.begin(p(1), &ids(&["7", "7"])));
+        f.settle(p(1), &ids(&["7", "7"]));
+        assert!(!f.any(p(1), &ids(&["7"])));
+        f.settle(p(1), &ids(&["7"])); // settling what is not held is harmless
+        assert!(f.begin(p(1), &ids(&["7"])));
     }
 
     #[test]
@@ -167,7 +172,7 @@ mod tests {
         ]);
         let dup = ids(&["5", "3"]);
         assert_eq!(
-            carrier(&streams, 0, &dup),
+            carrier(&streams, p(0), &dup),
             Some(Carrier {
                 stream: 2,
                 first_seq: 5,
@@ -176,31 +181,34 @@ mod tests {
         );
         let dup = ids(&["1", "5", "4"]);
         assert_eq!(
-            carrier(&streams, 0, &dup).map(|c| (c.stream, c.id)),
+            carrier(&streams, p(0), &dup).map(|c| (c.stream, c.id)),
             Some((4, "5"))
         );
         assert_eq!(
-            carrier(&streams, 0, &ids(&["a", "6"])),
+            carrier(&streams, p(0), &ids(&["a", "6"])),
             None,
             "ids are JSON text"
         );
-        assert_eq!(carrier(&streams, 0, &[]), None);
+        assert_eq!(carrier(&streams, p(0), &[]), None);
     }
 
     #[test]
     fn another_principals_ids_are_its_own() {
         let mut f = Forwarded::default();
-        assert!(f.begin(1, &ids(&["2"])));
-        assert!(!f.any(2, &ids(&["2"])), "not in flight for principal 2");
-        assert!(f.begin(2, &ids(&["2"])));
-        f.settle(1, &ids(&["2"]));
-        assert!(f.any(2, &ids(&["2"])), "principal 2's POST stays in flight");
+        assert!(f.begin(p(1), &ids(&["2"])));
+        assert!(!f.any(p(2), &ids(&["2"])), "not in flight for principal 2");
+        assert!(f.begin(p(2), &ids(&["2"])));
+        f.settle(p(1), &ids(&["2"]));
+        assert!(
+            f.any(p(2), &ids(&["2"])),
+            "principal 2's POST stays in flight"
+        );
         let mut theirs = Stream::new(StreamKind::Post, 1, ids(&["2"]), false, None);
-        theirs.principal = 2;
+        theirs.principal = p(2);
         let streams = BTreeMap::from([(0, theirs)]);
-        assert_eq!(carrier(&streams, 1, &ids(&["2"])), None);
+        assert_eq!(carrier(&streams, p(1), &ids(&["2"])), None);
         assert_eq!(
-            carrier(&streams, 2, &ids(&["2"])).map(|c| c.stream),
+            carrier(&streams, p(2), &ids(&["2"])).map(|c| c.stream),
             Some(0)
         );
     }
@@ -209,16 +217,20 @@ mod tests {
     fn retired_ids_are_remembered_per_principal_up_to_the_bound() {
         let mut r = Retired::default();
         let mut s = Stream::new(StreamKind::Post, 1, ids(&["2", "3"]), false, None);
-        s.principal = 7;
+        s.principal = p(7);
         r.retire(&s);
-        assert_eq!(r.find(7, &ids(&["9", "3"])), Some("3"));
-        assert_eq!(r.find(8, &ids(&["3"])), None, "another principal's 3");
+        assert_eq!(r.find(p(7), &ids(&["9", "3"])), Some("3"));
+        assert_eq!(r.find(p(8), &ids(&["3"])), None, "another principal's 3");
         let many: Vec<String> = (0..MAX_RETIRED_IDS + 10)
             .map(|i| format!("\"x{i}\""))
             .collect();
         r.retire(&Stream::new(StreamKind::Post, 1, many.clone(), false, None));
         assert_eq!(r.hashes.len(), MAX_RETIRED_IDS);
-        assert_eq!(r.find(0, &many[..1]), Some(many[0].as_str()));
-        assert_eq!(r.find(0, &many[many.len() - 1..]), None, "past the bound");
+        assert_eq!(r.find(p(0), &many[..1]), Some(many[0].as_str()));
+        assert_eq!(
+            r.find(p(0), &many[many.len() - 1..]),
+            None,
+            "past the bound"
+        );
     }
 }

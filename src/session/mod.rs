@@ -22,7 +22,6 @@ mod reserve;
 mod stream;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
@@ -36,7 +35,9 @@ use self::batch::Batch;
 use self::dedup::{Forwarded, Retired};
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
-pub use self::registry::{hash_id, AtCapacity, Budget, Eviction, Owner, Registry, Reservation};
+pub use self::registry::{
+    hash_id, AtCapacity, Budget, Eviction, Owner, Principal, Registry, Reservation,
+};
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Subscriber};
@@ -91,7 +92,7 @@ pub struct Session {
     metrics: Arc<Metrics>,
     budget: Arc<Budget>,
     /// Keyed hash of the principal the session is bound to (see `proxy`).
-    principal: AtomicU64,
+    principal: Mutex<Principal>,
     /// The path the session was created on: the only one that is the session's.
     endpoint: Box<str>,
     state: Mutex<State>,
@@ -107,7 +108,7 @@ pub struct Session {
 #[derive(Debug)]
 pub struct Forwarding {
     session: Arc<Session>,
-    principal: u64,
+    principal: Principal,
     ids: Vec<String>,
 }
 
@@ -138,7 +139,7 @@ pub struct OpenStream<'a> {
     /// The request ids (JSON text) of the POST the stream answers.
     pub requests: Vec<String>,
     /// The principal of that POST: only its retransmissions are answered from the stream.
-    pub principal: u64,
+    pub principal: Principal,
     /// That POST was `initialize`: its answer tells the session's protocol version.
     pub initialize: bool,
     /// The client's body starts with a priming event.
@@ -157,7 +158,7 @@ impl OpenStream<'_> {
         OpenStream {
             kind,
             requests,
-            principal: 0,
+            principal: Principal::default(),
             initialize: false,
             prime: false,
             reattach: None,
@@ -350,7 +351,7 @@ impl Session {
             cfg,
             metrics,
             budget,
-            principal: AtomicU64::new(owner.principal),
+            principal: Mutex::new(owner.principal),
             endpoint: owner.endpoint,
             hold_settled: Notify::new(),
             hold_kick: Arc::new(Notify::new()),
@@ -368,13 +369,13 @@ impl Session {
     }
 
     /// The keyed hash of the principal this session is bound to.
-    pub fn principal(&self) -> u64 {
-        self.principal.load(Ordering::Relaxed)
+    pub fn principal(&self) -> Principal {
+        *lock(&self.principal)
     }
 
     /// Rebinds the session (after the upstream accepted the caller's new credentials).
-    pub fn set_principal(&self, p: u64) {
-        self.principal.store(p, Ordering::Relaxed);
+    pub fn set_principal(&self, p: Principal) {
+        *lock(&self.principal) = p;
     }
 
     fn cursor(&self, stream: u32, seq: u64) -> String {
@@ -814,7 +815,11 @@ impl Session {
     /// carrying one of `ids` is still in flight: the caller waits for it
     /// ([`Session::forward_settled`]) and then takes it as a retransmission, so a client that
     /// retries before the upstream's response head does not run the tool twice.
-    pub fn begin_forward(self: &Arc<Self>, principal: u64, ids: &[String]) -> Option<Forwarding> {
+    pub fn begin_forward(
+        self: &Arc<Self>,
+        principal: Principal,
+        ids: &[String],
+    ) -> Option<Forwarding> {
         if !lock(&self.state).forwarded.begin(principal, ids) {
             return None;
         }
@@ -826,7 +831,7 @@ impl Session {
     }
 
     /// Waits until no POST of `principal` carrying one of `ids` is in flight.
-    pub async fn forward_settled(&self, principal: u64, ids: &[String]) {
+    pub async fn forward_settled(&self, principal: Principal, ids: &[String]) {
         loop {
             let settled = self.forward_settled.notified();
             if !lock(&self.state).forwarded.any(principal, ids) {
@@ -838,7 +843,7 @@ impl Session {
 
     /// Whether `principal` already sent one of `ids` in this session: a retained stream was
     /// started by its POST carrying one, or a forgotten one was.
-    pub fn carries_any(&self, principal: u64, ids: &[String]) -> bool {
+    pub fn carries_any(&self, principal: Principal, ids: &[String]) -> bool {
         let st = lock(&self.state);
         dedup::carrier(&st.streams, principal, ids).is_some()
             || st.retired.find(principal, ids).is_some()
@@ -852,7 +857,7 @@ impl Session {
     /// [`Retransmission`]).
     pub fn retransmission(
         &self,
-        principal: u64,
+        principal: Principal,
         ids: &[String],
         cursor: Option<Cursor>,
         kill: Option<Arc<Notify>>,

@@ -69,17 +69,23 @@ pub struct Registry {
     reserved: Arc<AtomicUsize>,
 }
 
+/// Who a caller is, as sessions and streams are bound to it: a keyed MAC of its credential
+/// (see `proxy::auth`: HMAC-SHA256 under a key drawn from the OS at startup, 128 bits kept),
+/// never the credential itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Principal(pub [u8; 16]);
+
 /// Who a new session belongs to: the principal of the request that created it and the
 /// endpoint (path) it was created on. Only that endpoint is the session's: a request on
 /// another path that names the session neither resumes, retransmits into, nor ends it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
-    pub principal: u64,
+    pub principal: Principal,
     pub endpoint: Box<str>,
 }
 
 impl Owner {
-    pub fn new(principal: u64, endpoint: &str) -> Owner {
+    pub fn new(principal: Principal, endpoint: &str) -> Owner {
         Owner {
             principal,
             endpoint: endpoint.into(),

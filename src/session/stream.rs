@@ -133,7 +133,7 @@ pub(super) struct Stream {
     pub requests: Vec<PendingRequest>,
     /// The principal of the POST that opened the stream: a retransmission of its requests
     /// is one only from the same principal.
-    pub principal: u64,
+    pub principal: super::Principal,
     /// The POST that opened this stream was `initialize`.
     pub initialize: bool,
     pub end: Option<End>,
@@ -182,7 +182,7 @@ impl Stream {
                 })
                 .collect(),
             initialize,
-            principal: 0,
+            principal: super::Principal::default(),
             end: None,
             awaiting_client: sub.is_none(),
             sub,

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::jsonrpc::{EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED};
+use std::sync::atomic::Ordering;
 
 fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
     let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
@@ -23,7 +24,7 @@ fn session(c: Arc<Config>) -> Session {
         c,
         Arc::default(),
         Arc::new(Budget::new(usize::MAX)),
-        Owner::new(0, "/mcp"),
+        Owner::new(Principal::default(), "/mcp"),
     )
 }
 
@@ -44,7 +45,9 @@ async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
         cfg(|c| c.session_ttl = Duration::from_secs(60)),
         Arc::default(),
     );
-    let s = reg.get_or_create("a", Owner::new(0, "/mcp")).unwrap();
+    let s = reg
+        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
@@ -542,22 +545,22 @@ fn a_retransmitted_request_is_a_resume_of_its_stream() {
         stream,
         seq: 2,
     };
-    assert!(s.carries_any(0, &["7".into()]));
-    assert!(!s.carries_any(0, &["8".into()]));
+    assert!(s.carries_any(Principal::default(), &["7".into()]));
+    assert!(!s.carries_any(Principal::default(), &["8".into()]));
     assert!(matches!(
-        s.retransmission(0, &["8".into()], Some(seen), None),
+        s.retransmission(Principal::default(), &["8".into()], Some(seen), None),
         Retransmission::NotOne
     ));
     // With the stream's cursor: exactly what came after it.
     let Retransmission::Resumed(Resume::Attached { replay: 2, .. }) =
-        s.retransmission(0, &["7".into()], Some(seen), None)
+        s.retransmission(Principal::default(), &["7".into()], Some(seen), None)
     else {
         panic!("resume after the cursor")
     };
     // Without a usable cursor: the stream from its start, nothing of it being lost.
     let foreign = Cursor { epoch: 1, ..seen };
     let Retransmission::Resumed(Resume::Attached { replay: 3, .. }) =
-        s.retransmission(0, &["7".into()], Some(foreign), None)
+        s.retransmission(Principal::default(), &["7".into()], Some(foreign), None)
     else {
         panic!("resume from the start")
     };
@@ -851,7 +854,7 @@ fn a_client_stream_that_ends_hands_the_session_to_a_holder_once() {
 async fn closing_the_session_stops_its_holder() {
     let reg = Registry::new(cfg(|_| {}), Arc::default());
     let s = reg
-        .get_or_create("s", Owner::new(0, "/mcp"))
+        .get_or_create("s", Owner::new(Principal::default(), "/mcp"))
         .expect("created");
     let task = tokio::spawn(std::future::pending::<()>());
     s.set_holder(task.abort_handle());
@@ -889,18 +892,25 @@ fn failure_frames_carry_an_id_only_for_a_client_that_already_has_one() {
 async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
     let s = Arc::new(session(cfg(|_| {})));
     let ids = vec!["7".to_owned(), "8".to_owned()];
-    let first = s.begin_forward(0, &ids).expect("nothing in flight yet");
+    let first = s
+        .begin_forward(Principal::default(), &ids)
+        .expect("nothing in flight yet");
     assert!(
-        s.begin_forward(0, &["8".to_owned()]).is_none(),
+        s.begin_forward(Principal::default(), &["8".to_owned()])
+            .is_none(),
         "8 is in flight"
     );
     assert!(
-        s.begin_forward(0, &["9".to_owned()]).is_some(),
+        s.begin_forward(Principal::default(), &["9".to_owned()])
+            .is_some(),
         "other ids are not held"
     );
     let waiter = {
         let s = s.clone();
-        tokio::spawn(async move { s.forward_settled(0, &["7".to_owned()]).await })
+        tokio::spawn(async move {
+            s.forward_settled(Principal::default(), &["7".to_owned()])
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(
@@ -912,5 +922,8 @@ async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
         .await
         .expect("settled when the guard drops")
         .unwrap();
-    assert!(s.begin_forward(0, &ids).is_some(), "free again");
+    assert!(
+        s.begin_forward(Principal::default(), &ids).is_some(),
+        "free again"
+    );
 }
