@@ -17,7 +17,7 @@ use crate::session::{Principal, Session};
 use crate::upstream::{full_body, LAST_EVENT_ID};
 
 impl Gateway {
-    /// The caller's principal: a keyed hash of its principal header (`Authorization` unless
+    /// The caller's principal: a keyed MAC of its principal header (`Authorization` unless
     /// `--principal-header`), absent header included, or of its verified client
     /// certificate's subject. The key is random per process.
     pub(super) fn principal(&self, headers: &HeaderMap, conn: &Conn) -> Principal {

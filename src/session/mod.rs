@@ -368,7 +368,7 @@ impl Session {
         &self.endpoint
     }
 
-    /// The keyed hash of the principal this session is bound to.
+    /// The principal (keyed MAC) this session is bound to.
     pub fn principal(&self) -> Principal {
         *lock(&self.principal)
     }
