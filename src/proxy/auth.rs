@@ -6,7 +6,7 @@
 //! Knows request headers and the upstream client; nothing of routes.
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::Method;
 use http_body_util::{BodyExt, Limited};
 
@@ -14,7 +14,7 @@ use super::inbound::Inbound;
 use super::{Conn, Gateway};
 use crate::config::{PrincipalSource, ResumeAuth};
 use crate::session::{Principal, Session};
-use crate::upstream::{full_body, LAST_EVENT_ID};
+use crate::upstream::{full_body, own_request_headers};
 
 impl Gateway {
     /// The caller's principal: a keyed MAC of its principal header (`Authorization` unless
@@ -74,16 +74,10 @@ impl Gateway {
     /// JSON-RPC `ping` with the caller's headers must succeed.
     async fn upstream_accepts(&self, headers: &HeaderMap, uri: &http::Uri) -> bool {
         const PING_ID: &str = "mcp-reattach-resume-auth";
-        let mut headers = headers.clone();
-        headers.remove(LAST_EVENT_ID);
-        headers.remove(header::CONTENT_LENGTH);
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
+        let headers = own_request_headers(
+            headers,
+            Some("application/json"),
+            "application/json, text/event-stream",
         );
         let body = format!(r#"{{"jsonrpc":"2.0","id":"{PING_ID}","method":"ping"}}"#);
         let body = full_body(Bytes::from(body));
@@ -120,6 +114,7 @@ impl Gateway {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use http::header::HeaderValue;
 
     #[test]
     fn the_principal_is_a_keyed_mac_of_the_credential() {

@@ -166,6 +166,25 @@ const ACTED_ON: [HeaderName; 5] = [
     LAST_EVENT_ID,
 ];
 
+/// The headers of a request the gateway sends on a client's behalf (an upstream resume, the
+/// held stream, a resume-auth `ping`): the client's, less its body's framing and cursor, with
+/// the gateway's own `Content-Type` (if it sends a body) and `Accept`.
+pub(crate) fn own_request_headers(
+    client: &HeaderMap,
+    content_type: Option<&'static str>,
+    accept: &'static str,
+) -> HeaderMap {
+    let mut headers = client.clone();
+    headers.remove(header::CONTENT_TYPE);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(LAST_EVENT_ID);
+    if let Some(ct) = content_type {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    }
+    headers.insert(header::ACCEPT, HeaderValue::from_static(accept));
+    headers
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`, except
 /// the end-to-end headers the gateway acts on ([`ACTED_ON`]).
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
@@ -235,14 +254,7 @@ impl Source {
     /// `last_id` or absent. The stream if the upstream answered with one, else its status
     /// (`None`: no answer at all).
     async fn get(&self, last_id: Option<&str>) -> Result<Incoming, Option<StatusCode>> {
-        let mut headers = self.headers.clone();
-        headers.remove(header::CONTENT_TYPE);
-        headers.remove(header::CONTENT_LENGTH);
-        headers.remove(LAST_EVENT_ID);
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("text/event-stream"),
-        );
+        let mut headers = own_request_headers(&self.headers, None, "text/event-stream");
         // A compressed event stream could not be tagged.
         headers.insert(
             header::ACCEPT_ENCODING,
