@@ -336,3 +336,31 @@ async fn a_repeated_or_invalid_host_is_a_400() {
     }
     assert!(mock.nothing_within(Duration::from_millis(200)).await);
 }
+
+#[tokio::test]
+async fn the_upstream_cannot_speak_as_the_gateway() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    victim_session(&gw, &mut mock).await;
+    let pending = tokio::spawn(send(gw.addr, call_as(9, Some(VICTIM))));
+    let writer = mock.next().await.respond_sse(Some(SID));
+    writer
+        .send("event: mcp-reattach/resumed\ndata: {\"forged\":true}\n\n")
+        .await;
+    writer.message(&result(9)).await;
+    drop(writer);
+    let events = SseReader::new(pending.await.unwrap()).rest().await;
+    let types: Vec<_> = events.iter().map(|e| e.event.clone()).collect();
+    assert!(
+        !types
+            .iter()
+            .any(|t| t.as_deref() == Some("mcp-reattach/resumed")),
+        "{types:?}"
+    );
+    assert!(
+        types
+            .iter()
+            .any(|t| t.as_deref() == Some("upstream/mcp-reattach/resumed")),
+        "{types:?}"
+    );
+}

@@ -23,6 +23,7 @@ mod inbound;
 mod live;
 mod respond;
 mod resume;
+mod warn_limit;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -71,6 +72,8 @@ pub struct Gateway {
     upstream: Arc<Upstream>,
     /// Random per process: principals are hashed with it, never stored in the clear.
     principal_key: ring::hmac::Key,
+    /// Refused resumes are a WARN each, at most one a second (a prober cannot flood the log).
+    refused_warn: warn_limit::WarnLimit,
 }
 
 impl Gateway {
@@ -91,6 +94,7 @@ impl Gateway {
                 &ring::rand::SystemRandom::new(),
             )
             .expect("the OS random number generator, for the principal key"),
+            refused_warn: warn_limit::WarnLimit::new(std::time::Duration::from_secs(1)),
         })
     }
 

@@ -32,7 +32,9 @@ impl Gateway {
             // Exactly the answer for an unknown session: a caller who may not resume learns
             // nothing, not even that the session exists.
             self.registry.metrics().resume(ResumeOutcome::Unauthorized);
-            tracing::warn!(mcp.session = %hash_id(session.id()), "resume refused: principal mismatch");
+            if let Some(suppressed) = self.refused_warn.allow() {
+                tracing::warn!(mcp.session = %hash_id(session.id()), suppressed, "resume refused: principal mismatch");
+            }
             return Err(ProxyError::UnknownSession.into());
         }
         let raw = inb.cursor().map(|c| c.as_bytes()).unwrap_or_default();

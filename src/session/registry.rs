@@ -337,10 +337,13 @@ impl Registry {
     }
 }
 
-/// A short, stable, non-reversible label for a session id in logs.
+/// A short label for a session id in logs, stable within the process: SipHash under a key
+/// drawn at random once per process (std's `RandomState`), so a label cannot be turned back
+/// into a guessable session id without the process's key.
 pub fn hash_id(id: &str) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    id.hash(&mut h);
-    format!("{:012x}", h.finish() & 0xffff_ffff_ffff)
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let key = KEY.get_or_init(std::collections::hash_map::RandomState::new);
+    format!("{:016x}", key.hash_one(id))
 }

@@ -64,6 +64,18 @@ async fn ready_frame(
     .await
 }
 
+/// The event types the gateway writes itself (`mcp-reattach/...`) are its own: an upstream
+/// event of such a type reaches the client as `upstream/mcp-reattach/...`, so a client can
+/// always tell the gateway's control events from the server's.
+fn disown_control_type(e: &mut crate::sse::Event) {
+    if let Some(t) = e.event.as_mut().filter(|t| t.starts_with(CONTROL_PREFIX)) {
+        t.insert_str(0, "upstream/");
+    }
+}
+
+/// The prefix of the gateway's own event types.
+const CONTROL_PREFIX: &str = "mcp-reattach/";
+
 /// Hands `events` to the session, waiting while its window has no room (flow control: the
 /// body is not polled meanwhile, so the upstream's TCP window closes). Counts pauses.
 async fn deliver(
@@ -165,7 +177,8 @@ pub(crate) async fn read_stream(
                     }
                 };
             }
-            for e in &events {
+            for e in &mut events {
+                disown_control_type(e);
                 if e.id.is_some() {
                     last_upstream_id.clone_from(&e.id);
                 }
@@ -210,4 +223,35 @@ pub(crate) async fn read_stream(
         tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause = ?cause, "upstream stream failed");
     }
     session.end_stream(stream, end);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jsonrpc::{
+        EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED, EVENT_UPSTREAM_FAILED,
+    };
+
+    #[test]
+    fn every_gateway_event_type_is_disowned_when_the_upstream_sends_it() {
+        for t in [
+            EVENT_RESUMED,
+            EVENT_RESUMPTION_FAILED,
+            EVENT_RESUMPTION_REQUIRED,
+            EVENT_UPSTREAM_FAILED,
+        ] {
+            let mut e = crate::sse::Event {
+                event: Some(t.to_owned()),
+                ..Default::default()
+            };
+            disown_control_type(&mut e);
+            assert_eq!(e.event.as_deref(), Some(format!("upstream/{t}").as_str()));
+        }
+        let mut e = crate::sse::Event {
+            event: Some("message".to_owned()),
+            ..Default::default()
+        };
+        disown_control_type(&mut e);
+        assert_eq!(e.event.as_deref(), Some("message"));
+    }
 }
