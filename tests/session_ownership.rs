@@ -364,3 +364,56 @@ async fn the_upstream_cannot_speak_as_the_gateway() {
         "{types:?}"
     );
 }
+
+/// Answers the gateway's resume-auth `ping` (with whatever credentials it carries) as a
+/// server that accepts them would.
+async fn accept_ping(mock: &mut Mock, auth: &str) {
+    let ping = mock.next().await;
+    assert_eq!(ping.json_body()["method"], "ping");
+    assert_eq!(ping.uri.path(), "/mcp", "asked of the session's endpoint");
+    assert_eq!(ping.headers["authorization"], auth);
+    ping.respond_json(r#"{"jsonrpc":"2.0","id":"mcp-reattach-resume-auth","result":{}}"#);
+}
+
+#[tokio::test]
+async fn a_token_refreshed_mid_call_still_resumes_and_retransmits_with_resume_auth_upstream() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.resume_auth = mcp_reattach::config::ResumeAuth::Upstream
+    })
+    .await;
+    victim_session(&gw, &mut mock).await;
+    let pending = tokio::spawn(send(gw.addr, call_as(2, Some(VICTIM))));
+    let writer = mock.next().await.respond_sse(Some(SID));
+    writer.message(&progress(1)).await;
+    let mut call = SseReader::new(pending.await.unwrap());
+    let cursor = call
+        .next()
+        .await
+        .and_then(|e| e.id)
+        .expect("a tagged event");
+    drop(call); // the connection drops; meanwhile the client refreshes its token
+    const REFRESHED: &str = "Bearer refreshed-token";
+    let mut resume = get(SID, Some(&cursor));
+    resume
+        .headers_mut()
+        .insert("authorization", REFRESHED.parse().unwrap());
+    let pending = tokio::spawn(send(gw.addr, resume));
+    accept_ping(&mut mock, REFRESHED).await;
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200, "resumed with the refreshed token");
+    drop(resp);
+    // Its retransmission of call 2 with the new token is answered from the stream, not run.
+    let pending = tokio::spawn(send(gw.addr, call_as(2, Some(REFRESHED))));
+    accept_ping(&mut mock, REFRESHED).await;
+    writer.message(&result(2)).await;
+    drop(writer);
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = messages(&SseReader::new(resp).rest().await).join("\n");
+    assert!(got.contains(r#""id":2"#), "{got}");
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "call 2 ran once"
+    );
+}

@@ -14,6 +14,7 @@ use super::inbound::Inbound;
 use super::respond::pass_through;
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
+use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
 use crate::session::{
@@ -109,10 +110,21 @@ impl Gateway {
     /// requests claims their ids, waiting while a POST with the same ids is in flight.
     async fn claim(&self, inb: &mut Inbound, s: &Arc<Session>) -> Claim {
         self.note_request(inb, s);
-        let ids = &inb.info.request_ids;
-        if inb.parts.method != Method::POST || ids.is_empty() {
+        if inb.parts.method != Method::POST || inb.info.request_ids.is_empty() {
             return Claim::Forward(None);
         }
+        // With `--resume-auth upstream`, the session's owner may come back with refreshed
+        // credentials: a repeat of the owner's ids is its retransmission once the upstream
+        // accepts the caller for the session (which rebinds the session to it).
+        let owner = s.principal();
+        if self.cfg.resume_auth == ResumeAuth::Upstream
+            && inb.principal != owner
+            && s.carries_any(owner, &inb.info.request_ids)
+            && self.authorized(inb, s).await
+        {
+            return Claim::Retransmission;
+        }
+        let ids = &inb.info.request_ids;
         loop {
             if let Some(f) = s.begin_forward(inb.principal, ids) {
                 return Claim::Forward(Some(f));

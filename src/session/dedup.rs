@@ -8,8 +8,8 @@
 //! Pure bookkeeping under the session's lock: no locks, no waiting, nothing of HTTP or of how
 //! a retransmission is answered (the session resumes the stream; the proxy responds).
 
-use std::collections::{BTreeMap, HashSet};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 
 use super::stream::Stream;
 use super::Principal;
@@ -38,6 +38,15 @@ impl Forwarded {
         true
     }
 
+    /// The session's owner is now `to` (its credentials were refreshed): `from`'s ids are its.
+    pub fn rebind(&mut self, from: Principal, to: Principal) {
+        for (p, _) in &mut self.ids {
+            if *p == from {
+                *p = to;
+            }
+        }
+    }
+
     /// The POST that carried `ids` settled: they are free again.
     pub fn settle(&mut self, principal: Principal, ids: &[String]) {
         for id in ids {
@@ -52,25 +61,31 @@ impl Forwarded {
     }
 }
 
-/// Most request ids a session remembers after their streams are forgotten (8 bytes each plus
-/// the set's overhead: at most ~128 KiB a session). Past it, the oldest forgotten streams'
+/// Most request ids a session remembers after their streams are forgotten (a 64-bit hash and
+/// the principal, ~32 bytes each with the map's overhead: at most ~128 KiB a session). Past it, the oldest forgotten streams'
 /// retransmissions are forwarded again; docs/reliability.md states the bound.
-pub(super) const MAX_RETIRED_IDS: usize = 8192;
+pub(super) const MAX_RETIRED_IDS: usize = 4096;
 
-/// The request ids (each with its principal) of streams the session no longer retains, as
-/// keyed 64-bit hashes.
+/// The request ids of streams the session no longer retains, as keyed 64-bit hashes, each
+/// with the principal that sent it.
 #[derive(Debug, Default)]
 pub(super) struct Retired {
-    hashes: HashSet<u64>,
+    hashes: HashMap<u64, Principal>,
     key: std::collections::hash_map::RandomState,
 }
 
 impl Retired {
-    fn hash(&self, principal: Principal, id: &str) -> u64 {
-        let mut h = self.key.build_hasher();
-        principal.hash(&mut h);
-        id.hash(&mut h);
-        h.finish()
+    fn hash(&self, id: &str) -> u64 {
+        self.key.hash_one(id)
+    }
+
+    /// The session's owner is now `to`: `from`'s ids are its.
+    pub fn rebind(&mut self, from: Principal, to: Principal) {
+        for p in self.hashes.values_mut() {
+            if *p == from {
+                *p = to;
+            }
+        }
     }
 
     /// Remembers the requests of a stream the session forgets.
@@ -79,15 +94,15 @@ impl Retired {
             if self.hashes.len() >= MAX_RETIRED_IDS {
                 return;
             }
-            let h = self.hash(stream.principal, &r.id);
-            self.hashes.insert(h);
+            let h = self.hash(&r.id);
+            self.hashes.entry(h).or_insert(stream.principal);
         }
     }
 
     /// The first of `ids` that `principal` already sent in a stream now forgotten.
     pub fn find<'a>(&self, principal: Principal, ids: &'a [String]) -> Option<&'a str> {
         ids.iter()
-            .find(|id| self.hashes.contains(&self.hash(principal, id)))
+            .find(|id| self.hashes.get(&self.hash(id)) == Some(&principal))
             .map(String::as_str)
     }
 }
@@ -232,5 +247,23 @@ mod tests {
             None,
             "past the bound"
         );
+    }
+
+    #[test]
+    fn a_rebind_moves_the_owners_ids_and_only_those() {
+        let mut f = Forwarded::default();
+        assert!(f.begin(p(1), &ids(&["2"])));
+        assert!(f.begin(p(3), &ids(&["4"])));
+        f.rebind(p(1), p(2));
+        assert!(f.any(p(2), &ids(&["2"])));
+        assert!(!f.any(p(1), &ids(&["2"])));
+        assert!(f.any(p(3), &ids(&["4"])), "another principal's stay");
+        let mut r = Retired::default();
+        let mut s = Stream::new(StreamKind::Post, 1, ids(&["5"]), false, None);
+        s.principal = p(1);
+        r.retire(&s);
+        r.rebind(p(1), p(2));
+        assert_eq!(r.find(p(2), &ids(&["5"])), Some("5"));
+        assert_eq!(r.find(p(1), &ids(&["5"])), None);
     }
 }

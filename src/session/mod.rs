@@ -373,9 +373,23 @@ impl Session {
         *lock(&self.principal)
     }
 
-    /// Rebinds the session (after the upstream accepted the caller's new credentials).
+    /// Rebinds the session (after the upstream accepted the caller's new credentials), and
+    /// with it what its owner sent.
     pub fn set_principal(&self, p: Principal) {
-        *lock(&self.principal) = p;
+        // The state first, as everywhere: the principal's own lock is only ever taken alone
+        // or inside the state's.
+        let mut st = lock(&self.state);
+        let mut current = lock(&self.principal);
+        let old = std::mem::replace(&mut *current, p);
+        drop(current);
+        if old != p {
+            // The owner's credentials were refreshed: its streams and ids go with it.
+            for s in st.streams.values_mut().filter(|s| s.principal == old) {
+                s.principal = p;
+            }
+            st.forwarded.rebind(old, p);
+            st.retired.rebind(old, p);
+        }
     }
 
     fn cursor(&self, stream: u32, seq: u64) -> String {
