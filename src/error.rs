@@ -40,7 +40,7 @@ pub enum ProxyError {
     BadSessionHeader,
     #[error("the request target must be a path")]
     BadTarget,
-    #[error("a request may carry one Host header, a valid authority")]
+    #[error("an HTTP/1.1 request carries exactly one Host header, a valid authority")]
     BadHost,
     #[error("CONNECT is not served: this is a reverse proxy for one MCP server")]
     Connect,

@@ -321,12 +321,16 @@ async fn headers_the_gateway_acts_on_cannot_be_nominated_hop_by_hop() {
 }
 
 #[tokio::test]
-async fn a_repeated_or_invalid_host_is_a_400() {
+async fn an_http11_request_without_exactly_one_valid_host_is_a_400() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     let body = INITIALIZE;
     let len = body.len();
-    for host in ["Host: a.example\r\nHost: b.example\r\n", "Host: a b\r\n"] {
+    for host in [
+        "",
+        "Host: a.example\r\nHost: b.example\r\n",
+        "Host: a b\r\n",
+    ] {
         let head = raw(
             &gw,
             &format!("POST /mcp HTTP/1.1\r\n{host}Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n{body}"),

@@ -140,13 +140,13 @@ fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, Refusal> 
     }
 }
 
-/// A request carries at most one `Host`, and a valid authority (RFC 9112 §3.2: a server
-/// answers 400 otherwise), so the gateway and the upstream agree on whom it is for. (A
-/// missing `Host` is still forwarded: see the note on issue 20.)
+/// An HTTP/1.1 request carries exactly one `Host`, a valid authority (RFC 9112 §3.2: a server
+/// answers 400 otherwise), so the gateway and the upstream agree on whom it is for. HTTP/2
+/// has `:authority` instead, and HTTP/1.0 may omit it; neither may repeat it.
 fn check_host(parts: &Parts) -> Result<(), Refusal> {
     let mut all = parts.headers.get_all(header::HOST).iter();
     match (all.next(), all.next()) {
-        (None, _) => Ok(()),
+        (None, _) if parts.version != http::Version::HTTP_11 => Ok(()),
         (Some(h), None) if http::uri::Authority::try_from(h.as_bytes()).is_ok() => Ok(()),
         _ => Err(ProxyError::BadHost.into()),
     }

@@ -88,7 +88,12 @@ impl Gw {
 
 /// Sends one request on a fresh connection; the response body streams from that connection
 /// and dropping it closes the connection.
-pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incoming> {
+pub async fn send(addr: SocketAddr, mut req: Request<Full<Bytes>>) -> Response<Incoming> {
+    // As every HTTP/1.1 client does (hyper's connection-level client does not add it).
+    if !req.headers().contains_key("host") {
+        req.headers_mut()
+            .insert("host", http::HeaderValue::from_static("mcp.example"));
+    }
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
