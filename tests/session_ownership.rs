@@ -421,3 +421,34 @@ async fn a_token_refreshed_mid_call_still_resumes_and_retransmits_with_resume_au
         "call 2 ran once"
     );
 }
+
+#[tokio::test]
+async fn an_h2_asterisk_path_is_never_forwarded() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for (method, status) in [(http::Method::OPTIONS, 200), (http::Method::POST, 400)] {
+        let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = http::Uri::from_parts({
+            let mut p = http::uri::Parts::default();
+            p.scheme = Some(http::uri::Scheme::HTTP);
+            p.authority = Some("mcp.example".parse().unwrap());
+            p.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+            p
+        })
+        .unwrap_or_else(|_| "*".parse().unwrap());
+        let resp = tokio::time::timeout(WAIT, sender.send_request(req))
+            .await
+            .expect("an answer in time")
+            .expect("a response");
+        assert_eq!(resp.status(), status, "{method} :path *");
+    }
+    assert!(mock.nothing_within(Duration::from_millis(200)).await);
+}
