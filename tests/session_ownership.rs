@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
+use mcp_reattach::config::ResumeAuth;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -50,6 +51,28 @@ async fn victim_session(gw: &Gw, mock: &mut Mock) {
     assert!(gw.gateway.registry().get(SID).is_some());
 }
 
+/// The mock upstream, a gateway in front of it (adjusted by `tweak`), and the victim's
+/// session.
+async fn with_victim(tweak: impl FnOnce(&mut mcp_reattach::Config)) -> (Mock, Gw) {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, tweak).await;
+    victim_session(&gw, &mut mock).await;
+    (mock, gw)
+}
+
+/// The session's own `DELETE` (its path, its credentials), answered 200 by the upstream.
+async fn own_delete(gw: &Gw, mock: &mut Mock) {
+    let del = Request::delete("/mcp")
+        .header("host", "mcp.example")
+        .header("mcp-session-id", SID)
+        .header("authorization", VICTIM)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let pending = tokio::spawn(send(gw.addr, del));
+    mock.next().await.respond(answer(200));
+    assert_eq!(pending.await.unwrap().status(), 200);
+}
+
 fn answer(status: u16) -> http::Response<Full<Bytes>> {
     http::Response::builder()
         .status(status)
@@ -83,9 +106,7 @@ async fn an_asterisk_target_or_connect_is_answered_by_the_gateway_and_never_forw
 
 #[tokio::test]
 async fn a_repeated_session_header_is_a_400_and_ends_nothing() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     let head = raw(
         &gw,
         &format!("POST /mcp HTTP/1.1\r\nHost: mcp.example\r\nMcp-Session-Id: {SID}\r\nMcp-Session-Id: other\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"),
@@ -98,9 +119,7 @@ async fn a_repeated_session_header_is_a_400_and_ends_nothing() {
 
 #[tokio::test]
 async fn a_404_for_another_path_or_principal_does_not_end_the_session() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     // Another path of the same upstream, with the victim's session id and no credentials.
     let favicon = Request::get("/favicon.ico")
         .header("host", "mcp.example")
@@ -134,9 +153,7 @@ async fn a_404_for_another_path_or_principal_does_not_end_the_session() {
 
 #[tokio::test]
 async fn only_the_sessions_principal_on_its_path_deletes_it() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     for (path, auth) in [("/other", Some(VICTIM)), ("/mcp", None)] {
         let mut del = Request::delete(path)
             .header("host", "mcp.example")
@@ -152,26 +169,13 @@ async fn only_the_sessions_principal_on_its_path_deletes_it() {
             "DELETE {path} {auth:?}"
         );
     }
-    let del = Request::delete("/mcp")
-        .header("host", "mcp.example")
-        .header("mcp-session-id", SID)
-        .header("authorization", VICTIM)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let pending = tokio::spawn(send(gw.addr, del));
-    mock.next().await.respond(answer(200));
-    assert_eq!(pending.await.unwrap().status(), 200);
+    own_delete(&gw, &mut mock).await;
     assert!(gw.gateway.registry().get(SID).is_none());
 }
 
 #[tokio::test]
 async fn a_retransmission_or_resume_on_another_path_is_not_one() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.resume_auth = mcp_reattach::config::ResumeAuth::Upstream
-    })
-    .await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|c| c.resume_auth = ResumeAuth::Upstream).await;
     // The victim's call 2 streams on /mcp.
     let mut own = post(&call(2), Some(SID));
     own.headers_mut()
@@ -222,9 +226,7 @@ fn call_as(id: u64, auth: Option<&str>) -> Request<Full<Bytes>> {
 
 #[tokio::test]
 async fn another_principals_stream_never_answers_for_the_sessions_owner() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     // Someone who knows the session id posts id 2 first (SDKs count from 0).
     let pending = tokio::spawn(send(gw.addr, call_as(2, Some("Bearer attacker"))));
     let writer = mock.next().await.respond_sse(Some(SID));
@@ -249,9 +251,7 @@ async fn another_principals_stream_never_answers_for_the_sessions_owner() {
 
 #[tokio::test]
 async fn a_retransmission_is_never_run_twice_however_many_streams_ended_since() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     // Call 2 and then 70 more, each answered and ended: more than the 64 ended streams whose
     // metadata a session keeps.
     for id in 2..=72 {
@@ -269,24 +269,14 @@ async fn a_retransmission_is_never_run_twice_however_many_streams_ended_since() 
 
 #[tokio::test]
 async fn a_live_call_of_a_session_that_ends_gets_an_explicit_error() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     let pending = tokio::spawn(send(gw.addr, call_as(5, Some(VICTIM))));
     let writer = mock.next().await.respond_sse(Some(SID));
     writer.message(&progress(1)).await;
     let mut call = SseReader::new(pending.await.unwrap());
     assert!(call.next().await.is_some(), "the progress event");
     // The session's own DELETE ends it while the call is still running.
-    let del = Request::delete("/mcp")
-        .header("host", "mcp.example")
-        .header("mcp-session-id", SID)
-        .header("authorization", VICTIM)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let pending = tokio::spawn(send(gw.addr, del));
-    mock.next().await.respond(answer(200));
-    assert_eq!(pending.await.unwrap().status(), 200);
+    own_delete(&gw, &mut mock).await;
     let rest = messages(&call.rest().await).join("\n");
     let error: serde_json::Value = serde_json::from_str(&rest).expect("one JSON-RPC error");
     assert_eq!(error["id"], 5, "{rest}");
@@ -296,9 +286,7 @@ async fn a_live_call_of_a_session_that_ends_gets_an_explicit_error() {
 
 #[tokio::test]
 async fn headers_the_gateway_acts_on_cannot_be_nominated_hop_by_hop() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     let mut req = call_as(6, Some(VICTIM));
     req.headers_mut().insert(
         "connection",
@@ -343,9 +331,7 @@ async fn an_http11_request_without_exactly_one_valid_host_is_a_400() {
 
 #[tokio::test]
 async fn the_upstream_cannot_speak_as_the_gateway() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |_| {}).await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|_| {}).await;
     let pending = tokio::spawn(send(gw.addr, call_as(9, Some(VICTIM))));
     let writer = mock.next().await.respond_sse(Some(SID));
     writer
@@ -381,12 +367,7 @@ async fn accept_ping(mock: &mut Mock, auth: &str) {
 
 #[tokio::test]
 async fn a_token_refreshed_mid_call_still_resumes_and_retransmits_with_resume_auth_upstream() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.resume_auth = mcp_reattach::config::ResumeAuth::Upstream
-    })
-    .await;
-    victim_session(&gw, &mut mock).await;
+    let (mut mock, gw) = with_victim(|c| c.resume_auth = ResumeAuth::Upstream).await;
     let pending = tokio::spawn(send(gw.addr, call_as(2, Some(VICTIM))));
     let writer = mock.next().await.respond_sse(Some(SID));
     writer.message(&progress(1)).await;
