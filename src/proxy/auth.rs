@@ -1,5 +1,5 @@
 //! Who the caller is and whether it may attach to a session's streams: the principal (a keyed
-//! MAC, HMAC-SHA256 truncated to 128 bits, of its principal header or client certificate) and
+//! MAC, keyed BLAKE3 truncated to 128 bits, of its principal header or client certificate) and
 //! the `--resume-auth` decision, taken at most once per request (with `upstream`, one `ping`
 //! to the session's endpoint).
 //!
@@ -21,7 +21,7 @@ impl Gateway {
     /// `--principal-header`), absent header included, or of its verified client
     /// certificate's subject. The key is random per process.
     pub(super) fn principal(&self, headers: &HeaderMap, conn: &Conn) -> Principal {
-        let mut mac = ring::hmac::Context::with_key(&self.principal_key);
+        let mut mac = blake3::Hasher::new_keyed(&self.principal_key);
         if self.cfg.principal_source == PrincipalSource::ClientCert {
             // The verified certificate's subject; the connection was refused without one.
             mac.update(&[2]);
@@ -37,12 +37,14 @@ impl Gateway {
                     mac.update(&[1]);
                     mac.update(v.as_bytes());
                 }
-                None => mac.update(&[0]),
+                None => {
+                    mac.update(&[0]);
+                }
             }
         }
-        let tag = mac.sign();
+        let tag = mac.finalize();
         let mut p = [0u8; 16];
-        p.copy_from_slice(&tag.as_ref()[..16]);
+        p.copy_from_slice(&tag.as_bytes()[..16]);
         Principal(p)
     }
 

@@ -71,7 +71,7 @@ pub struct Gateway {
     registry: Arc<Registry>,
     upstream: Arc<Upstream>,
     /// Random per process: principals are hashed with it, never stored in the clear.
-    principal_key: ring::hmac::Key,
+    principal_key: [u8; 32],
     /// Refused resumes are a WARN each, at most one a second (a prober cannot flood the log).
     refused_warn: warn_limit::WarnLimit,
 }
@@ -89,11 +89,12 @@ impl Gateway {
             cfg,
             // At startup, before any request: a gateway without OS randomness cannot bind
             // sessions to anyone safely, so it does not start.
-            principal_key: ring::hmac::Key::generate(
-                ring::hmac::HMAC_SHA256,
-                &ring::rand::SystemRandom::new(),
-            )
-            .expect("the OS random number generator, for the principal key"),
+            principal_key: {
+                let mut key = [0u8; 32];
+                getrandom::getrandom(&mut key)
+                    .expect("the OS random number generator, for the principal key");
+                key
+            },
             refused_warn: warn_limit::WarnLimit::new(std::time::Duration::from_secs(1)),
         })
     }

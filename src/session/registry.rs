@@ -70,7 +70,7 @@ pub struct Registry {
 }
 
 /// Who a caller is, as sessions and streams are bound to it: a keyed MAC of its credential
-/// (see `proxy::auth`: HMAC-SHA256 under a key drawn from the OS at startup, 128 bits kept),
+/// (see `proxy::auth`: keyed BLAKE3 under a key drawn from the OS at startup, 128 bits kept),
 /// never the credential itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Principal(pub [u8; 16]);
