@@ -49,9 +49,8 @@ impl Gateway {
                     self.registry.metrics().resume(ResumeOutcome::Reattached);
                 }
                 tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = attachment.stream, "attached live to held standalone stream");
-                let sid = s.id().to_owned();
-                let body = AttachBody::new(s, attachment, self.cfg.keepalive);
-                return Ok(self.sse_response(StatusCode::OK, None, &sid, body));
+                let body = AttachBody::new(s.clone(), attachment, self.cfg.keepalive);
+                return Ok(self.sse_response(StatusCode::OK, None, s.id(), body));
             }
         }
         self.forward(inb, Some(s), reattach).await

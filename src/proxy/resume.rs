@@ -93,10 +93,9 @@ impl Gateway {
             Resume::Attached { attachment, replay } => {
                 self.registry.metrics().resume(outcome);
                 tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = attachment.stream, replay, "resumed");
-                let sid = session.id().to_owned();
-                let body =
-                    AttachBody::new(session, attachment, self.cfg.keepalive).with_replayed(replay);
-                self.sse_response(StatusCode::OK, None, &sid, body)
+                let body = AttachBody::new(session.clone(), attachment, self.cfg.keepalive)
+                    .with_replayed(replay);
+                self.sse_response(StatusCode::OK, None, session.id(), body)
             }
             Resume::GapWithErrors { frames } => {
                 self.registry.metrics().resume(ResumeOutcome::Gap);
