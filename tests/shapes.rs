@@ -77,6 +77,37 @@ async fn init_stateless(gw: &Gw, mock: &mut Mock) -> String {
     sid
 }
 
+/// A gateway with a short `--upgrade-grace` (and no held standalone stream, so the mock
+/// sees only the test's requests) in front of the mock, with session [`SID`] initialized.
+async fn upgrading() -> (Mock, Gw) {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.upgrade_grace = Duration::from_millis(50);
+    })
+    .await;
+    init_session(&gw, &mut mock, SID).await;
+    (mock, gw)
+}
+
+/// A POST of `req` the gateway commits to past the grace: the client's stream (its first,
+/// id-bearing event read) and the upstream's request, not answered yet.
+async fn committed(
+    gw: &Gw,
+    mock: &mut Mock,
+    req: Request<Full<Bytes>>,
+) -> (SseReader, mcp_reattach::sse::Event, Seen) {
+    let pending = tokio::spawn(send(gw.addr, req));
+    let seen = mock.next().await;
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200, "committed before the answer");
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut client = SseReader::new(resp);
+    let first = client.next().await.unwrap();
+    assert!(first.id.is_some(), "an id first: {first:?}");
+    (client, first, seen)
+}
+
 #[tokio::test]
 async fn a_stateless_upstream_gets_a_minted_session_the_upstream_never_sees() {
     let mut mock = Mock::start().await;
@@ -275,37 +306,18 @@ async fn a_json_answer_becomes_a_tagged_stream_with_an_id_first() {
 
 #[tokio::test]
 async fn a_slow_json_answer_is_resumed_across_a_cut_and_retransmissions_are_not_forwarded() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.hold_standalone = false;
-        c.upgrade_grace = Duration::from_millis(50);
-    })
-    .await;
-    init_session(&gw, &mut mock, SID).await;
+    let (mut mock, gw) = upgrading().await;
     // At a version before priming, the stream opens with the gateway's id-bearing
     // `mcp-reattach/stream` event instead.
-    let pending = tokio::spawn(send(
-        gw.addr,
-        with_version(post(&call(9), Some(SID)), OLD_VERSION),
-    ));
-    let seen = mock.next().await;
-    let mut client = SseReader::new(pending.await.unwrap());
-    let opening = client.next().await.unwrap();
+    let req = with_version(post(&call(9), Some(SID)), OLD_VERSION);
+    let (mut client, opening, seen) = committed(&gw, &mut mock, req).await;
     assert_eq!(opening.event.as_deref(), Some("mcp-reattach/stream"));
-    assert!(opening.id.is_some());
     seen.respond_json(result(9));
     assert_eq!(messages(&client.rest().await), vec![result(9)]);
 
-    let pending = tokio::spawn(send(
-        gw.addr,
-        with_version(post(&call(1), Some(SID)), PRIMING_VERSION),
-    ));
-    let seen = mock.next().await;
     // Past the grace the client has the stream and its first id before the upstream answers.
-    let resp = pending.await.unwrap();
-    assert_eq!(resp.headers()["content-type"], "text/event-stream");
-    let mut client = SseReader::new(resp);
-    let priming = client.next().await.unwrap();
+    let req = with_version(post(&call(1), Some(SID)), PRIMING_VERSION);
+    let (client, priming, seen) = committed(&gw, &mut mock, req).await;
     assert_eq!(priming.data.as_deref(), Some(""));
     let cursor = priming.id.expect("an id first");
     // The cut; the client retransmits the call (the seed's recovery): answered from the
@@ -335,13 +347,7 @@ async fn a_slow_json_answer_is_resumed_across_a_cut_and_retransmissions_are_not_
 
 #[tokio::test]
 async fn errors_keep_their_status_within_the_grace_and_become_json_rpc_errors_after_it() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.hold_standalone = false;
-        c.upgrade_grace = Duration::from_millis(50);
-    })
-    .await;
-    init_session(&gw, &mut mock, SID).await;
+    let (mut mock, gw) = upgrading().await;
     // A fast 401: the client learns it as it would directly.
     let pending = tokio::spawn(send(gw.addr, post(&call(1), Some(SID))));
     mock.next().await.respond(
@@ -366,12 +372,7 @@ async fn errors_keep_their_status_within_the_grace_and_become_json_rpc_errors_af
     ];
     for (i, (status, body, says)) in late.into_iter().enumerate() {
         let id = 10 + i as u64;
-        let pending = tokio::spawn(send(gw.addr, post(&call(id), Some(SID))));
-        let seen = mock.next().await;
-        let resp = pending.await.unwrap();
-        assert_eq!(resp.status(), 200, "committed before the answer");
-        let mut client = SseReader::new(resp);
-        assert!(client.next().await.unwrap().id.is_some());
+        let (mut client, _, seen) = committed(&gw, &mut mock, post(&call(id), Some(SID))).await;
         seen.respond(json_response(status, &[], body.to_owned()));
         let rest = client.rest().await;
         let errors = messages(&rest);
@@ -389,10 +390,7 @@ async fn errors_keep_their_status_within_the_grace_and_become_json_rpc_errors_af
         Some(1.0)
     );
     // A late 404 is the session's end, as on any route.
-    let pending = tokio::spawn(send(gw.addr, post(&call(20), Some(SID))));
-    let seen = mock.next().await;
-    let mut client = SseReader::new(pending.await.unwrap());
-    assert!(client.next().await.unwrap().id.is_some());
+    let (mut client, _, seen) = committed(&gw, &mut mock, post(&call(20), Some(SID))).await;
     seen.respond(json_response(
         404,
         &[],
@@ -408,17 +406,8 @@ async fn errors_keep_their_status_within_the_grace_and_become_json_rpc_errors_af
 
 #[tokio::test]
 async fn an_upstream_that_dies_during_an_upgraded_call_ends_it_explicitly() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.hold_standalone = false;
-        c.upgrade_grace = Duration::from_millis(50);
-    })
-    .await;
-    init_session(&gw, &mut mock, SID).await;
-    let pending = tokio::spawn(send(gw.addr, post(&call(1), Some(SID))));
-    let seen = mock.next().await;
-    let mut client = SseReader::new(pending.await.unwrap());
-    assert!(client.next().await.unwrap().id.is_some());
+    let (mut mock, gw) = upgrading().await;
+    let (mut client, _, seen) = committed(&gw, &mut mock, post(&call(1), Some(SID))).await;
     drop(seen);
     drop(mock); // its connections close without an answer
     let rest = client.rest().await;

@@ -33,6 +33,24 @@ pub(super) type Pending = std::pin::Pin<
     >,
 >;
 
+/// A legacy request ready to be sent ([`Gateway::ready`]).
+pub(super) struct Ready {
+    /// An `initialize`'s place under `--max-sessions`.
+    pub reservation: Option<Reservation>,
+    /// Held until this request's stream opened (or it ended otherwise): a retransmission
+    /// arriving meanwhile waits for it instead of being forwarded a second time.
+    pub _forwarding: Option<Forwarding>,
+    /// Kept to reopen the stream upstream (an upstream resume, the held standalone stream).
+    pub source: Source,
+}
+
+/// What [`Gateway::ready`] made of a request.
+pub(super) enum Prepared {
+    Ready(Ready),
+    /// One of its ids is carried by a retained stream now: a retransmission after all.
+    Retransmission(Arc<Session>),
+}
+
 /// What the request ids of a POST into a known session turned out to be.
 enum Claim {
     /// Forward: the ids are this request's until the guard drops (none to claim: `None`).
@@ -60,17 +78,15 @@ impl Gateway {
         session: Option<Arc<Session>>,
         reattach: Option<Reattach>,
     ) -> Result<Response<ResBody>, Refusal> {
-        let reservation = self.reserve(&inb)?;
-        // Held until this request's stream opened (or it ended otherwise): a retransmission
-        // arriving meanwhile waits for it instead of being forwarded a second time.
-        let _forwarding = match self.claimed(&mut inb, &session).await {
-            Ok(f) => f,
+        let Ready {
+            reservation,
+            _forwarding,
+            source,
+        } = match self.ready(&mut inb, &session).await? {
+            Prepared::Ready(r) => r,
             // Rare (the first POST was in flight); boxed, as the routes then call each other.
-            Err(s) => return Box::pin(self.retransmission(inb, s)).await,
+            Prepared::Retransmission(s) => return Box::pin(self.retransmission(inb, s)).await,
         };
-        inb.drop_legacy_cursor();
-        // Kept to reopen the stream upstream (an upstream resume, the held standalone stream).
-        let source = inb.source(&self.upstream);
         let resp = self.send(&mut inb).await?;
         self.answered(inb, session, resp, source, reservation, reattach)
             .await
@@ -123,7 +139,7 @@ impl Gateway {
 
     /// An `initialize` without a session takes a place under `--max-sessions` before it is
     /// forwarded: at the cap it is refused, not forwarded.
-    pub(super) fn reserve(&self, inb: &Inbound) -> Result<Option<Reservation>, Refusal> {
+    fn reserve(&self, inb: &Inbound) -> Result<Option<Reservation>, Refusal> {
         if !inb.info.initialize || inb.sid.is_some() {
             return Ok(None);
         }
@@ -133,20 +149,28 @@ impl Gateway {
             .map_err(|e| ProxyError::AtCapacity(e).for_request(single_id()))
     }
 
-    /// [`Gateway::claim`] in the request's session, if known: `Err` with the session when the
-    /// request turned out to be a retransmission.
-    pub(super) async fn claimed(
+    /// The steps before a legacy request is sent: a place under the cap for an `initialize`,
+    /// the request ids claimed in its session (or it turns out to be a retransmission), its
+    /// legacy cursor dropped, and the recipe to reopen its stream.
+    pub(super) async fn ready(
         &self,
         inb: &mut Inbound,
         session: &Option<Arc<Session>>,
-    ) -> Result<Option<Forwarding>, Arc<Session>> {
-        match session {
-            None => Ok(None),
+    ) -> Result<Prepared, Refusal> {
+        let reservation = self.reserve(inb)?;
+        let forwarding = match session {
+            None => None,
             Some(s) => match self.claim(inb, s).await {
-                Claim::Forward(f) => Ok(f),
-                Claim::Retransmission => Err(s.clone()),
+                Claim::Forward(f) => f,
+                Claim::Retransmission => return Ok(Prepared::Retransmission(s.clone())),
             },
-        }
+        };
+        inb.drop_legacy_cursor();
+        Ok(Prepared::Ready(Ready {
+            reservation,
+            _forwarding: forwarding,
+            source: inb.source(&self.upstream),
+        }))
     }
 
     /// [`Route::EndMinted`](super::inbound::Route::EndMinted): a session whose id the

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Response, StatusCode};
 
+use super::forward::{Prepared, Ready};
 use super::inbound::Inbound;
 use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
@@ -31,13 +32,14 @@ impl Gateway {
         mut inb: Inbound,
         session: Option<Arc<Session>>,
     ) -> Result<Response<ResBody>, Refusal> {
-        let reservation = self.reserve(&inb)?;
-        let _forwarding = match self.claimed(&mut inb, &session).await {
-            Ok(f) => f,
-            Err(s) => return Box::pin(self.retransmission(inb, s)).await,
+        let Ready {
+            reservation,
+            _forwarding,
+            source,
+        } = match self.ready(&mut inb, &session).await? {
+            Prepared::Ready(r) => r,
+            Prepared::Retransmission(s) => return Box::pin(self.retransmission(inb, s)).await,
         };
-        inb.drop_legacy_cursor();
-        let source = inb.source(&self.upstream);
         let Some(s) = session.clone() else {
             // No session yet (an `initialize`): the stream needs the session the answer
             // names, so the gateway waits for it.
