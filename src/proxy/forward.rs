@@ -44,7 +44,9 @@ pub(super) struct Ready {
     pub source: Source,
 }
 
-/// What [`Gateway::ready`] made of a request.
+/// What [`Gateway::ready`] made of a request. Built once per request and taken apart at
+/// once, so the large variant stays unboxed (no allocation per request).
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Prepared {
     Ready(Ready),
     /// One of its ids is carried by a retained stream now: a retransmission after all.
