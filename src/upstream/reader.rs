@@ -412,6 +412,54 @@ mod tests {
         assert!(json_events(&[0xff, 0xfe]).is_err());
     }
 
+    /// A JSON-RPC message with an id and an arbitrary result, written compact or pretty.
+    fn message() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[ -~\\n\u{e9}\u{1F600}]{0,12}".prop_map(Value::from),
+        ];
+        let result = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z]{1,4}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        });
+        (any::<u32>(), result)
+            .prop_map(|(id, r)| serde_json::json!({"jsonrpc": "2.0", "id": id, "result": r}))
+    }
+
+    proptest::proptest! {
+        /// Whatever the upstream's JSON answer (one message or a batch, compact or pretty),
+        /// the events carry exactly its messages in order, each on one data line.
+        #[test]
+        fn a_json_answer_becomes_exactly_its_messages(
+            msgs in proptest::collection::vec(message(), 1..5),
+            batch: bool,
+            pretty: bool,
+        ) {
+            let write = |v: &Value| if pretty { serde_json::to_string_pretty(v).unwrap() } else { v.to_string() };
+            let (body, want) = if batch || msgs.len() > 1 {
+                (write(&Value::from(msgs.clone())), msgs.clone())
+            } else {
+                (write(&msgs[0]), vec![msgs[0].clone()])
+            };
+            let events = json_events(body.as_bytes()).unwrap();
+            let got: Vec<Value> = events
+                .iter()
+                .map(|e| {
+                    let d = e.data.as_deref().unwrap();
+                    assert!(!d.contains(['\n', '\r']), "one data line: {d:?}");
+                    serde_json::from_str(d).unwrap()
+                })
+                .collect();
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+
     #[test]
     fn every_gateway_event_type_is_disowned_when_the_upstream_sends_it() {
         for t in [
