@@ -17,6 +17,13 @@
 //! step. The client scenario `sse-retry` runs the TypeScript SDK client (`conformance-client.mjs`)
 //! directly and through the gateway binary.
 //!
+//! Upstream shapes (GitHub issue 21): server-everything's own server factory behind the
+//! TypeScript SDK transport stateless, in JSON mode, and both (`tests/interop/
+//! conf-everything-server.mjs`; the package has no option for either), the active suite plus
+//! `server-sse-polling` per round, with the same comparison and failure rule: the gateway's
+//! minted session ids and its JSON upgrade must not turn a check that passes directly into one
+//! that fails or warns.
+//!
 //! Run with `cargo test --test interop_conformance -- --nocapture` to see the comparison
 //! (`CONFORMANCE` lines); `CONFORMANCE_ROUNDS` and `CONFORMANCE_POLLING_EXTRA` change the
 //! number of runs.
@@ -630,6 +637,75 @@ async fn sse_polling_with_test_reconnection_same_check_statuses() {
     let upstream = reconnection_upstream().await;
     let c = compare(&upstream, 0, rounds).await;
     c.assert_no_problems();
+}
+
+/// `tests/interop/conf-everything-server.mjs <mode>`: server-everything's own server factory
+/// (`createServer`, so the same tools, resources and prompts) behind the TypeScript SDK's
+/// transport in a shape the package itself cannot be configured into (it has no option for
+/// either: its `streamableHttp` transport is always stateful with SSE answers and reads only
+/// `PORT`): `stateless` (`sessionIdGenerator: undefined`, a fresh server per POST, GET and DELETE
+/// answered 405), `json` (stateful, `enableJsonResponse: true`) or `stateless-json` (both).
+async fn everything_shape(mode: &str, label: &'static str) -> Upstream {
+    support::ensure_npm_deps();
+    let mut proc = ChildProc::spawn(
+        label,
+        &support::node_bin(),
+        &["conf-everything-server.mjs", mode],
+        &interop_dir(),
+    );
+    let port = support::wait_listening(&mut proc, Duration::from_secs(20)).await;
+    Upstream {
+        proc,
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        label,
+    }
+}
+
+/// Rounds of each shape comparison below (the active suite and `server-sse-polling` per round
+/// and side; one run takes 2 to 5 s); `CONFORMANCE_ROUNDS` overrides.
+const SHAPE_ROUNDS: usize = 3;
+
+/// The active server suite plus `server-sse-polling` against server-everything in `mode`,
+/// `SHAPE_ROUNDS` times each directly and through a gateway with the default config (so with
+/// the JSON upgrade on, and minting the session id of a stateless upstream), interleaved; the
+/// same comparison and failure rule as against server-everything itself.
+async fn shape_same_check_statuses(mode: &str, label: &'static str) {
+    let rounds = env_usize("CONFORMANCE_ROUNDS", SHAPE_ROUNDS).max(1);
+    let upstream = everything_shape(mode, label).await;
+    let c = compare(&upstream, rounds, rounds).await;
+    for must in [
+        "server-initialize",
+        "tools-call-simple-text",
+        "server-sse-multiple-streams",
+    ] {
+        assert!(
+            c.rates.runs.get(must).is_some_and(|n| n[DIRECT] == rounds),
+            "{must} did not run:\n{}",
+            c.logs[DIRECT]
+        );
+    }
+    c.assert_no_problems();
+}
+
+/// Stateless upstream (no `Mcp-Session-Id` on any answer; SSE answers without ids): through
+/// the gateway the client gets a minted `mra-…` session id instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_everything_same_check_statuses() {
+    shape_same_check_statuses("stateless", "everything-stateless").await;
+}
+
+/// JSON-mode upstream (stateful, every request answered with one JSON body): through the
+/// gateway a POST whose Accept lists `text/event-stream` is answered as SSE (the JSON upgrade).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_everything_same_check_statuses() {
+    shape_same_check_statuses("json", "everything-json").await;
+}
+
+/// Stateless and JSON at once (the shape of `FastMCP(stateless_http=True, json_response=True)`
+/// and of the TS SDK's stateless JSON examples): minted session and JSON upgrade together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_json_everything_same_check_statuses() {
+    shape_same_check_statuses("stateless-json", "everything-stateless-json").await;
 }
 
 /// `conformance client --scenario sse-retry` with the TypeScript client; `via_gateway` puts the
