@@ -646,13 +646,35 @@ async fn sse_polling_with_test_reconnection_same_check_statuses() {
 /// `PORT`): `stateless` (`sessionIdGenerator: undefined`, a fresh server per POST, GET and DELETE
 /// answered 405), `json` (stateful, `enableJsonResponse: true`) or `stateless-json` (both).
 async fn everything_shape(mode: &str, label: &'static str) -> Upstream {
-    support::ensure_npm_deps();
-    let mut proc = ChildProc::spawn(
+    fixture_upstream(
+        support::node_bin(),
+        "conf-everything-server.mjs",
+        mode,
         label,
-        &support::node_bin(),
-        &["conf-everything-server.mjs", mode],
-        &interop_dir(),
-    );
+    )
+    .await
+}
+
+/// `tests/interop/conf-reference-server.ts <mode>`: the conformance suite's own reference server
+/// (`examples/servers/typescript/everything-server.ts` of modelcontextprotocol/conformance at the
+/// pinned v0.1.16, vendored: the npm package does not ship it), run by Node.js 22's type
+/// stripping. Directly it passes every check of the active suite in its own shape (`sse`:
+/// stateful, SSE answers, its event store), so a check the gateway breaks shows as a FAILURE
+/// only through the gateway; `stateless`, `json` and `stateless-json` as above.
+async fn reference_shape(mode: &str, label: &'static str) -> Upstream {
+    let node22 = tokio::task::spawn_blocking(|| {
+        support::ensure_npm_deps();
+        support::ensure_node22()
+    })
+    .await
+    .expect("installing Node.js 22");
+    let node22 = node22.to_str().expect("UTF-8 path").to_string();
+    fixture_upstream(node22, "conf-reference-server.ts", mode, label).await
+}
+
+async fn fixture_upstream(node: String, script: &str, mode: &str, label: &'static str) -> Upstream {
+    support::ensure_npm_deps();
+    let mut proc = ChildProc::spawn(label, &node, &[script, mode], &interop_dir());
     let port = support::wait_listening(&mut proc, Duration::from_secs(20)).await;
     Upstream {
         proc,
@@ -665,14 +687,13 @@ async fn everything_shape(mode: &str, label: &'static str) -> Upstream {
 /// and side; one run takes 2 to 5 s); `CONFORMANCE_ROUNDS` overrides.
 const SHAPE_ROUNDS: usize = 3;
 
-/// The active server suite plus `server-sse-polling` against server-everything in `mode`,
-/// `SHAPE_ROUNDS` times each directly and through a gateway with the default config (so with
-/// the JSON upgrade on, and minting the session id of a stateless upstream), interleaved; the
-/// same comparison and failure rule as against server-everything itself.
-async fn shape_same_check_statuses(mode: &str, label: &'static str) {
-    let rounds = env_usize("CONFORMANCE_ROUNDS", SHAPE_ROUNDS).max(1);
-    let upstream = everything_shape(mode, label).await;
-    let c = compare(&upstream, rounds, rounds).await;
+/// The active server suite (plus `server-sse-polling` when `polling`) against `upstream`,
+/// `rounds` times each directly and through a gateway with the default config (so with the
+/// JSON upgrade on, and minting the session id of a stateless upstream), interleaved; the same
+/// comparison and failure rule as against server-everything itself.
+async fn shape_same_check_statuses(upstream: Upstream, rounds: usize, polling: bool) {
+    let rounds = env_usize("CONFORMANCE_ROUNDS", rounds).max(1);
+    let c = compare(&upstream, rounds, if polling { rounds } else { 0 }).await;
     for must in [
         "server-initialize",
         "tools-call-simple-text",
@@ -691,21 +712,62 @@ async fn shape_same_check_statuses(mode: &str, label: &'static str) {
 /// the gateway the client gets a minted `mra-…` session id instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateless_everything_same_check_statuses() {
-    shape_same_check_statuses("stateless", "everything-stateless").await;
+    let upstream = everything_shape("stateless", "everything-stateless").await;
+    shape_same_check_statuses(upstream, SHAPE_ROUNDS, true).await;
 }
 
 /// JSON-mode upstream (stateful, every request answered with one JSON body): through the
 /// gateway a POST whose Accept lists `text/event-stream` is answered as SSE (the JSON upgrade).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_everything_same_check_statuses() {
-    shape_same_check_statuses("json", "everything-json").await;
+    let upstream = everything_shape("json", "everything-json").await;
+    shape_same_check_statuses(upstream, SHAPE_ROUNDS, true).await;
 }
 
 /// Stateless and JSON at once (the shape of `FastMCP(stateless_http=True, json_response=True)`
 /// and of the TS SDK's stateless JSON examples): minted session and JSON upgrade together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateless_json_everything_same_check_statuses() {
-    shape_same_check_statuses("stateless-json", "everything-stateless-json").await;
+    let upstream = everything_shape("stateless-json", "everything-stateless-json").await;
+    shape_same_check_statuses(upstream, SHAPE_ROUNDS, true).await;
+}
+
+/// Rounds of each reference-server comparison below; `CONFORMANCE_ROUNDS` overrides.
+const REFERENCE_ROUNDS: usize = 2;
+
+/// The reference server as shipped (stateful, SSE answers, event store, `retryInterval` 5 s):
+/// the baseline where directly every check passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_server_same_check_statuses() {
+    let upstream = reference_shape("sse", "reference").await;
+    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, true).await;
+}
+
+/// The reference server stateless: its requests to the client (sampling, elicitation) cannot be
+/// answered (they time out after 2 s, directly and through the gateway); the rest passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_server_stateless_same_check_statuses() {
+    let upstream = reference_shape("stateless", "reference-stateless").await;
+    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, true).await;
+}
+
+/// The reference server in JSON mode: directly the progress and logging notifications of a
+/// call are not sent (JSON answers carry none); through the gateway's upgrade the answers are
+/// SSE, and every check must keep its direct status or a better one. The active suite only:
+/// `server-sse-polling` never ends directly (its `test_reconnection` tool calls
+/// `closeSSEStream` on a JSON-mode request, which has an event store and so the callback;
+/// SDK 1.32.2 then never writes the result, and the scenario waits for it without a timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_server_json_same_check_statuses() {
+    let upstream = reference_shape("json", "reference-json").await;
+    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, false).await;
+}
+
+/// The reference server stateless and in JSON mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_server_stateless_json_same_check_statuses() {
+    let upstream = reference_shape("stateless-json", "reference-stateless-json").await;
+    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, true).await;
 }
 
 /// `conformance client --scenario sse-retry` with the TypeScript client; `via_gateway` puts the
