@@ -510,13 +510,14 @@ fn is_minted(id: &str) -> bool {
     })
 }
 
-/// Lines of the replicas' MCP servers' stderr saying a request carried `Mcp-Session-Id` to a
-/// stateless server.
-fn unexpected_session_headers(replicas: &[Replica]) -> Vec<String> {
+/// Lines of the replicas' MCP servers' stderr that contain `what` (`scale-stateless-server.mjs`
+/// logs `UNEXPECTED Mcp-Session-Id …` for a request carrying the header, `GET -> 405` and
+/// `DELETE -> 405` for those methods).
+fn server_log_lines(replicas: &[Replica], what: &str) -> Vec<String> {
     replicas
         .iter()
         .flat_map(|r| r.server.stderr_lines())
-        .filter(|l| l.contains("UNEXPECTED Mcp-Session-Id"))
+        .filter(|l| l.contains(what))
         .collect()
 }
 
@@ -621,18 +622,37 @@ async fn sticky_case(shape: Shape) {
             .metric("mcp_reattach_resumes_total{outcome=\"unknown_session\"}")
             .await;
     }
-    let leaked = unexpected_session_headers(&c.replicas);
+    let leaked = server_log_lines(&c.replicas, "UNEXPECTED Mcp-Session-Id");
+    let (gets, deletes) = if stateless {
+        (
+            server_log_lines(&c.replicas, "GET -> 405").len(),
+            server_log_lines(&c.replicas, "DELETE -> 405").len(),
+        )
+    } else {
+        (0, 0)
+    };
     println!(
         "SUMMARY sticky ({}): sessions={SESSIONS} (gateway-minted ids: {minted}) per replica: {} | \
          calls={calls} results={calls} cuts={cuts} call resumes={call_resumes} (each call exactly 1) \
          standalone resumes={standalone_resumes} gateway resumes_total{{resumed}}={gw_resumed} \
          {{unknown_session}}={gw_unknown} | 404s=0 re-inits={reinits} losses=0 duplicate executions=0 \
-         | requests with Mcp-Session-Id at a stateless upstream={}",
+         | requests with Mcp-Session-Id at a stateless upstream={} (GETs it answered 405: {gets}, \
+         DELETEs that reached it: {deletes})",
         shape.label,
         show(&spread),
         leaked.len()
     );
     assert!(leaked.is_empty(), "{leaked:?}");
+    if stateless {
+        assert!(
+            gets >= SESSIONS,
+            "each session's standalone GET reached the upstream without the header (405)"
+        );
+        assert_eq!(
+            deletes, 0,
+            "the gateway answers DELETE of a minted session itself"
+        );
+    }
     assert_eq!(reinits, 0);
     assert_eq!(call_resumes, calls);
     assert!(
