@@ -17,12 +17,22 @@
 //! step. The client scenario `sse-retry` runs the TypeScript SDK client (`conformance-client.mjs`)
 //! directly and through the gateway binary.
 //!
-//! Upstream shapes (GitHub issue 21): server-everything's own server factory behind the
-//! TypeScript SDK transport stateless, in JSON mode, and both (`tests/interop/
-//! conf-everything-server.mjs`; the package has no option for either), the active suite plus
-//! `server-sse-polling` per round, with the same comparison and failure rule: the gateway's
-//! minted session ids and its JSON upgrade must not turn a check that passes directly into one
-//! that fails or warns.
+//! Upstream shapes (GitHub issue 21), each with the active suite plus `server-sse-polling` per
+//! round and the same comparison and failure rule (the gateway's minted session ids and its JSON
+//! upgrade must not turn a check that passes directly into one that fails or warns):
+//! - server-everything's own server factory behind the TypeScript SDK transport stateless, in
+//!   JSON mode, and both (`tests/interop/conf-everything-server.mjs`; the package has no option
+//!   for either). Directly it passes only 11 of the 30 active scenarios: the suite calls tools,
+//!   prompts and resources (`test_*`) that only its reference server has;
+//! - so also that reference server (`tests/interop/conf-reference-server.ts`, vendored from the
+//!   conformance repository at the pinned version), which directly passes every active check: as
+//!   shipped (stateful SSE), stateless, JSON, both, and JSON through a gateway with the upgrade
+//!   off.
+//!
+//! Against a JSON-mode upstream `server-sse-polling` stops directly at its content-type check
+//! (the answer is JSON); through the upgrade it is SSE, and the scenario's SSE checks appear.
+//! Those may only show what the same server's SSE shape shows directly, run alongside
+//! ([`Comparison::sse_counterpart`]).
 //!
 //! Run with `cargo test --test interop_conformance -- --nocapture` to see the comparison
 //! (`CONFORMANCE` lines); `CONFORMANCE_ROUNDS` and `CONFORMANCE_POLLING_EXTRA` change the
@@ -343,8 +353,11 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-async fn start_gateway(upstream: &Upstream) -> std::net::SocketAddr {
-    Gw::start(&upstream.base_url(), |_| {}).await.addr
+/// A gateway with the default config in front of `upstream`, but `json_upgrade` as given.
+async fn start_gateway(upstream: &Upstream, json_upgrade: bool) -> std::net::SocketAddr {
+    Gw::start(&upstream.base_url(), |cfg| cfg.json_upgrade = json_upgrade)
+        .await
+        .addr
 }
 
 /// The runs of one comparison, both sides.
@@ -362,7 +375,17 @@ struct Comparison {
 /// it, interleaved (direct, gateway, direct, gateway, …): the active server suite in the first
 /// `full_rounds` rounds, `server-sse-polling` in the first `polling_rounds` rounds.
 async fn compare(upstream: &Upstream, full_rounds: usize, polling_rounds: usize) -> Comparison {
-    let gateway = start_gateway(upstream).await;
+    compare_upgrade(upstream, full_rounds, polling_rounds, true).await
+}
+
+/// [`compare`] through a gateway whose `json_upgrade` is as given.
+async fn compare_upgrade(
+    upstream: &Upstream,
+    full_rounds: usize,
+    polling_rounds: usize,
+    json_upgrade: bool,
+) -> Comparison {
+    let gateway = start_gateway(upstream, json_upgrade).await;
     let urls = [
         format!("{}/mcp", upstream.base_url()),
         format!("http://{gateway}/mcp"),
@@ -764,8 +787,20 @@ async fn shape_same_check_statuses(
     polling: bool,
     sse: Option<Upstream>,
 ) {
+    shape_same_check_statuses_upgrade(upstream, rounds, polling, sse, true).await;
+}
+
+/// [`shape_same_check_statuses`] through a gateway whose `json_upgrade` is as given.
+async fn shape_same_check_statuses_upgrade(
+    upstream: Upstream,
+    rounds: usize,
+    polling: bool,
+    sse: Option<Upstream>,
+    json_upgrade: bool,
+) {
     let rounds = env_usize("CONFORMANCE_ROUNDS", rounds).max(1);
-    let mut c = compare(&upstream, rounds, if polling { rounds } else { 0 }).await;
+    let polling_rounds = if polling { rounds } else { 0 };
+    let mut c = compare_upgrade(&upstream, rounds, polling_rounds, json_upgrade).await;
     if let Some(sse) = sse {
         c.sse_counterpart(&sse, rounds).await;
     }
@@ -835,11 +870,21 @@ async fn reference_server_stateless_same_check_statuses() {
 /// SSE, and every check must keep its direct status or a better one. The active suite only:
 /// `server-sse-polling` never ends directly (its `test_reconnection` tool calls
 /// `closeSSEStream` on a JSON-mode request, which has an event store and so the callback;
-/// SDK 1.32.2 then never writes the result, and the scenario waits for it without a timeout).
+/// SDK 1.32.2 then never writes the result: seen hanging past 60 s, once failing with `fetch
+/// failed`; the scenario has no timeout of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_server_json_same_check_statuses() {
     let upstream = reference_shape("json", "reference-json").await;
     shape_same_check_statuses(upstream, REFERENCE_ROUNDS, false, None).await;
+}
+
+/// The reference server in JSON mode through a gateway with `json_upgrade = false`
+/// (`--json-upgrade false`): JSON answers pass through as JSON, so every check must have exactly
+/// its direct status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_server_json_upgrade_off_same_check_statuses() {
+    let upstream = reference_shape("json", "reference-json-upgrade-off").await;
+    shape_same_check_statuses_upgrade(upstream, REFERENCE_ROUNDS, false, None, false).await;
 }
 
 /// The reference server stateless and in JSON mode. SSE counterpart: its `stateless` shape.
