@@ -16,6 +16,11 @@
 //! killed with SIGKILL: its sessions end with the explicit 404, clients re-initialize elsewhere,
 //! nothing is silently lost).
 //!
+//! `sticky` and `non-sticky control` run a second time with a **stateless** upstream in every
+//! pod (`tests/interop/scale-stateless-server.mjs`, TypeScript SDK with `sessionIdGenerator:
+//! undefined`): the session id HAProxy learns is the one the gateway mints (`mra-<32 hex>`), with
+//! the shipped config unchanged (GitHub issue 21).
+//!
 //! Without HAProxy the tests say so on stderr and pass, unless `CI_REQUIRE_HAPROXY` is set
 //! (`.ci/run` sets it and installs the package). The cases run one at a time (a lock), each on
 //! its own processes; every wait is bounded.
@@ -209,13 +214,35 @@ struct Replica {
     gateway: Binary,
 }
 
+/// The MCP server of every replica: a script under `tests/interop` and its arguments.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// For `SUMMARY` lines.
+    label: &'static str,
+    server: &'static [&'static str],
+}
+
+/// Stateful, SSE answers without ids (the TypeScript SDK without an event store).
+const STATEFUL: Shape = Shape {
+    label: "stateful upstream",
+    server: &["ts-server.mjs", "sse"],
+};
+
+/// Stateless (`sessionIdGenerator: undefined`, no `Mcp-Session-Id` on any answer, GET and
+/// DELETE answered 405, a request carrying `Mcp-Session-Id` answered 400): the session id the
+/// client and HAProxy see is the one the gateway mints, `mra-<32 hex>`.
+const STATELESS: Shape = Shape {
+    label: "stateless upstream",
+    server: &["scale-stateless-server.mjs"],
+};
+
 impl Replica {
-    async fn start(name: &'static str, gateway_flags: &[&str]) -> Replica {
+    async fn start(name: &'static str, shape: Shape, gateway_flags: &[&str]) -> Replica {
         ensure_npm_deps();
         let mut server = ChildProc::spawn_env(
             &format!("{name}-server"),
             &node_bin(),
-            &["ts-server.mjs", "sse"],
+            shape.server,
             &interop_dir(),
             &[("MCP_REPLICA", name)],
         );
@@ -259,10 +286,10 @@ impl Replica {
     }
 }
 
-async fn start_replicas(gateway_flags: &[&str]) -> Vec<Replica> {
+async fn start_replicas(shape: Shape, gateway_flags: &[&str]) -> Vec<Replica> {
     let mut replicas = Vec::new();
     for name in PODS {
-        replicas.push(Replica::start(name, gateway_flags).await);
+        replicas.push(Replica::start(name, shape, gateway_flags).await);
     }
     replicas
 }
@@ -430,7 +457,16 @@ struct Cluster {
 
 impl Cluster {
     async fn start(haproxy: &Path, config: &Path, gateway_flags: &[&str]) -> Cluster {
-        let replicas = start_replicas(gateway_flags).await;
+        Cluster::start_shape(haproxy, config, STATEFUL, gateway_flags).await
+    }
+
+    async fn start_shape(
+        haproxy: &Path,
+        config: &Path,
+        shape: Shape,
+        gateway_flags: &[&str],
+    ) -> Cluster {
+        let replicas = start_replicas(shape, gateway_flags).await;
         let lb = Haproxy::start(haproxy, config, &replicas).await;
         let relay = Relay::start(lb.addr);
         let clients = Clients::start(&relay.url("/mcp")).await;
@@ -449,17 +485,67 @@ impl Cluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sticky_sessions_spread_and_resume_exactly_once_through_cuts() {
+    sticky_case(STATEFUL).await;
+}
+
+/// The same with a stateless upstream behind every gateway (GitHub issue 21): the shipped
+/// config unchanged. The upstream's `initialize` answer has no `Mcp-Session-Id`; the gateway
+/// mints one (`mra-<32 hex>`) and returns it, so HAProxy's stick table learns it from the
+/// response header exactly as it learns a stateful server's, and every later request of the
+/// session (the calls, their resumes after the cuts, the DELETE) reaches the pod holding it.
+/// The upstream answers any request carrying `Mcp-Session-Id` with 400: none may reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_upstream_sticky_sessions_spread_and_resume_exactly_once_through_cuts() {
+    sticky_case(STATELESS).await;
+}
+
+/// `mra-` and 32 lowercase hex digits: the session id the gateway mints for a stateless
+/// upstream.
+fn is_minted(id: &str) -> bool {
+    id.strip_prefix("mra-").is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Lines of the replicas' MCP servers' stderr that contain `what` (`scale-stateless-server.mjs`
+/// logs `UNEXPECTED Mcp-Session-Id …` for a request carrying the header, `GET -> 405` and
+/// `DELETE -> 405` for those methods).
+fn server_log_lines(replicas: &[Replica], what: &str) -> Vec<String> {
+    replicas
+        .iter()
+        .flat_map(|r| r.server.stderr_lines())
+        .filter(|l| l.contains(what))
+        .collect()
+}
+
+async fn sticky_case(shape: Shape) {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("sticky") else {
+    let Some(haproxy) = haproxy_or_skip(&format!("sticky ({})", shape.label)) else {
         return;
     };
-    let mut c = Cluster::start(&haproxy, &repo_dir().join(CONFIG), &[]).await;
+    let mut c = Cluster::start_shape(&haproxy, &repo_dir().join(CONFIG), shape, &[]).await;
     const SESSIONS: usize = 12;
     const ROUNDS: u64 = 2;
     const STEPS: u64 = 10;
+    let stateless = shape.server == STATELESS.server;
 
     let opens = c.clients.open("s", SESSIONS, 0).await;
     assert!(opens.iter().all(|e| e["ok"] == true), "{opens:?}");
+    let minted = opens
+        .iter()
+        .filter(|e| is_minted(&s(&e["session"])))
+        .count();
+    if stateless {
+        assert_eq!(
+            minted, SESSIONS,
+            "every session id is one the gateway minted: {opens:?}"
+        );
+    } else {
+        assert_eq!(minted, 0, "a stateful upstream's own ids: {opens:?}");
+    }
     let place = placement(&opens);
     let spread = per_pod(&place);
     assert!(
@@ -536,13 +622,37 @@ async fn sticky_sessions_spread_and_resume_exactly_once_through_cuts() {
             .metric("mcp_reattach_resumes_total{outcome=\"unknown_session\"}")
             .await;
     }
+    let leaked = server_log_lines(&c.replicas, "UNEXPECTED Mcp-Session-Id");
+    let (gets, deletes) = if stateless {
+        (
+            server_log_lines(&c.replicas, "GET -> 405").len(),
+            server_log_lines(&c.replicas, "DELETE -> 405").len(),
+        )
+    } else {
+        (0, 0)
+    };
     println!(
-        "SUMMARY sticky: sessions={SESSIONS} per replica: {} | calls={calls} results={calls} \
-         cuts={cuts} call resumes={call_resumes} (each call exactly 1) standalone resumes={standalone_resumes} \
-         gateway resumes_total{{resumed}}={gw_resumed} {{unknown_session}}={gw_unknown} | 404s=0 \
-         re-inits={reinits} losses=0 duplicate executions=0",
-        show(&spread)
+        "SUMMARY sticky ({}): sessions={SESSIONS} (gateway-minted ids: {minted}) per replica: {} | \
+         calls={calls} results={calls} cuts={cuts} call resumes={call_resumes} (each call exactly 1) \
+         standalone resumes={standalone_resumes} gateway resumes_total{{resumed}}={gw_resumed} \
+         {{unknown_session}}={gw_unknown} | 404s=0 re-inits={reinits} losses=0 duplicate executions=0 \
+         | requests with Mcp-Session-Id at a stateless upstream={} (GETs it answered 405: {gets}, \
+         DELETEs that reached it: {deletes})",
+        shape.label,
+        show(&spread),
+        leaked.len()
     );
+    assert!(leaked.is_empty(), "{leaked:?}");
+    if stateless {
+        assert!(
+            gets >= SESSIONS,
+            "each session's standalone GET reached the upstream without the header (405)"
+        );
+        assert_eq!(
+            deletes, 0,
+            "the gateway answers DELETE of a minted session itself"
+        );
+    }
     assert_eq!(reinits, 0);
     assert_eq!(call_resumes, calls);
     assert!(
@@ -562,11 +672,23 @@ async fn sticky_sessions_spread_and_resume_exactly_once_through_cuts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_sticky_control_breaks_sessions() {
+    non_sticky_case(STATEFUL).await;
+}
+
+/// The control with a stateless upstream: the upstream keeps nothing between requests, but the
+/// gateway in each pod holds the session (its minted id, its streams' windows), so without the
+/// stick lines the sessions break with 404 just as with a stateful upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_upstream_non_sticky_control_breaks_sessions() {
+    non_sticky_case(STATELESS).await;
+}
+
+async fn non_sticky_case(shape: Shape) {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("non-sticky control") else {
+    let Some(haproxy) = haproxy_or_skip(&format!("non-sticky control ({})", shape.label)) else {
         return;
     };
-    let mut c = Cluster::start(&haproxy, &control_config(), &[]).await;
+    let mut c = Cluster::start_shape(&haproxy, &control_config(), shape, &[]).await;
     const SESSIONS: usize = 12;
 
     let opens = c.clients.open("c", SESSIONS, 0).await;
@@ -606,10 +728,11 @@ async fn non_sticky_control_breaks_sessions() {
         );
     }
     println!(
-        "SUMMARY non-sticky control (shipped config minus its 3 stick lines): sessions={SESSIONS} \
+        "SUMMARY non-sticky control ({}; shipped config minus its 3 stick lines): sessions={SESSIONS} \
          held per replica (gateways' sessions gauge): {} | opened={opened} failed to open with 404={open_404} \
          calls={} results={results} calls ended by 404={call_404} | broken sessions={broken} \
          404s={not_found} other errors={other_errors}",
+        shape.label,
         show(&created),
         ends.len()
     );
