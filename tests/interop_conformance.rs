@@ -22,12 +22,10 @@
 //! upgrade must not turn a check that passes directly into one that fails or warns):
 //! - server-everything's own server factory behind the TypeScript SDK transport stateless, in
 //!   JSON mode, and both (`tests/interop/conf-everything-server.mjs`; the package has no option
-//!   for either). Directly it passes only 11 of the 30 active scenarios: the suite calls tools,
-//!   prompts and resources (`test_*`) that only its reference server has;
-//! - so also that reference server (`tests/interop/conf-reference-server.ts`, vendored from the
-//!   conformance repository at the pinned version), which directly passes every active check: as
-//!   shipped (stateful SSE), stateless, JSON, both, and JSON through a gateway with the upgrade
-//!   off.
+//!   for either), and in JSON mode through a gateway with the upgrade off. Directly it passes
+//!   only 11 of the 30 active scenarios: the suite calls tools, prompts and resources
+//!   (`test_*`) that only the suite's reference server has, and that server is not in the npm
+//!   package (only in the conformance repository; we do not copy it).
 //!
 //! Against a JSON-mode upstream `server-sse-polling` stops directly at its content-type check
 //! (the answer is JSON); through the upgrade it is SSE, and the scenario's SSE checks appear.
@@ -742,23 +740,6 @@ async fn everything_shape(mode: &str, label: &'static str) -> Upstream {
     .await
 }
 
-/// `tests/interop/conf-reference-server.ts <mode>`: the conformance suite's own reference server
-/// (`examples/servers/typescript/everything-server.ts` of modelcontextprotocol/conformance at the
-/// pinned v0.1.16, vendored: the npm package does not ship it), run by Node.js 22's type
-/// stripping. Directly it passes every check of the active suite in its own shape (`sse`:
-/// stateful, SSE answers, its event store), so a check the gateway breaks shows as a FAILURE
-/// only through the gateway; `stateless`, `json` and `stateless-json` as above.
-async fn reference_shape(mode: &str, label: &'static str) -> Upstream {
-    let node22 = tokio::task::spawn_blocking(|| {
-        support::ensure_npm_deps();
-        support::ensure_node22()
-    })
-    .await
-    .expect("installing Node.js 22");
-    let node22 = node22.to_str().expect("UTF-8 path").to_string();
-    fixture_upstream(node22, "conf-reference-server.ts", mode, label).await
-}
-
 async fn fixture_upstream(node: String, script: &str, mode: &str, label: &'static str) -> Upstream {
     support::ensure_npm_deps();
     let mut proc = ChildProc::spawn(label, &node, &[script, mode], &interop_dir());
@@ -846,53 +827,13 @@ async fn stateless_json_everything_same_check_statuses() {
     shape_same_check_statuses(upstream, SHAPE_ROUNDS, true, Some(sse)).await;
 }
 
-/// Rounds of each reference-server comparison below; `CONFORMANCE_ROUNDS` overrides.
-const REFERENCE_ROUNDS: usize = 2;
-
-/// The reference server as shipped (stateful, SSE answers, event store, `retryInterval` 5 s):
-/// the baseline where directly every check passes.
+/// server-everything's factory in JSON mode through a gateway with `json_upgrade = false`
+/// (`--json-upgrade false`): JSON answers pass through as JSON, so every check must have
+/// exactly its direct status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reference_server_same_check_statuses() {
-    let upstream = reference_shape("sse", "reference").await;
-    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, true, None).await;
-}
-
-/// The reference server stateless: its requests to the client (sampling, elicitation) cannot be
-/// answered (they time out after 2 s, directly and through the gateway); the rest passes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reference_server_stateless_same_check_statuses() {
-    let upstream = reference_shape("stateless", "reference-stateless").await;
-    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, true, None).await;
-}
-
-/// The reference server in JSON mode: directly the progress and logging notifications of a
-/// call are not sent (JSON answers carry none); through the gateway's upgrade the answers are
-/// SSE, and every check must keep its direct status or a better one. The active suite only:
-/// `server-sse-polling` never ends directly (its `test_reconnection` tool calls
-/// `closeSSEStream` on a JSON-mode request, which has an event store and so the callback;
-/// SDK 1.32.2 then never writes the result: seen hanging past 60 s, once failing with `fetch
-/// failed`; the scenario has no timeout of its own).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reference_server_json_same_check_statuses() {
-    let upstream = reference_shape("json", "reference-json").await;
-    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, false, None).await;
-}
-
-/// The reference server in JSON mode through a gateway with `json_upgrade = false`
-/// (`--json-upgrade false`): JSON answers pass through as JSON, so every check must have exactly
-/// its direct status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reference_server_json_upgrade_off_same_check_statuses() {
-    let upstream = reference_shape("json", "reference-json-upgrade-off").await;
-    shape_same_check_statuses_upgrade(upstream, REFERENCE_ROUNDS, false, None, false).await;
-}
-
-/// The reference server stateless and in JSON mode. SSE counterpart: its `stateless` shape.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reference_server_stateless_json_same_check_statuses() {
-    let upstream = reference_shape("stateless-json", "reference-stateless-json").await;
-    let sse = reference_shape("stateless", "reference-stateless").await;
-    shape_same_check_statuses(upstream, REFERENCE_ROUNDS, true, Some(sse)).await;
+async fn json_everything_upgrade_off_same_check_statuses() {
+    let upstream = everything_shape("json", "everything-json-upgrade-off").await;
+    shape_same_check_statuses_upgrade(upstream, SHAPE_ROUNDS, true, None, false).await;
 }
 
 /// `conformance client --scenario sse-retry` with the TypeScript client; `via_gateway` puts the
