@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    complete, cut_on_progress, explained_by_py_bugs, refuse_and_cut_at, run_pairs, tiny_window,
-    with_gateway, Cl, Driver, Faults, Hook, Run, Upstream,
+    complete, cut_on_progress, explained_by_py_bugs, gap_error, refuse_and_cut_at, run_pairs,
+    tiny_window, with_gateway, Cl, Driver, Faults, Hook, Run, Upstream,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -571,34 +571,7 @@ fn gap_plan(up: Up) -> (Value, Hook) {
 }
 
 fn gap_verdict(run: &Run, _: Up) -> Result<String, String> {
-    let got = run.progress_of("0");
-    if got.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!("progress delivered twice or out of order: {got:?}"));
-    }
-    if let Some(r) = run.results.get("0") {
-        return Err(format!(
-            "a result arrived although the window overflowed: {r}"
-        ));
-    }
-    let Some((msg, code)) = run.errors.get("0") else {
-        return Err("the call did not end with an error".to_string());
-    };
-    if *code != Some(-32010) || !msg.contains("resumption failed") {
-        return Err(format!(
-            "want the gateway's -32010 `resumption failed` error, got {code:?} {msg:?}"
-        ));
-    }
-    let took = match (run.cut_at, run.error_at.get("0")) {
-        (Some(c), Some(e)) => e.saturating_duration_since(c),
-        _ => Duration::MAX,
-    };
-    if took > Duration::from_secs(8) {
-        return Err(format!("the error came {took:?} after the cut"));
-    }
-    Ok(format!(
-        "error -32010 {:.1} s after the cut; progress before it {got:?}",
-        took.as_secs_f64()
-    ))
+    gap_error(run, "0")
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -472,3 +472,37 @@ pub fn explained_by_py_bugs(
     }
     Ok(format!("SDK BUG (python-sdk): {}", notes.join("; ")))
 }
+
+/// Scenario 2's verdict on call `call` (a gap: the window moved on while the client was away
+/// longer than the stall budget): it ended within 8 s of the cut with the gateway's -32010
+/// `resumption failed` error, no result, and no progress delivered twice or out of order.
+pub fn gap_error(run: &Run, call: &str) -> Result<String, String> {
+    let got = run.progress_of(call);
+    if got.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("progress delivered twice or out of order: {got:?}"));
+    }
+    if let Some(r) = run.results.get(call) {
+        return Err(format!(
+            "a result arrived although the window overflowed: {r}"
+        ));
+    }
+    let Some((msg, code)) = run.errors.get(call) else {
+        return Err("the call did not end with an error".to_string());
+    };
+    if *code != Some(-32010) || !msg.contains("resumption failed") {
+        return Err(format!(
+            "want the gateway's -32010 `resumption failed` error, got {code:?} {msg:?}"
+        ));
+    }
+    let took = match (run.cut_at, run.error_at.get(call)) {
+        (Some(c), Some(e)) => e.saturating_duration_since(c),
+        _ => Duration::MAX,
+    };
+    if took > Duration::from_secs(8) {
+        return Err(format!("the error came {took:?} after the cut"));
+    }
+    Ok(format!(
+        "error -32010 {:.1} s after the cut; progress before it {got:?}",
+        took.as_secs_f64()
+    ))
+}
