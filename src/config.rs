@@ -65,6 +65,8 @@ pub mod defaults {
     pub const KEEPALIVE: &str = "15s";
     pub const STALL_TIMEOUT: &str = "30s";
     pub const HOLD_STANDALONE: bool = true;
+    pub const JSON_UPGRADE: bool = true;
+    pub const UPGRADE_GRACE: &str = "200ms";
     pub const PRIMING: Priming = Priming::Auto;
     pub const MAX_EVENT_BYTES: &str = "16MiB";
     pub const MAX_REQUEST_BYTES: &str = "4MiB";
@@ -171,6 +173,19 @@ pub struct GatewayArgs {
     /// GET arrives are delivered when it does (true/false).
     #[arg(long, global = true, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = defaults::HOLD_STANDALONE, action = clap::ArgAction::Set)]
     pub hold_standalone: bool,
+
+    /// Answer a legacy POST carrying requests, from a client that accepts SSE, with an SSE
+    /// stream of the gateway's (an id first, keep-alives, then the upstream's answer) even
+    /// when the upstream answers with JSON, so a cut during the call is an ordinary resume
+    /// (true/false).
+    #[arg(long, global = true, env = "MCP_REATTACH_JSON_UPGRADE", default_value_t = defaults::JSON_UPGRADE, action = clap::ArgAction::Set)]
+    pub json_upgrade: bool,
+
+    /// How long an upgraded POST waits for the upstream's response head before the gateway
+    /// commits to its SSE answer: an upstream error within it keeps its HTTP status
+    /// (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_UPGRADE_GRACE", default_value = defaults::UPGRADE_GRACE, value_parser = parse_duration)]
+    pub upgrade_grace: Duration,
 
     /// Priming events: auto (protocol 2025-11-25 or later), always, never.
     #[arg(
@@ -351,6 +366,8 @@ impl GatewayArgs {
             retry_hint: None,
             stall_timeout: duration(STALL_TIMEOUT),
             hold_standalone: HOLD_STANDALONE,
+            json_upgrade: JSON_UPGRADE,
+            upgrade_grace: duration(UPGRADE_GRACE),
             priming: PRIMING,
             max_event_bytes: size(MAX_EVENT_BYTES),
             max_request_bytes: size(MAX_REQUEST_BYTES),
@@ -393,6 +410,10 @@ pub struct Config {
     pub stall_timeout: Duration,
     pub priming: Priming,
     pub hold_standalone: bool,
+    /// See `Args::json_upgrade`.
+    pub json_upgrade: bool,
+    /// See `Args::upgrade_grace`.
+    pub upgrade_grace: Duration,
     pub max_event_bytes: usize,
     pub max_request_bytes: usize,
     /// How often the background sweep looks for expired sessions and stalled clients: a
@@ -441,6 +462,8 @@ impl Config {
             stall_timeout: args.stall_timeout,
             priming: args.priming,
             hold_standalone: args.hold_standalone,
+            json_upgrade: args.json_upgrade,
+            upgrade_grace: args.upgrade_grace,
             max_event_bytes: usize::try_from(args.max_event_bytes).unwrap_or(usize::MAX),
             max_request_bytes: usize::try_from(args.max_request_bytes).unwrap_or(usize::MAX),
             sweep_interval: sweep,

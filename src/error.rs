@@ -48,6 +48,8 @@ pub enum ProxyError {
     MalformedCursor(CursorError),
     #[error("session not found: it expired, was deleted, or was never seen by this gateway")]
     UnknownSession,
+    #[error("session not found: the gateway minted this session for a stateless server and holds it no longer (it expired, was deleted, or belongs to another gateway)")]
+    MintedSessionGone,
     #[error("resumption failed: {0}")]
     Resume(ResumeError),
     #[error("request body larger than {0} bytes")]
@@ -128,6 +130,13 @@ impl ProxyError {
                 codes::SESSION_NOT_FOUND,
                 "unknown-session",
                 Resume(ResumeOutcome::UnknownSession),
+                Client,
+            ),
+            ProxyError::MintedSessionGone => (
+                StatusCode::NOT_FOUND,
+                codes::SESSION_NOT_FOUND,
+                "minted-session-gone",
+                Rejected(RejectReason::MintedSessionGone),
                 Client,
             ),
             ProxyError::Resume(r) => {
@@ -332,6 +341,7 @@ mod tests {
             ProxyError::Connect,
             ProxyError::MalformedCursor(CursorError::Malformed),
             ProxyError::UnknownSession,
+            ProxyError::MintedSessionGone,
             ProxyError::Resume(ResumeError::ForeignCursor),
             ProxyError::Resume(ResumeError::CursorAhead),
             ProxyError::Resume(ResumeError::Gap),

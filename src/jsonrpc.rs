@@ -216,6 +216,8 @@ pub const EVENT_RESUMED: &str = "mcp-reattach/resumed";
 pub const EVENT_RESUMPTION_FAILED: &str = "mcp-reattach/resumption-failed";
 pub const EVENT_RESUMPTION_REQUIRED: &str = "mcp-reattach/resumption-required";
 pub const EVENT_UPSTREAM_FAILED: &str = "mcp-reattach/upstream-failed";
+/// Opens an upgraded JSON answer's stream with an id where no priming event is sent.
+pub const EVENT_STREAM: &str = "mcp-reattach/stream";
 
 pub const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
 pub const SESSION_CLOSED_MESSAGE: &str = "mcp-reattach: the session ended at the gateway (deleted, forgotten by the upstream, or shed) before this request was answered";

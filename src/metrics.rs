@@ -94,6 +94,8 @@ label_values! {
         BadTarget => "bad_target",
         BadHost => "bad_host",
         Connect => "connect",
+        /// A request named a session id the gateway minted and no longer holds.
+        MintedSessionGone => "minted_session_gone",
     }
 }
 
@@ -118,6 +120,21 @@ label_values! {
         InvalidEvent => "invalid_event",
         Hold => "hold",
         Resume => "resume",
+    }
+}
+
+label_values! {
+    /// `json_upgrades_total{answer}`: what the upstream's answer to a POST answered by the
+    /// gateway's SSE stream (`--json-upgrade`) turned out to be.
+    UpgradeAnswer, "answer" {
+        /// A JSON body: served as the stream's event(s).
+        Json => "json",
+        /// An SSE stream after all: tagged as usual.
+        Sse => "sse",
+        /// Another status after the grace: a JSON-RPC error per request.
+        Status => "status",
+        /// No answer (connection failed): a JSON-RPC error per request.
+        Failed => "failed",
     }
 }
 
@@ -179,6 +196,8 @@ pub struct Metrics {
     pub upstream_paused_seconds: Counter<f64, AtomicU64>,
     pub connections: Gauge,
     pub connections_accepted: Counter,
+    /// Sessions the gateway minted for a stateless upstream.
+    pub sessions_minted: Counter,
     /// `--memory-budget`, so alerts can compare `window_bytes` with it.
     pub memory_budget_bytes: Gauge,
     /// Unix time the drain started (the gateway stopped accepting); 0 while serving.
@@ -190,6 +209,7 @@ pub struct Metrics {
     resumes: Counters<ResumeOutcome>,
     session_evictions: Counters<Eviction>,
     upstream_errors: Counters<UpstreamErrorKind>,
+    json_upgrades: Counters<UpgradeAnswer>,
     request_duration: Family<Labels2, Histogram>,
 }
 
@@ -228,6 +248,7 @@ impl Metrics {
             upstream_paused_seconds: Counter::default(),
             connections: Gauge::default(),
             connections_accepted: Counter::default(),
+            sessions_minted: Counter::default(),
             memory_budget_bytes: Gauge::default(),
             drain_started: Gauge::default(),
             drain_deadline: Gauge::default(),
@@ -236,6 +257,7 @@ impl Metrics {
             resumes: Counters::new(),
             session_evictions: Counters::new(),
             upstream_errors: Counters::new(),
+            json_upgrades: Counters::new(),
             request_duration: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 16))
             }),
@@ -381,6 +403,16 @@ impl Metrics {
             "Upstream failures, by kind",
             m.upstream_errors.family.clone(),
         );
+        registry.register(
+            "sessions_minted",
+            "Sessions whose id the gateway minted because the upstream answered initialize without one (a stateless server)",
+            m.sessions_minted.clone(),
+        );
+        registry.register(
+            "json_upgrades",
+            "POSTs answered with the gateway's SSE stream (--json-upgrade), by what the upstream answered",
+            m.json_upgrades.family.clone(),
+        );
         registry.register_with_unit(
             "request_duration",
             "Time from request to the end of the response (streams included), by method and status class",
@@ -413,6 +445,11 @@ impl Metrics {
     /// Counts an upstream failure by kind.
     pub fn upstream_error(&self, kind: UpstreamErrorKind) {
         self.upstream_errors.inc(kind);
+    }
+
+    /// Counts a POST answered with the gateway's SSE stream by what the upstream answered.
+    pub fn json_upgrade(&self, answer: UpgradeAnswer) {
+        self.json_upgrades.inc(answer);
     }
 
     /// Records that the drain started now and may take `deadline`.
@@ -519,6 +556,7 @@ mod tests {
             of::<Eviction>("session_evictions_total"),
             of::<UpstreamErrorKind>("upstream_errors_total"),
             of::<ConnectionErrorKind>("connection_errors_total"),
+            of::<UpgradeAnswer>("json_upgrades_total"),
         ]
     }
 

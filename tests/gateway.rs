@@ -351,8 +351,13 @@ async fn upstream_404_drops_the_session() {
 async fn json_202_and_errors_pass_through_byte_identical() {
     let mut mock = Mock::start().await;
     // This script answers requests in order; the held standalone GET that follows
-    // `notifications/initialized` is covered by its own tests.
-    let gw = gateway(mock.addr, |c| c.hold_standalone = false).await;
+    // `notifications/initialized` is covered by its own tests. With `--json-upgrade false`
+    // a JSON answer is the upstream's as it came (with the upgrade on, tests/shapes.rs).
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.json_upgrade = false;
+    })
+    .await;
     init_session(&gw, &mut mock, SID).await;
     // JSON response, byte-identical, headers kept.
     let body = Bytes::from_static(b"{\"jsonrpc\":\"2.0\",  \"id\":1,\"result\":{\"tools\":[]}}\n");

@@ -57,6 +57,9 @@ impl Gateway {
         let ok = match self.cfg.resume_auth {
             ResumeAuth::None => true,
             ResumeAuth::Principal => session.principal() == inb.principal,
+            // The upstream never knew a minted session: it can vouch for credentials, not
+            // for whose session it is.
+            ResumeAuth::Upstream if session.minted() => session.principal() == inb.principal,
             ResumeAuth::Upstream => {
                 // Asked of the session's own endpoint, whatever path the caller used.
                 let endpoint = http::Uri::try_from(session.endpoint()).unwrap_or_default();

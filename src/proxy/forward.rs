@@ -1,7 +1,9 @@
 //! The forwarding routes: pass-through (modern era) and forward-and-tag (every other legacy
 //! request), as a flat sequence of steps: reserve a place under the session cap, claim the
-//! request ids, send, evict on the upstream's answer, adopt the answered session, hold the
-//! standalone stream once the session is initialized, tag an SSE answer.
+//! request ids, send, evict on the upstream's answer, adopt the answered session (minting
+//! one for a stateless upstream), hold the standalone stream once the session is
+//! initialized, tag an SSE answer. And the end of a minted session (`DELETE`), which is the
+//! gateway's alone.
 //!
 //! Knows the upstream client and the session API; the rules of tagging live in `session`.
 
@@ -11,7 +13,7 @@ use http::{Method, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::inbound::Inbound;
-use super::respond::pass_through;
+use super::respond::{minted_header, pass_through};
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
@@ -20,7 +22,16 @@ use crate::metrics::ResumeOutcome;
 use crate::session::{
     hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
-use crate::upstream::{full_body, hold, is_sse, spawn_reader, Source};
+use crate::upstream::{full_body, hold, is_json, is_sse, spawn_reader, Answer, Source};
+
+/// A request on its way upstream: its answer, once polled to the end.
+pub(super) type Pending = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+            > + Send,
+    >,
+>;
 
 /// What the request ids of a POST into a known session turned out to be.
 enum Claim {
@@ -37,8 +48,7 @@ impl Gateway {
         &self,
         mut inb: Inbound,
     ) -> Result<Response<ResBody>, Refusal> {
-        let headers = std::mem::take(&mut inb.parts.headers);
-        let resp = self.send(&mut inb, headers).await?;
+        let resp = self.send(&mut inb).await?;
         Ok(pass_through(resp))
     }
 
@@ -53,26 +63,36 @@ impl Gateway {
         let reservation = self.reserve(&inb)?;
         // Held until this request's stream opened (or it ended otherwise): a retransmission
         // arriving meanwhile waits for it instead of being forwarded a second time.
-        let _forwarding = match &session {
-            None => None,
-            Some(s) => match self.claim(&mut inb, s).await {
-                Claim::Forward(f) => f,
-                // Rare (the first POST was in flight); boxed, as the routes then call each
-                // other.
-                Claim::Retransmission => {
-                    return Box::pin(self.retransmission(inb, s.clone())).await;
-                }
-            },
+        let _forwarding = match self.claimed(&mut inb, &session).await {
+            Ok(f) => f,
+            // Rare (the first POST was in flight); boxed, as the routes then call each other.
+            Err(s) => return Box::pin(self.retransmission(inb, s)).await,
         };
         inb.drop_legacy_cursor();
         // Kept to reopen the stream upstream (an upstream resume, the held standalone stream).
         let source = inb.source(&self.upstream);
-        let headers = std::mem::take(&mut inb.parts.headers);
-        let resp = self.send(&mut inb, headers).await?;
+        let resp = self.send(&mut inb).await?;
+        self.answered(inb, session, resp, source, reservation, reattach)
+            .await
+    }
+
+    /// What follows the upstream's answer `resp` to `inb` (asked in `session`, if known):
+    /// the session ends on its 404 or DELETE, the session it creates is adopted (minted for a
+    /// stateless upstream), the standalone stream held once initialized, and an SSE answer
+    /// tagged (with `--json-upgrade`, a JSON answer becomes a tagged stream too).
+    pub(super) async fn answered(
+        &self,
+        mut inb: Inbound,
+        session: Option<Arc<Session>>,
+        mut resp: Response<Incoming>,
+        source: Source,
+        reservation: Option<Reservation>,
+        reattach: Option<Reattach>,
+    ) -> Result<Response<ResBody>, Refusal> {
         if let Some(s) = &session {
             self.evict_on_answer(&mut inb, s, resp.status()).await;
         }
-        let Some(session) = self.answered_session(&inb, &resp, reservation) else {
+        let Some(session) = self.answered_session(&inb, &mut resp, session, reservation) else {
             return Ok(pass_through(resp));
         };
         if let Some(v) = inb
@@ -85,18 +105,25 @@ impl Gateway {
         let initialized = inb.info.initialized && inb.parts.method == Method::POST;
         self.hold_once_initialized(initialized, &session, &source)
             .await;
-        let tag = resp.status() == StatusCode::OK
-            && is_sse(resp.headers())
-            && matches!(inb.parts.method, Method::POST | Method::GET);
-        if !tag {
-            return Ok(pass_through(resp));
+        let ok = resp.status() == StatusCode::OK;
+        if ok && is_sse(resp.headers()) && matches!(inb.parts.method, Method::POST | Method::GET) {
+            return Ok(self.tag(inb, session, resp, source, reattach));
         }
-        Ok(self.tag(inb, session, resp, source, reattach))
+        if ok && inb.upgrade && is_json(resp.headers()) {
+            let headers = resp.headers().clone();
+            let answer: Answer = Box::pin(std::future::ready(Ok(resp)));
+            return Ok(self.commit(inb, session, Some(headers), answer, source));
+        }
+        let mut out = pass_through(resp);
+        if session.minted() {
+            minted_header(out.headers_mut(), &session);
+        }
+        Ok(out)
     }
 
     /// An `initialize` without a session takes a place under `--max-sessions` before it is
     /// forwarded: at the cap it is refused, not forwarded.
-    fn reserve(&self, inb: &Inbound) -> Result<Option<Reservation>, Refusal> {
+    pub(super) fn reserve(&self, inb: &Inbound) -> Result<Option<Reservation>, Refusal> {
         if !inb.info.initialize || inb.sid.is_some() {
             return Ok(None);
         }
@@ -104,6 +131,37 @@ impl Gateway {
         let r = self.registry.reserve();
         r.map(Some)
             .map_err(|e| ProxyError::AtCapacity(e).for_request(single_id()))
+    }
+
+    /// [`Gateway::claim`] in the request's session, if known: `Err` with the session when the
+    /// request turned out to be a retransmission.
+    pub(super) async fn claimed(
+        &self,
+        inb: &mut Inbound,
+        session: &Option<Arc<Session>>,
+    ) -> Result<Option<Forwarding>, Arc<Session>> {
+        match session {
+            None => Ok(None),
+            Some(s) => match self.claim(inb, s).await {
+                Claim::Forward(f) => Ok(f),
+                Claim::Retransmission => Err(s.clone()),
+            },
+        }
+    }
+
+    /// [`Route::EndMinted`](super::inbound::Route::EndMinted): a session whose id the
+    /// gateway minted ends at the gateway (the stateless upstream has nothing to end): 200
+    /// for its owner, and for anyone else exactly the answer for an unknown session.
+    pub(super) async fn end_minted(
+        &self,
+        mut inb: Inbound,
+        session: Arc<Session>,
+    ) -> Result<Response<ResBody>, Refusal> {
+        if !self.authorized(&mut inb, &session).await {
+            return Err(ProxyError::MintedSessionGone.into());
+        }
+        self.registry.remove(session.id(), Eviction::Delete);
+        Ok(Response::new(full_body(bytes::Bytes::new())))
     }
 
     /// Records the request in its known session (TTL, protocol version); a POST carrying
@@ -146,21 +204,9 @@ impl Gateway {
 
     /// Sends the request upstream. One that may stream waits for its answer as long as it
     /// takes; any other is bounded by `--upstream-header-timeout`.
-    async fn send(
-        &self,
-        inb: &mut Inbound,
-        headers: http::HeaderMap,
-    ) -> Result<Response<Incoming>, Refusal> {
+    pub(super) async fn send(&self, inb: &mut Inbound) -> Result<Response<Incoming>, Refusal> {
+        let pending = self.answer(inb);
         let single_id = || inb.info.single_id.clone();
-        let body = inb
-            .body
-            .take()
-            .unwrap_or_else(|| full_body(bytes::Bytes::new()));
-        let (method, uri) = (inb.parts.method.clone(), inb.parts.uri.clone());
-        let req = self
-            .upstream
-            .request(method, uri, headers, body, Some(inb.remote));
-        let pending = self.upstream.send(req);
         let answer = if inb.can_stream() {
             pending.await
         } else {
@@ -173,11 +219,31 @@ impl Gateway {
         answer.map_err(|e| ProxyError::Upstream(e).for_request(single_id()))
     }
 
+    /// Sends the request upstream (its headers and body taken from `inb`); the answer comes
+    /// to whoever polls the future (the route, or after `--upgrade-grace` the answer reader).
+    pub(super) fn answer(&self, inb: &mut Inbound) -> Pending {
+        let headers = std::mem::take(&mut inb.parts.headers);
+        let body = inb
+            .body
+            .take()
+            .unwrap_or_else(|| full_body(bytes::Bytes::new()));
+        let (method, uri) = (inb.parts.method.clone(), inb.parts.uri.clone());
+        let req = self
+            .upstream
+            .request(method, uri, headers, body, Some(inb.remote));
+        let upstream = self.upstream.clone();
+        Box::pin(async move { upstream.send(req).await })
+    }
+
     /// The upstream's 404 for a session ends it at the gateway too, and so does a
     /// successful `DELETE`: when the request was the session's own (its endpoint, which
     /// `session` is only when named there, and a caller that may attach to it, per
     /// `--resume-auth`). Anyone else's 404 or DELETE is the upstream's answer to them.
     async fn evict_on_answer(&self, inb: &mut Inbound, session: &Session, status: StatusCode) {
+        if session.minted() {
+            // The upstream never knew this session: its answers cannot end it.
+            return;
+        }
         let why = if status == StatusCode::NOT_FOUND {
             Eviction::Upstream404
         } else if inb.parts.method == Method::DELETE && status.is_success() {
@@ -193,29 +259,46 @@ impl Gateway {
     }
 
     /// The session a successful answer belongs to (the one it creates, or the request's),
-    /// created at the gateway if new. `None`: no session, or none can be kept (the cap is
-    /// reached with every session in use: the answer passes through untagged).
+    /// created at the gateway if new: an `initialize` answered without a session id (a
+    /// stateless upstream) gets one the gateway mints. `None`: no session, or none can be
+    /// kept (the cap is reached with every session in use: the answer passes through
+    /// untagged).
     fn answered_session(
         &self,
         inb: &Inbound,
-        resp: &Response<Incoming>,
+        resp: &mut Response<Incoming>,
+        known: Option<Arc<Session>>,
         reservation: Option<Reservation>,
     ) -> Option<Arc<Session>> {
         let status = resp.status();
         if !status.is_success() || inb.parts.method == Method::DELETE {
             return None;
         }
-        let sid = resp
+        if let Some(s) = known.filter(|s| s.minted()) {
+            // The client holds the gateway's id; an upstream that starts naming sessions of
+            // its own mid-session cannot change it.
+            if resp.headers_mut().remove(MCP_SESSION_ID).is_some() {
+                tracing::warn!(mcp.session = %hash_id(s.id()), "the stateless upstream named a session of its own in a minted session; ignored");
+            }
+            return Some(s);
+        }
+        let path = inb.parts.uri.path();
+        let owner = Owner::new(inb.principal, path);
+        let upstream_sid = resp
             .headers()
             .get(MCP_SESSION_ID)
             .filter(|v| is_visible_ascii(v.as_bytes()))
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .or_else(|| inb.sid.clone())?;
-        let path = inb.parts.uri.path();
-        let owner = Owner::new(inb.principal, path);
-        let created = match reservation {
-            Some(r) => Ok(self.registry.create_reserved(&sid, owner, r)),
-            None => self.registry.get_or_create(&sid, owner),
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let created = match upstream_sid.or_else(|| inb.sid.clone()) {
+            Some(sid) => match reservation {
+                Some(r) => Ok(self.registry.create_reserved(&sid, owner, r)),
+                None => self.registry.get_or_create(&sid, owner),
+            },
+            // A stateless upstream: the gateway scopes the client's calls itself.
+            None if inb.info.initialize && inb.parts.method == Method::POST => {
+                self.registry.create_minted(owner, reservation)
+            }
+            None => return None,
         };
         let session = created
             .inspect_err(|_| tracing::warn!("session cap reached with every session in use; passing the response through untagged"))
@@ -234,7 +317,8 @@ impl Gateway {
         session: &Arc<Session>,
         source: &Source,
     ) {
-        if !initialized || !self.cfg.hold_standalone {
+        // A stateless upstream has no standalone stream to hold.
+        if !initialized || !self.cfg.hold_standalone || session.minted() {
             return;
         }
         if hold::start(&self.registry, session, || source.clone()) {
@@ -270,6 +354,7 @@ impl Gateway {
             principal: inb.principal,
             initialize: inb.info.initialize,
             prime,
+            announce: false,
             reattach: reattach.as_ref(),
             kill: Some(inb.kill),
         });

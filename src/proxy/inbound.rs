@@ -18,7 +18,7 @@ use super::{is_visible_ascii, Conn, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 use crate::jsonrpc::{self, PostInfo};
-use crate::session::{Principal, Session};
+use crate::session::{is_minted_form, Principal, Session};
 use crate::upstream::{full_body, BoxError, Source, UpBody, Upstream, LAST_EVENT_ID};
 
 /// Everything the gateway needs to know about a client request, read once.
@@ -38,6 +38,9 @@ pub(super) struct Inbound {
     pub info: PostInfo,
     /// The modern era (2026-07-28 and later): passed through, never tagged.
     pub modern: bool,
+    /// A POST carrying requests from a client that accepts SSE, with `--json-upgrade`: the
+    /// gateway answers it with an SSE stream whatever the upstream answers with.
+    pub upgrade: bool,
     /// Whether the caller may attach to the session's streams, once decided (see
     /// `Gateway::authorized`): at most one decision, so one upstream `ping`, per request.
     pub authorized: Option<bool>,
@@ -81,6 +84,8 @@ impl Inbound {
             (body, PostInfo::default())
         };
         let modern = is_modern(header_version.as_deref(), &info);
+        let upgrade =
+            cfg.json_upgrade && !info.request_ids.is_empty() && accepts_sse(&parts.headers);
         Ok(Inbound {
             parts,
             body: Some(body),
@@ -89,6 +94,7 @@ impl Inbound {
             principal,
             info,
             modern,
+            upgrade,
             authorized: None,
             remote: conn.remote,
             kill: conn.kill.clone(),
@@ -125,6 +131,18 @@ impl Inbound {
         self.parts.method == Method::GET
             || (self.parts.method == Method::POST && !self.info.request_ids.is_empty())
     }
+}
+
+/// Whether the client's `Accept` lists `text/event-stream` (every legacy client's POST does).
+fn accepts_sse(headers: &http::HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().any(|v| {
+        v.as_bytes().split(|b| *b == b',').any(|range| {
+            let media = range.split(|b| *b == b';').next().unwrap_or_default();
+            media
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"text/event-stream")
+        })
+    })
 }
 
 /// The `Mcp-Session-Id`: absent, or one visible-ASCII value (a repeated header would let the
@@ -214,6 +232,17 @@ pub(super) enum Route {
     /// A legacy POST into a known session carrying a request id that a retained stream
     /// already carried: answered from that stream, never forwarded.
     Retransmission,
+    /// A legacy POST carrying requests, from a client that accepts SSE, with
+    /// `--json-upgrade`: forwarded, and answered with a tagged SSE stream whatever the
+    /// upstream answers with (a JSON answer becomes its events; into a known session, the
+    /// gateway commits to the stream once `--upgrade-grace` passes without an answer).
+    Upgrade,
+    /// A `DELETE` of a session the gateway minted (its upstream is stateless): ended at the
+    /// gateway, never forwarded.
+    EndMinted,
+    /// A request naming a session id of the gateway's minted form that it does not hold:
+    /// 404, never forwarded (the upstream never issued it).
+    MintedGone,
     /// Every other legacy request: forwarded, an SSE answer tagged and retained.
     Forward,
 }
@@ -227,6 +256,9 @@ pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
     if inb.modern {
         return Route::PassThrough;
     }
+    if session.is_none() && inb.sid.as_deref().is_some_and(is_minted_form) {
+        return Route::MintedGone;
+    }
     match inb.parts.method {
         Method::GET if inb.sid.is_some() && inb.cursor().is_some() => Route::Resume,
         Method::GET if session.is_some() => Route::Attach,
@@ -238,6 +270,8 @@ pub(super) fn classify(inb: &Inbound, session: Option<&Session>) -> Route {
         {
             Route::Retransmission
         }
+        Method::POST if inb.upgrade => Route::Upgrade,
+        Method::DELETE if session.is_some_and(Session::minted) => Route::EndMinted,
         _ => Route::Forward,
     }
 }
@@ -267,6 +301,7 @@ mod tests {
             PostInfo::default()
         };
         let modern = is_modern(header_version.as_deref(), &info);
+        let upgrade = !info.request_ids.is_empty() && accepts_sse(&parts.headers);
         Inbound {
             parts,
             body: None,
@@ -275,6 +310,7 @@ mod tests {
             principal: Principal::default(),
             info,
             modern,
+            upgrade,
             authorized: None,
             remote: "127.0.0.1:1".parse().expect("addr"),
             kill: Arc::default(),
@@ -282,6 +318,23 @@ mod tests {
     }
 
     const CALL: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"x"}}"#;
+    const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#;
+
+    #[test]
+    fn accept_lists_sse_in_any_form() {
+        let h = |v: &[&str]| {
+            let mut m = http::HeaderMap::new();
+            for x in v {
+                m.append(header::ACCEPT, HeaderValue::from_str(x).unwrap());
+            }
+            accepts_sse(&m)
+        };
+        assert!(h(&["application/json, text/event-stream"]));
+        assert!(h(&["application/json", "Text/Event-Stream;q=0.5"]));
+        assert!(!h(&["application/json"]));
+        assert!(!h(&["text/event-streams"]));
+        assert!(!h(&[]));
+    }
 
     #[test]
     fn each_request_has_one_route() {
@@ -339,6 +392,56 @@ mod tests {
         ));
         let post = inbound(Method::POST, &[sid], CALL);
         assert_eq!(classify(&post, Some(&s)), Route::Retransmission);
+        // With the upgrade, a POST carrying requests from a client accepting SSE.
+        let accept = ("accept", "application/json, text/event-stream");
+        assert_eq!(
+            classify(
+                &inbound(
+                    Method::POST,
+                    &[sid, accept],
+                    r#"{"jsonrpc":"2.0","id":8,"method":"tools/call"}"#
+                ),
+                Some(&s)
+            ),
+            Route::Upgrade
+        );
+        assert_eq!(
+            classify(&inbound(Method::POST, &[accept], INIT), None),
+            Route::Upgrade
+        );
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        assert_eq!(
+            classify(&inbound(Method::POST, &[sid, accept], note), Some(&s)),
+            Route::Forward,
+            "nothing to answer"
+        );
+        assert_eq!(
+            classify(
+                &inbound(Method::POST, &[sid, ("accept", "application/json")], CALL),
+                Some(&s)
+            ),
+            Route::Retransmission
+        );
+        // A minted session's DELETE is the gateway's; a minted id it does not hold is 404.
+        let minted = reg
+            .create_minted(Owner::new(Principal::default(), "/mcp"), None)
+            .expect("session");
+        let msid = ("mcp-session-id", minted.id());
+        assert_eq!(
+            classify(&inbound(Method::DELETE, &[msid], ""), Some(&minted)),
+            Route::EndMinted
+        );
+        assert_eq!(
+            classify(&inbound(Method::GET, &[msid], ""), Some(&minted)),
+            Route::Attach
+        );
+        let gone = ("mcp-session-id", "mra-0123456789abcdef0123456789abcdef");
+        for method in [Method::GET, Method::POST, Method::DELETE] {
+            assert_eq!(
+                classify(&inbound(method, &[gone, cursor], CALL), None),
+                Route::MintedGone
+            );
+        }
         // `initialize` is legacy whatever version it asks for.
         let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2026-07-28"}}"#;
         assert_eq!(

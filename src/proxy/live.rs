@@ -34,7 +34,12 @@ impl Gateway {
         // it opens one now (the client's own GET is forwarded only when that fails, so the
         // upstream's answer reaches the client).
         s.hold_settled(self.cfg.upstream_connect_timeout).await;
-        if self.cfg.hold_standalone && !s.has_standalone() && self.authorized(&mut inb, &s).await {
+        // A minted session's upstream is stateless: it has no standalone stream to hold.
+        if self.cfg.hold_standalone
+            && !s.minted()
+            && !s.has_standalone()
+            && self.authorized(&mut inb, &s).await
+        {
             hold::start(&self.registry, &s, || inb.source(&self.upstream));
             s.hold_attempts_settled(hold::settle_limit(self.cfg.upstream_header_timeout))
                 .await;

@@ -7,6 +7,9 @@
 //! | resume (`GET` + `Last-Event-ID`) | `Gateway::resume` | [`resume`] |
 //! | live attach (`GET` of a known session) | `Gateway::attach` | [`live`] |
 //! | retransmission (a POST repeating a retained request id) | `Gateway::retransmission` | [`resume`] |
+//! | upgrade (a legacy POST with requests from a client accepting SSE) | `Gateway::upgrade` | [`upgrade`] |
+//! | end a minted session (`DELETE`) | `Gateway::end_minted` | [`forward`] |
+//! | a minted id the gateway no longer holds | 404, in `route` | |
 //! | forward-and-tag (every other legacy request) | `Gateway::forward` | [`forward`] |
 //!
 //! A route falls through to the next only where the protocol says so: a standalone cursor
@@ -23,6 +26,7 @@ mod inbound;
 mod live;
 mod respond;
 mod resume;
+mod upgrade;
 mod warn_limit;
 
 use std::convert::Infallible;
@@ -42,7 +46,7 @@ use tracing::Instrument;
 use self::inbound::{classify, Inbound, Route};
 use crate::access::{AccessLog, Observed, StreamStats};
 use crate::config::Config;
-use crate::error::Refusal;
+use crate::error::{ProxyError, Refusal};
 
 use crate::metrics::Metrics;
 use crate::session::{hash_id, Registry};
@@ -182,7 +186,7 @@ impl Gateway {
         req: Request<Incoming>,
         conn: &Conn,
     ) -> Result<Response<ResBody>, Refusal> {
-        let inb = Inbound::read(req, &self.cfg, conn, |h| self.principal(h, conn)).await?;
+        let mut inb = Inbound::read(req, &self.cfg, conn, |h| self.principal(h, conn)).await?;
         // A session is only named on its own endpoint: elsewhere its id is just a header.
         let session = inb
             .sid
@@ -190,6 +194,10 @@ impl Gateway {
             .filter(|_| !inb.modern)
             .and_then(|sid| self.registry.get(sid))
             .filter(|s| s.endpoint() == inb.parts.uri.path());
+        if session.as_ref().is_some_and(|s| s.minted()) {
+            // The gateway's own id: the stateless upstream never sees it.
+            inb.parts.headers.remove(MCP_SESSION_ID);
+        }
         match classify(&inb, session.as_deref()) {
             Route::Asterisk => Ok(respond::asterisk()),
             Route::PassThrough => self.pass_through(inb).await,
@@ -199,6 +207,12 @@ impl Gateway {
                 Some(s) => self.retransmission(inb, s).await,
                 None => self.forward(inb, None, None).await,
             },
+            Route::Upgrade => self.upgrade(inb, session).await,
+            Route::EndMinted => match session {
+                Some(s) => self.end_minted(inb, s).await,
+                None => Err(ProxyError::MintedSessionGone.into()),
+            },
+            Route::MintedGone => Err(ProxyError::MintedSessionGone.into()),
             Route::Forward => self.forward(inb, session, None).await,
         }
     }

@@ -65,6 +65,13 @@ pub(super) fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {
     Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
 }
 
+/// A response in a session the gateway minted names it (the upstream's answer did not).
+pub(super) fn minted_header(h: &mut HeaderMap, session: &crate::session::Session) {
+    if let Ok(v) = HeaderValue::from_str(session.id()) {
+        h.insert(MCP_SESSION_ID, v);
+    }
+}
+
 /// The headers of an SSE response the gateway serves for session `sid`.
 pub(super) fn sse_headers(h: &mut HeaderMap, sid: &str) {
     h.insert(

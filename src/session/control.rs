@@ -13,7 +13,8 @@ use bytes::Bytes;
 use super::{End, Outcome, Reattach, StreamKind};
 use crate::jsonrpc::{
     failure_frames, upstream_failure_frames, EVENT_RESUMED, EVENT_RESUMPTION_FAILED,
-    EVENT_RESUMPTION_REQUIRED, GAP_MESSAGE, SESSION_CLOSED_MESSAGE, UPSTREAM_ENDED_MESSAGE,
+    EVENT_RESUMPTION_REQUIRED, EVENT_STREAM, GAP_MESSAGE, SESSION_CLOSED_MESSAGE,
+    UPSTREAM_ENDED_MESSAGE,
 };
 use crate::sse;
 
@@ -61,6 +62,23 @@ pub(super) fn opening(
         }
         None => prime.then(|| sse::control(Some(here), None, retry, "")),
     }
+}
+
+/// The first event of a new stream `stream` whose client gets no priming event but must hold
+/// an id at once (an upgraded JSON answer at a protocol version before priming): an
+/// `mcp-reattach/stream` event at `here`, which clients ignore except for its id.
+pub(super) fn announce(here: &str, stream: u32, retry: Option<Duration>) -> Bytes {
+    let data = serde_json::json!({
+        "stream": stream,
+        "kind": StreamKind::Post.as_str(),
+        "after": here,
+    });
+    sse::control(
+        Some(here),
+        Some(EVENT_STREAM),
+        retry.map(millis),
+        &data.to_string(),
+    )
 }
 
 /// The first event of a resumed stream: where it resumes (`here`) and how many retained
@@ -141,6 +159,21 @@ mod tests {
         assert_eq!(opening("e.1.1", 1, false, None, None), None);
         let primed = text(opening("e.1.1", 1, true, None, Some(Duration::from_secs(2))).unwrap());
         assert_eq!(primed, "id: e.1.1\nretry: 2000\ndata: \n\n");
+    }
+
+    #[test]
+    fn an_announced_stream_opens_with_an_id_bearing_event_of_the_gateway() {
+        let t = text(announce("e.4.2", 4, None));
+        assert!(
+            t.starts_with(&format!("id: e.4.2\nevent: {EVENT_STREAM}\n")),
+            "{t}"
+        );
+        assert_eq!(
+            data(&t),
+            serde_json::json!({ "stream": 4, "kind": "post", "after": "e.4.2" })
+        );
+        let t = text(announce("e.4.2", 4, Some(Duration::from_millis(1500))));
+        assert!(t.contains("retry: 1500\n"), "{t}");
     }
 
     #[test]

@@ -36,7 +36,7 @@ use self::dedup::{Forwarded, Retired};
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
 pub use self::registry::{
-    hash_id, AtCapacity, Budget, Eviction, Owner, Principal, Registry, Reservation,
+    hash_id, is_minted_form, AtCapacity, Budget, Eviction, Owner, Principal, Registry, Reservation,
 };
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
@@ -95,6 +95,8 @@ pub struct Session {
     principal: Mutex<Principal>,
     /// The path the session was created on: the only one that is the session's.
     endpoint: Box<str>,
+    /// The gateway minted the id (the upstream is stateless): it is never sent upstream.
+    minted: bool,
     state: Mutex<State>,
     /// Woken when an attempt to open the held standalone stream settles.
     hold_settled: Notify,
@@ -144,6 +146,10 @@ pub struct OpenStream<'a> {
     pub initialize: bool,
     /// The client's body starts with a priming event.
     pub prime: bool,
+    /// Without a priming event, the client's body starts with an id-bearing
+    /// `mcp-reattach/stream` event instead (clients ignore its type but keep its id), so it
+    /// can resume before the upstream sends anything (an upgraded JSON answer).
+    pub announce: bool,
     /// A standalone stream opened to serve a client's stale cursor: its body starts with the
     /// control event saying so.
     pub reattach: Option<&'a Reattach>,
@@ -161,6 +167,7 @@ impl OpenStream<'_> {
             principal: Principal::default(),
             initialize: false,
             prime: false,
+            announce: false,
             reattach: None,
             kill: None,
         }
@@ -324,6 +331,7 @@ impl Session {
         metrics: Arc<Metrics>,
         budget: Arc<Budget>,
         owner: Owner,
+        minted: bool,
     ) -> Session {
         let epoch = new_epoch();
         Session {
@@ -353,6 +361,7 @@ impl Session {
             budget,
             principal: Mutex::new(owner.principal),
             endpoint: owner.endpoint,
+            minted,
             hold_settled: Notify::new(),
             hold_kick: Arc::new(Notify::new()),
             forward_settled: Notify::new(),
@@ -366,6 +375,11 @@ impl Session {
     /// The path the session was created on.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Whether the gateway minted this session's id (its upstream is stateless).
+    pub fn minted(&self) -> bool {
+        self.minted
     }
 
     /// The principal (keyed MAC) this session is bound to.
@@ -451,6 +465,12 @@ impl Session {
         control::opening(&here, stream, prime, reattach, self.cfg.retry_hint)
     }
 
+    /// The `mcp-reattach/stream` event that gives a client an id on a new stream without a
+    /// priming event (see [`OpenStream::announce`]).
+    fn announcement(&self, stream: u32, seq: u64) -> Bytes {
+        control::announce(&self.cursor(stream, seq), stream, self.cfg.retry_hint)
+    }
+
     /// Opens a tagged stream and attaches its first client at the opening position. The
     /// attachment opens with the priming event if asked, or the re-attach event for a
     /// standalone stream opened to serve a client's stale cursor.
@@ -461,9 +481,11 @@ impl Session {
             principal,
             initialize,
             prime,
+            announce,
             reattach,
             kill,
         } = open;
+        let announce = announce && !prime && reattach.is_none();
         let mut st = lock(&self.state);
         st.last_seq += 1;
         let seq = st.last_seq;
@@ -471,7 +493,12 @@ impl Session {
         st.next_stream += 1;
         let generation = st.next_generation;
         st.next_generation += 1;
-        let sub = Subscriber::new(generation, seq, kill, prime || reattach.is_some());
+        let sub = Subscriber::new(
+            generation,
+            seq,
+            kill,
+            prime || announce || reattach.is_some(),
+        );
         let mut opened = Stream::new(kind, seq, requests, initialize, Some(sub));
         opened.principal = principal;
         st.streams.insert(stream, opened);
@@ -481,10 +508,15 @@ impl Session {
         self.metrics.streams_attached.inc();
         st.last_activity = Instant::now();
         drop(st);
+        let opening = if announce {
+            Some(self.announcement(stream, seq))
+        } else {
+            self.opening_event(stream, seq, prime, reattach)
+        };
         Attachment {
             stream,
             generation,
-            opening: self.opening_event(stream, seq, prime, reattach),
+            opening,
         }
     }
 

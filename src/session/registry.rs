@@ -162,11 +162,45 @@ impl Registry {
         s
     }
 
+    /// A session of the gateway's own for an upstream that answered `initialize` without a
+    /// session id (a stateless server): its id is minted here ([`mint_id`]) and never sent
+    /// upstream. Takes `reservation`'s place, or makes room like [`Registry::get_or_create`].
+    pub fn create_minted(
+        &self,
+        owner: Owner,
+        reservation: Option<Reservation>,
+    ) -> Result<Arc<Session>, AtCapacity> {
+        let mut map = lock(&self.sessions);
+        if reservation.is_none() {
+            self.make_room(&mut map)?;
+        }
+        let id = loop {
+            let id = mint_id();
+            if !map.contains_key(&id) {
+                break id;
+            }
+        };
+        let s = self.insert_as(&mut map, &id, owner, true);
+        drop(reservation);
+        self.metrics.sessions_minted.inc();
+        Ok(s)
+    }
+
     fn insert(
         &self,
         map: &mut HashMap<String, Arc<Session>>,
         id: &str,
         owner: Owner,
+    ) -> Arc<Session> {
+        self.insert_as(map, id, owner, false)
+    }
+
+    fn insert_as(
+        &self,
+        map: &mut HashMap<String, Arc<Session>>,
+        id: &str,
+        owner: Owner,
+        minted: bool,
     ) -> Arc<Session> {
         let s = Arc::new(Session::new(
             id.to_owned(),
@@ -174,6 +208,7 @@ impl Registry {
             self.metrics.clone(),
             self.budget.clone(),
             owner,
+            minted,
         ));
         map.insert(id.to_owned(), s.clone());
         tracing::debug!(mcp.session = %hash_id(id), "session created");
@@ -337,6 +372,34 @@ impl Registry {
     }
 }
 
+/// How every session id the gateway mints begins.
+pub const MINTED_PREFIX: &str = "mra-";
+
+/// A new session id of the gateway's own: [`MINTED_PREFIX`] and 128 random bits as 32
+/// lowercase hex digits (visible ASCII, unguessable, and told apart from an upstream's by
+/// [`is_minted_form`]).
+pub fn mint_id() -> String {
+    let mut raw = [0u8; 16];
+    getrandom::getrandom(&mut raw).expect("the OS random number generator, for a session id");
+    let mut id = String::with_capacity(MINTED_PREFIX.len() + 32);
+    id.push_str(MINTED_PREFIX);
+    for b in raw {
+        use std::fmt::Write;
+        let _ = write!(id, "{b:02x}");
+    }
+    id
+}
+
+/// Whether `id` has the form of an id [`mint_id`] makes.
+pub fn is_minted_form(id: &str) -> bool {
+    id.strip_prefix(MINTED_PREFIX).is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    })
+}
+
 /// A short label for a session id in logs, stable within the process: SipHash under a key
 /// drawn at random once per process (std's `RandomState`), so a label cannot be turned back
 /// into a guessable session id without the process's key.
@@ -346,4 +409,31 @@ pub fn hash_id(id: &str) -> String {
         std::sync::OnceLock::new();
     let key = KEY.get_or_init(std::collections::hash_map::RandomState::new);
     format!("{:016x}", key.hash_one(id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_ids_are_unguessable_visible_ascii_of_one_form() {
+        let a = mint_id();
+        let b = mint_id();
+        assert_ne!(a, b);
+        for id in [&a, &b] {
+            assert!(is_minted_form(id), "{id}");
+            assert!(id.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+            assert_eq!(id.len(), MINTED_PREFIX.len() + 32);
+        }
+        for other in [
+            "mra-",
+            "mra-0123",
+            "MRA-0123456789abcdef0123456789abcdef",
+            "mra-0123456789ABCDEF0123456789abcdef",
+            "mra-0123456789abcdef0123456789abcdef0",
+            "4f9c-upstream",
+        ] {
+            assert!(!is_minted_form(other), "{other}");
+        }
+    }
 }

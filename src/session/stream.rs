@@ -47,6 +47,14 @@ pub enum UpstreamFailure {
     /// The upstream closed a stream it had not finished and refused every attempt to resume it.
     #[error("the upstream closed the stream and refused {0} attempts to resume it")]
     ResumeRefused(u32),
+    /// The upstream answered a POST the gateway was already answering with its own SSE
+    /// stream (`--json-upgrade`) with this HTTP status, and the upstream's error message if
+    /// its body was a JSON-RPC error.
+    #[error("the upstream answered HTTP {status}{}", message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
+    Status {
+        status: u16,
+        message: Option<String>,
+    },
 }
 
 /// How an upstream stream ended.

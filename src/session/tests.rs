@@ -25,6 +25,7 @@ fn session(c: Arc<Config>) -> Session {
         Arc::default(),
         Arc::new(Budget::new(usize::MAX)),
         Owner::new(Principal::default(), "/mcp"),
+        false,
     )
 }
 

@@ -8,7 +8,7 @@
 pub(crate) mod hold;
 mod reader;
 
-pub(crate) use self::reader::spawn_reader;
+pub(crate) use self::reader::{spawn_answer_reader, spawn_reader, Answer};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -227,6 +227,16 @@ fn is_hop_by_hop(n: &HeaderName) -> bool {
 
 /// Whether a response is an uncompressed SSE stream.
 pub fn is_sse(h: &HeaderMap) -> bool {
+    is_uncompressed(h, "text/event-stream")
+}
+
+/// Whether a response is an uncompressed JSON body.
+pub fn is_json(h: &HeaderMap) -> bool {
+    is_uncompressed(h, "application/json")
+}
+
+/// Whether the response's media type is `media` and its body is not content-coded.
+fn is_uncompressed(h: &HeaderMap, media: &str) -> bool {
     let ct = h
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -236,7 +246,7 @@ pub fn is_sse(h: &HeaderMap) -> bool {
         .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
     ct.split(';')
         .next()
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case(media))
         && identity
 }
 

@@ -6,18 +6,29 @@
 //! Knows the upstream body and the session API; the rules of what may be evicted live in
 //! `session`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{hold, Source};
-use crate::metrics::UpstreamErrorKind;
-use crate::session::{hash_id, End, Registry, Session, UpstreamFailure};
-use crate::sse::Decoder;
+use super::{hold, is_json, is_sse, Source};
+use crate::metrics::{UpgradeAnswer, UpstreamErrorKind};
+use crate::session::{hash_id, End, Eviction, Registry, Session, UpstreamFailure};
+use crate::sse::{Decoder, Event};
+
+/// The upstream's answer to a POST the gateway answers with an SSE stream of its own
+/// (`--json-upgrade`): its response, or why there is none (for the log).
+pub(crate) type Answer = Pin<Box<dyn Future<Output = Result<Response<Incoming>, String>> + Send>>;
+
+/// Most bytes of an error body the gateway reads to learn the upstream's JSON-RPC message.
+const ERROR_BODY_BYTES: usize = 64 * 1024;
 
 /// Most upstream bytes the reader takes in one go before tagging them. While the window has
 /// no room these wait in the reader, so this also bounds what a paused upstream costs
@@ -49,6 +60,150 @@ pub(crate) fn spawn_reader(
     s.set_reader(stream, reader.abort_handle());
 }
 
+/// Waits for the upstream's `answer` to a POST whose client already has the gateway's SSE
+/// stream `stream` (`--json-upgrade`), in a task of its own that the session stops when it
+/// closes, and feeds the answer into the stream: an SSE stream is read as any other, a JSON
+/// body becomes the stream's event(s), any other answer a JSON-RPC error per request (a 404
+/// ends the session when `evict_on_404`: the request was the session's own).
+pub(crate) fn spawn_answer_reader(
+    registry: Arc<Registry>,
+    session: Arc<Session>,
+    stream: u32,
+    answer: Answer,
+    source: Source,
+    evict_on_404: bool,
+) {
+    let s = session.clone();
+    let reader = tokio::spawn(async move {
+        let metrics = registry.metrics().clone();
+        let resp = match answer.await {
+            Ok(r) => r,
+            Err(cause) => {
+                metrics.json_upgrade(UpgradeAnswer::Failed);
+                metrics.upstream_error(UpstreamErrorKind::Request);
+                tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause, "upstream failed to answer an upgraded POST");
+                session.end_stream(stream, End::Failed(UpstreamFailure::Connection(cause)));
+                return;
+            }
+        };
+        let (status, headers) = (resp.status(), resp.headers());
+        if status == StatusCode::OK && is_sse(headers) {
+            metrics.json_upgrade(UpgradeAnswer::Sse);
+            read_stream(&registry, &session, stream, resp.into_body(), &source).await;
+            return;
+        }
+        if status == StatusCode::OK && is_json(headers) {
+            metrics.json_upgrade(UpgradeAnswer::Json);
+            let limit = source.upstream.cfg.max_event_bytes;
+            let end = match Limited::new(resp.into_body(), limit).collect().await {
+                Ok(body) => match json_events(&body.to_bytes()) {
+                    Ok(mut events) => {
+                        deliver(&registry, &session, stream, &mut events).await;
+                        End::Complete
+                    }
+                    Err(why) => {
+                        metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
+                        End::Failed(UpstreamFailure::InvalidStream(why))
+                    }
+                },
+                Err(e)
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some() =>
+                {
+                    metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
+                    End::Failed(UpstreamFailure::InvalidStream(format!(
+                        "the upstream's JSON answer is larger than {limit} bytes (--max-event-bytes)"
+                    )))
+                }
+                Err(e) => {
+                    metrics.upstream_error(UpstreamErrorKind::Stream);
+                    End::Failed(UpstreamFailure::Connection(e.to_string()))
+                }
+            };
+            session.end_stream(stream, end);
+            return;
+        }
+        metrics.json_upgrade(UpgradeAnswer::Status);
+        let failure = if status == StatusCode::OK {
+            let ct = headers
+                .get(http::header::CONTENT_TYPE)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+            UpstreamFailure::InvalidStream(format!(
+                "the upstream answered 200 with Content-Type {ct:?}, neither JSON nor SSE"
+            ))
+        } else {
+            let body = Limited::new(resp.into_body(), ERROR_BODY_BYTES)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            UpstreamFailure::Status {
+                status: status.as_u16(),
+                message: error_message(&body),
+            }
+        };
+        tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, %status, "upgraded POST answered without a result");
+        session.end_stream(stream, End::Failed(failure));
+        if status == StatusCode::NOT_FOUND && evict_on_404 {
+            registry.remove(session.id(), Eviction::Upstream404);
+        }
+    });
+    s.set_reader(stream, reader.abort_handle());
+}
+
+/// The events of an upstream's JSON answer: the message, or each message of a batch, as a
+/// `message` event carrying the upstream's own text. Anything that is not JSON-RPC is refused
+/// with why.
+pub(crate) fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
+    use serde_json::value::RawValue;
+    let text = std::str::from_utf8(body)
+        .map_err(|_| "the upstream's JSON answer is not UTF-8".to_owned())?
+        .trim();
+    let not_json = |e: serde_json::Error| format!("the upstream's JSON answer is not JSON: {e}");
+    let messages: Vec<&RawValue> = if text.starts_with('[') {
+        serde_json::from_str(text).map_err(not_json)?
+    } else {
+        vec![serde_json::from_str(text).map_err(not_json)?]
+    };
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        jsonrpc: Option<&'a str>,
+    }
+    let is_message = |m: &&RawValue| {
+        serde_json::from_str::<Envelope<'_>>(m.get()).is_ok_and(|e| e.jsonrpc == Some("2.0"))
+    };
+    if messages.is_empty() || !messages.iter().all(is_message) {
+        return Err("the upstream's JSON answer is not a JSON-RPC message or batch".to_owned());
+    }
+    Ok(messages
+        .into_iter()
+        .map(|m| {
+            let raw = m.get();
+            // An SSE data line cannot hold a line break: a message that spans lines is
+            // sent compact.
+            let data = if raw.contains(['\n', '\r']) {
+                serde_json::from_str::<Value>(raw)
+                    .map_or_else(|_| raw.to_owned(), |v| v.to_string())
+            } else {
+                raw.to_owned()
+            };
+            Event {
+                event: Some("message".to_owned()),
+                data: Some(data),
+                ..Event::default()
+            }
+        })
+        .collect())
+}
+
+/// The `error.message` of a JSON-RPC error body, if that is what `body` is.
+fn error_message(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let m = v.get("error")?.get("message")?.as_str()?;
+    Some(m.chars().take(200).collect())
+}
+
 /// The next frame of `body` if it is ready now, without waiting.
 async fn ready_frame(
     body: &mut Incoming,
@@ -78,12 +233,7 @@ const CONTROL_PREFIX: &str = "mcp-reattach/";
 
 /// Hands `events` to the session, waiting while its window has no room (flow control: the
 /// body is not polled meanwhile, so the upstream's TCP window closes). Counts pauses.
-async fn deliver(
-    registry: &Registry,
-    session: &Session,
-    stream: u32,
-    events: &mut Vec<crate::sse::Event>,
-) {
+async fn deliver(registry: &Registry, session: &Session, stream: u32, events: &mut Vec<Event>) {
     let mut paused: Option<Instant> = None;
     std::future::poll_fn(|cx| {
         if session.push_events(stream, events, Some(cx.waker())) {
@@ -229,8 +379,38 @@ pub(crate) async fn read_stream(
 mod tests {
     use super::*;
     use crate::jsonrpc::{
-        EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED, EVENT_UPSTREAM_FAILED,
+        EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED, EVENT_STREAM,
+        EVENT_UPSTREAM_FAILED,
     };
+
+    #[test]
+    fn a_json_answer_is_its_messages_as_the_upstream_wrote_them() {
+        let data = |body: &str| -> Result<Vec<String>, String> {
+            json_events(body.as_bytes())
+                .map(|v| v.into_iter().map(|e| e.data.unwrap_or_default()).collect())
+        };
+        let one = r#"{"jsonrpc":"2.0","id":1,"result":{"b":1,"a":2}}"#;
+        assert_eq!(data(&format!("{one}\n")).unwrap(), vec![one]);
+        let two = r#"{"jsonrpc":"2.0","id":2,"result":{}}"#;
+        assert_eq!(data(&format!("[{one}, {two}]")).unwrap(), vec![one, two]);
+        // Pretty-printed: compact, so each message is one data line.
+        let pretty = "{\n  \"jsonrpc\": \"2.0\",\n  \"id\": 3,\n  \"result\": {}\n}";
+        let got = data(pretty).unwrap();
+        assert!(!got[0].contains('\n'));
+        assert_eq!(serde_json::from_str::<Value>(&got[0]).unwrap()["id"], 3);
+        for bad in [
+            "",
+            "not json",
+            "[]",
+            "[1]",
+            r#"{"id":1}"#,
+            r#"{"jsonrpc":"1.0"}"#,
+            "\u{fffd}",
+        ] {
+            assert!(data(bad).is_err(), "{bad:?} is refused");
+        }
+        assert!(json_events(&[0xff, 0xfe]).is_err());
+    }
 
     #[test]
     fn every_gateway_event_type_is_disowned_when_the_upstream_sends_it() {
@@ -239,6 +419,7 @@ mod tests {
             EVENT_RESUMPTION_FAILED,
             EVENT_RESUMPTION_REQUIRED,
             EVENT_UPSTREAM_FAILED,
+            EVENT_STREAM,
         ] {
             let mut e = crate::sse::Event {
                 event: Some(t.to_owned()),

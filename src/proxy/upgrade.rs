@@ -1,0 +1,109 @@
+//! The upgrade route (`--json-upgrade`): a legacy POST carrying requests, from a client that
+//! accepts SSE, is answered with a tagged SSE stream of the gateway's whatever the upstream
+//! answers with, so a cut during the call is an ordinary re-attach even in front of a server
+//! that answers with JSON.
+//!
+//! Into a known session the upstream gets `--upgrade-grace` to answer: an answer within it
+//! is served as on the forward route (an error keeps its status, an SSE stream is tagged, a
+//! JSON body becomes the stream's events). Past it the gateway commits: the client gets the
+//! stream at once (an id first, keep-alives), and the answer, when it comes, is fed into it
+//! by a task of its own (`upstream::spawn_answer_reader`).
+//!
+//! Knows the upstream client and the session API; what the answer becomes lives in
+//! `upstream::reader`.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Response, StatusCode};
+
+use super::inbound::Inbound;
+use super::{Gateway, ResBody};
+use crate::attach::AttachBody;
+use crate::config::ResumeAuth;
+use crate::error::{ProxyError, Refusal};
+use crate::session::{OpenStream, Session, StreamKind};
+use crate::upstream::{spawn_answer_reader, Answer, Source};
+
+impl Gateway {
+    /// [`Route::Upgrade`](super::inbound::Route::Upgrade).
+    pub(super) async fn upgrade(
+        &self,
+        mut inb: Inbound,
+        session: Option<Arc<Session>>,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let reservation = self.reserve(&inb)?;
+        let _forwarding = match self.claimed(&mut inb, &session).await {
+            Ok(f) => f,
+            Err(s) => return Box::pin(self.retransmission(inb, s)).await,
+        };
+        inb.drop_legacy_cursor();
+        let source = inb.source(&self.upstream);
+        let Some(s) = session.clone() else {
+            // No session yet (an `initialize`): the stream needs the session the answer
+            // names, so the gateway waits for it.
+            let resp = self.send(&mut inb).await?;
+            return self
+                .answered(inb, None, resp, source, reservation, None)
+                .await;
+        };
+        let mut answer = self.answer(&mut inb);
+        match tokio::time::timeout(self.cfg.upgrade_grace, &mut answer).await {
+            Ok(Ok(resp)) => {
+                self.answered(inb, session, resp, source, reservation, None)
+                    .await
+            }
+            Ok(Err(e)) => Err(ProxyError::Upstream(e).for_request(inb.info.single_id.clone())),
+            Err(_) => {
+                let answer: Answer =
+                    Box::pin(async move { answer.await.map_err(|e| e.to_string()) });
+                Ok(self.commit(inb, s, None, answer, source))
+            }
+        }
+    }
+
+    /// Answers `inb` with a new tagged stream of `session` now, and feeds the upstream's
+    /// `answer` into it when it comes. `upstream_headers`: the answer's headers, when it is
+    /// already here.
+    pub(super) fn commit(
+        &self,
+        inb: Inbound,
+        session: Arc<Session>,
+        upstream_headers: Option<HeaderMap>,
+        answer: Answer,
+        source: Source,
+    ) -> Response<ResBody> {
+        let version = inb
+            .header_version
+            .clone()
+            .or_else(|| inb.info.version.clone())
+            .or_else(|| session.protocol_version());
+        // The client must hold an id before anything else: it resumes only a stream that
+        // gave it one.
+        let attachment = session.open_stream(OpenStream {
+            kind: StreamKind::Post,
+            requests: inb.info.request_ids,
+            principal: inb.principal,
+            initialize: inb.info.initialize,
+            prime: self.prime(version.as_deref()),
+            announce: true,
+            reattach: None,
+            kill: Some(inb.kill),
+        });
+        // The upstream's 404 ends the session only when the request was the session's own.
+        let own = !session.minted()
+            && inb.authorized.unwrap_or_else(|| {
+                self.cfg.resume_auth == ResumeAuth::None || session.principal() == inb.principal
+            });
+        spawn_answer_reader(
+            self.registry.clone(),
+            session.clone(),
+            attachment.stream,
+            answer,
+            source,
+            own,
+        );
+        let s = session.clone();
+        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
+        self.sse_response(StatusCode::OK, upstream_headers, s.id(), body)
+    }
+}
