@@ -27,6 +27,12 @@
 //! 5. concurrent calls on one session, cut twice: no event of one call's stream ever shows up on
 //!    another's (checked on the wire: every SSE event the client received is tapped).
 //!
+//! JSON-response mode (`ts-json`): concurrent calls each get their own result; a call cut 0.7 s
+//! in (after the 200 ms upgrade grace) is delivered exactly once, because the gateway answered
+//! its POST with a tagged SSE stream the client resumes (`json-call-cut`); with
+//! `--json-upgrade false` the same cut fails the call at once (`json-call-cut-upgrade-off`).
+//! Every upstream shape (stateless, JSON) of every SDK: tests/interop_shapes.rs.
+//!
 //! Controls (no gateway) show that the checks can fail. Needs Node.js >= 18, npm and Python >=
 //! 3.10 (first runs install `tests/interop/node_modules` and `tests/interop/.venv`). Run with
 //! `cargo test --test interop_matrix -- --nocapture` to see every client's output.
@@ -454,6 +460,9 @@ const JSON_CALLS: Scenario = Scenario {
     raw_resume: false,
 };
 
+/// A JSON-mode call cut 0.7 s in (after the 200 ms upgrade grace): the gateway answered the
+/// POST with a tagged SSE stream (priming event with an id, keep-alives), so the client resumes
+/// and gets the JSON answer, exactly once.
 const JSON_CUT: Scenario = Scenario {
     name: "json-call-cut",
     clients: &ALL_CLIENTS,
@@ -463,6 +472,23 @@ const JSON_CUT: Scenario = Scenario {
     verdict: json_cut_verdict,
     raw_resume: false,
 };
+
+/// The same cut with `--json-upgrade false`: the JSON answer passes through as it came, so there
+/// is no stream to resume and the call fails at once (no hang).
+const JSON_CUT_UPGRADE_OFF: Scenario = Scenario {
+    name: "json-call-cut-upgrade-off",
+    clients: &ALL_CLIENTS,
+    gateway: Some(upgrade_off),
+    limit: Duration::from_secs(30),
+    plan: json_cut_plan,
+    verdict: json_cut_upgrade_off_verdict,
+    raw_resume: false,
+};
+
+/// The gateway without the JSON upgrade (`--json-upgrade false`).
+fn upgrade_off(c: &mut mcp_reattach::Config) {
+    c.json_upgrade = false;
+}
 
 /// Without the gateway, a server without an event store sets no ids: no client can resume, so
 /// one cut loses the rest of the call.
@@ -843,7 +869,8 @@ fn concurrent_verdict(run: &Run, up: Up) -> Result<String, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON-response mode: no stream to resume; what clients do get
+// JSON-response mode: the upstream answers with one JSON body (and drops progress); the gateway
+// upgrades the answer to a tagged SSE stream (on by default), which a client can resume
 // ---------------------------------------------------------------------------------------------
 
 fn json_calls_plan(up: Up) -> (Value, Hook) {
@@ -868,20 +895,53 @@ fn json_calls_verdict(run: &Run, up: Up) -> Result<String, String> {
     Ok("3 results, each its own, no progress (the server drops it in JSON mode)".into())
 }
 
+/// An 8 × 150 ms call, cut 0.7 s after the client's session line (its call starts right
+/// after): past the 200 ms upgrade grace, before the upstream answers.
 fn json_cut_plan(up: Up) -> (Value, Hook) {
     (
         json!({"timeout_ms": 8000, "calls": [up.slow(8, 150)]}),
         Box::new(|v: &Value, f: &mut Faults| {
             if v["ev"] == "session" {
-                f.cut_later(Duration::from_millis(500));
+                f.cut_later(Duration::from_millis(700));
                 f.cuts_hit += 1;
-                f.cut_at = Some(Instant::now() + Duration::from_millis(500));
+                f.cut_at = Some(Instant::now() + Duration::from_millis(700));
             }
         }),
     )
 }
 
-fn json_cut_verdict(run: &Run, _: Up) -> Result<String, String> {
+/// With the upgrade: the result exactly once after a resume, no progress (the upstream sends
+/// none in JSON mode), and the call's stream tagged by the gateway.
+fn json_cut_verdict(run: &Run, up: Up) -> Result<String, String> {
+    let results = run
+        .events
+        .iter()
+        .filter(|(_, v)| v["ev"] == "result" && v["call"] == 0)
+        .count();
+    match (run.results.get("0"), run.errors.get("0")) {
+        (Some(t), None) if up.is_slow_result(t, 8) && results == 1 => {}
+        (r, e) => {
+            return Err(format!(
+                "want the result once, got {results} result(s) {r:?}, error {e:?}"
+            ))
+        }
+    }
+    if !run.progress_of("0").is_empty() {
+        return Err(format!("progress in JSON mode? {:?}", run.progress_of("0")));
+    }
+    let resumes = run.resumes();
+    if resumes.is_empty() {
+        return Err("the cut was not followed by a resume GET".to_string());
+    }
+    let iso = stream_isolation(run)?;
+    Ok(format!(
+        "upgraded to SSE: the result once after {} resume GET(s); {iso}",
+        resumes.len()
+    ))
+}
+
+/// With `--json-upgrade false`: the cut fails the call at once (nothing to resume).
+fn json_cut_upgrade_off_verdict(run: &Run, _: Up) -> Result<String, String> {
     if let Some(r) = run.results.get("0") {
         return Err(format!("a JSON response survived the cut? {r}"));
     }
@@ -999,7 +1059,8 @@ mod ts_json {
 
     matrix_tests! {
         concurrent_calls_no_cut: Up::TsJson, JSON_CALLS;
-        call_cut_fails_fast: Up::TsJson, JSON_CUT;
+        call_cut_delivered_once: Up::TsJson, JSON_CUT;
+        call_cut_fails_fast_with_upgrade_off: Up::TsJson, JSON_CUT_UPGRADE_OFF;
         s3_standalone_notifications: Up::TsJson, S3_STANDALONE;
         s4_delete_then_resume: Up::TsJson, S4_DELETE;
     }

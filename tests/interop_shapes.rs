@@ -308,9 +308,10 @@ fn verdict(shape: Shape, arm: Arm, run: &Run, timed_hits: usize) -> Result<Strin
             )),
             (None, e) => Ok(format!(
                 "call lost as expected: progress {progress:?}, {}",
-                match e {
-                    Some((m, c)) => format!("error {c:?} {m:?}"),
-                    None => format!("no answer ({:?})", run.cut_short),
+                match (e, run.errors.iter().next()) {
+                    (Some((m, c)), _) => format!("error {c:?} {m:?}"),
+                    (None, Some((call, (m, c)))) => format!("error of {call}: {c:?} {m:?}"),
+                    (None, None) => format!("no answer ({:?})", run.cut_short),
                 }
             )),
         };
@@ -345,18 +346,18 @@ fn verdict(shape: Shape, arm: Arm, run: &Run, timed_hits: usize) -> Result<Strin
             resumes.len()
         ));
     }
+    let progress = if progress.is_empty() {
+        "progress none (JSON answer)".to_string()
+    } else {
+        format!("progress {progress:?}")
+    };
     let note = format!(
-        "result once through {hits} cut(s), {} resume GET(s), progress {}",
-        resumes.len(),
-        if progress.is_empty() {
-            "none (JSON answer)".to_string()
-        } else {
-            format!("1..={} once each", progress.len())
-        }
+        "{hits} cut(s), {} resume GET(s) (POST and standalone streams)",
+        resumes.len()
     );
     Ok(match bug {
         Some(b) => format!("{b}; {note}"),
-        None => note,
+        None => format!("result once, {progress}; {note}"),
     })
 }
 
