@@ -686,6 +686,9 @@ async fn retransmit_and_delete(
                 "a stateless upstream's session id is {sid:?}, want one the gateway minted (mra-<32 hex>)"
             ));
         }
+        // What a GET on the session gets through the gateway (a minted session's is forwarded
+        // without the session header); reported, not judged.
+        let get = raw.get_head(None).await;
         // The first attempt: up to the first event with an id, then the connection drops.
         let call7 = tools_call(7, "counter", json!({}));
         let resp = raw.post(&call7, None).await?;
@@ -745,7 +748,7 @@ async fn retransmit_and_delete(
             ));
         }
         Ok((sid, cursor, format!(
-            "session {}; id 7 again: resumed, original {n7:?}; id 8 {n8:?}; 2 executions upstream",
+            "session {}, GET on it -> {get}; id 7 again: resumed, original {n7:?}; id 8 {n8:?}; 2 executions upstream",
             if shape.stateless() { "minted" } else { "the upstream's" }
         )))
     }
