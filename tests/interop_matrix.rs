@@ -50,7 +50,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::{
     complete, cut_on_progress, explained_by_py_bugs, gap_error, refuse_and_cut_at, run_pairs,
-    tiny_window, with_gateway, Cl, Driver, Faults, Hook, Run, Upstream,
+    tiny_window, with_gateway, Cl, Driver, Faults, Hook, Run, Upstream, ALL_CLIENTS,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -58,8 +58,6 @@ use tokio::time::Instant;
 // ---------------------------------------------------------------------------------------------
 // Clients and upstreams (the clients' drivers and runs: tests/support/clients.rs)
 // ---------------------------------------------------------------------------------------------
-
-const ALL_CLIENTS: [Cl; 3] = [Cl::Ts, Cl::Py, Cl::Rmcp];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Up {

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
+/// A real MCP client: the TypeScript SDK, the Python SDK, rmcp.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cl {
     Ts,
@@ -18,9 +19,11 @@ pub enum Cl {
     Rmcp,
 }
 
+/// Every client the matrix runs.
 pub const ALL_CLIENTS: [Cl; 3] = [Cl::Ts, Cl::Py, Cl::Rmcp];
 
 impl Cl {
+    /// Its name in report rows.
     pub fn label(self) -> &'static str {
         match self {
             Cl::Ts => "ts-client",
