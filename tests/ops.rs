@@ -77,7 +77,8 @@ async fn metrics_during_a_resume_pass_promtool() {
     eprintln!("{text}");
     assert_eq!(metric(&text, "mcp_reattach_sessions"), 1.0);
     assert_eq!(metric(&text, "mcp_reattach_attached_clients"), 1.0);
-    assert_eq!(metric(&text, "mcp_reattach_events_tagged_total"), 1.0);
+    // The progress event, and the `initialize`'s JSON answer upgraded to a stream.
+    assert_eq!(metric(&text, "mcp_reattach_events_tagged_total"), 2.0);
     assert_eq!(metric(&text, "mcp_reattach_events_replayed_total"), 1.0);
     assert_eq!(
         metric(&text, "mcp_reattach_resumes_total{outcome=\"resumed\"}"),

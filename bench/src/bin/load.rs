@@ -601,6 +601,13 @@ impl Agg {
     }
 }
 
+/// A JSON-RPC answer: a JSON body, or (the gateway's `--json-upgrade`) an SSE stream that
+/// carries it as an event.
+fn is_answer(body: &[u8]) -> bool {
+    const EVENT: &[u8] = b"data: {\"jsonrpc\"";
+    body.starts_with(b"{\"jsonrpc\"") || body.windows(EVENT.len()).any(|w| w == EVENT)
+}
+
 async fn json_saturate(
     target: SocketAddr,
     path: String,
@@ -640,7 +647,7 @@ async fn json_saturate(
                     break;
                 }
                 match c.roundtrip(&req).await {
-                    Ok((h, b)) if h.status == 200 && b.starts_with(b"{\"jsonrpc\"") => {
+                    Ok((h, b)) if h.status == 200 && is_answer(&b) => {
                         let t1 = now_ns();
                         if t0 >= measure_from {
                             n += 1;
