@@ -203,10 +203,9 @@ async fn a_json_answer_becomes_a_tagged_stream_with_an_id_first() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |c| c.hold_standalone = false).await;
     init_session(&gw, &mut mock, SID).await;
-    for (id, version, opening) in [
-        (1, PRIMING_VERSION, None),
-        (2, OLD_VERSION, Some("mcp-reattach/stream")),
-    ] {
+    // Answered within the grace: priming where the version has it, else the tagged result
+    // is the first event (no event of the gateway's, which rmcp refuses on `initialize`).
+    for (id, version, primed) in [(1, PRIMING_VERSION, true), (2, OLD_VERSION, false)] {
         let pending = tokio::spawn(send(
             gw.addr,
             with_version(post(&call(id), Some(SID)), version),
@@ -219,10 +218,27 @@ async fn a_json_answer_becomes_a_tagged_stream_with_an_id_first() {
         assert_eq!(resp.headers()["content-type"], "text/event-stream");
         assert_eq!(resp.headers()["x-custom"], "kept");
         let events = SseReader::new(resp).rest().await;
-        assert!(events[0].id.is_some(), "{version}: an id first: {events:?}");
-        assert_eq!(events[0].event.as_deref(), opening, "{version}");
+        assert!(
+            events.iter().all(|e| e.id.is_some()),
+            "{version}: every event has an id: {events:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .all(|e| e.event.as_deref().is_none_or(|t| t == "message")),
+            "{version}: {events:?}"
+        );
+        assert_eq!(
+            events.len(),
+            1 + usize::from(primed),
+            "{version}: {events:?}"
+        );
+        assert_eq!(
+            events[0].data.as_deref() == Some(""),
+            primed,
+            "{version}: {events:?}"
+        );
         assert_eq!(messages(&events), vec![result(id)], "{version}");
-        assert!(events[1].id.is_some(), "the result is tagged too");
     }
     // A batch answer: one event per message.
     let pending = tokio::spawn(send(
@@ -266,6 +282,20 @@ async fn a_slow_json_answer_is_resumed_across_a_cut_and_retransmissions_are_not_
     })
     .await;
     init_session(&gw, &mut mock, SID).await;
+    // At a version before priming, the stream opens with the gateway's id-bearing
+    // `mcp-reattach/stream` event instead.
+    let pending = tokio::spawn(send(
+        gw.addr,
+        with_version(post(&call(9), Some(SID)), OLD_VERSION),
+    ));
+    let seen = mock.next().await;
+    let mut client = SseReader::new(pending.await.unwrap());
+    let opening = client.next().await.unwrap();
+    assert_eq!(opening.event.as_deref(), Some("mcp-reattach/stream"));
+    assert!(opening.id.is_some());
+    seen.respond_json(result(9));
+    assert_eq!(messages(&client.rest().await), vec![result(9)]);
+
     let pending = tokio::spawn(send(
         gw.addr,
         with_version(post(&call(1), Some(SID)), PRIMING_VERSION),
@@ -278,8 +308,9 @@ async fn a_slow_json_answer_is_resumed_across_a_cut_and_retransmissions_are_not_
     let priming = client.next().await.unwrap();
     assert_eq!(priming.data.as_deref(), Some(""));
     let cursor = priming.id.expect("an id first");
-    drop(client); // the cut
-                  // The client retransmits the call (the seed's recovery): answered from the stream.
+    // The cut; the client retransmits the call (the seed's recovery): answered from the
+    // stream.
+    drop(client);
     let retransmitted = tokio::spawn(send(gw.addr, post(&call(1), Some(SID))));
     tokio::time::sleep(Duration::from_millis(100)).await;
     seen.respond_json(result(1));

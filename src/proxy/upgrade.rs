@@ -63,7 +63,8 @@ impl Gateway {
 
     /// Answers `inb` with a new tagged stream of `session` now, and feeds the upstream's
     /// `answer` into it when it comes. `upstream_headers`: the answer's headers, when it is
-    /// already here.
+    /// already here (its events then follow at once, each with an id, so the stream needs no
+    /// opening event of its own beyond priming).
     pub(super) fn commit(
         &self,
         inb: Inbound,
@@ -77,15 +78,16 @@ impl Gateway {
             .clone()
             .or_else(|| inb.info.version.clone())
             .or_else(|| session.protocol_version());
-        // The client must hold an id before anything else: it resumes only a stream that
-        // gave it one.
+        // Committed before the answer, the client must hold an id before anything else: it
+        // resumes only a stream that gave it one.
+        let announce = upstream_headers.is_none();
         let attachment = session.open_stream(OpenStream {
             kind: StreamKind::Post,
             requests: inb.info.request_ids,
             principal: inb.principal,
             initialize: inb.info.initialize,
             prime: self.prime(version.as_deref()),
-            announce: true,
+            announce,
             reattach: None,
             kill: Some(inb.kill),
         });
