@@ -27,6 +27,12 @@
 //! 5. concurrent calls on one session, cut twice: no event of one call's stream ever shows up on
 //!    another's (checked on the wire: every SSE event the client received is tapped).
 //!
+//! JSON-response mode (`ts-json`): concurrent calls each get their own result; a call cut 0.7 s
+//! in (after the 200 ms upgrade grace) is delivered exactly once, because the gateway answered
+//! its POST with a tagged SSE stream the client resumes (`json-call-cut`); with
+//! `--json-upgrade false` the same cut fails the call at once (`json-call-cut-upgrade-off`).
+//! Every upstream shape (stateless, JSON) of every SDK: tests/interop_shapes.rs.
+//!
 //! Controls (no gateway) show that the checks can fail. Needs Node.js >= 18, npm and Python >=
 //! 3.10 (first runs install `tests/interop/node_modules` and `tests/interop/.venv`). Run with
 //! `cargo test --test interop_matrix -- --nocapture` to see every client's output.
@@ -42,32 +48,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{interop_dir, ChildProc, Gw, NextLine, Relay, Upstream};
+use support::{
+    complete, cut_on_progress, explained_by_py_bugs, gap_error, refuse_and_cut_at, run_pairs,
+    tiny_window, with_gateway, Cl, Driver, Faults, Hook, Run, Upstream, ALL_CLIENTS,
+};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
-// Clients and upstreams
+// Clients and upstreams (the clients' drivers and runs: tests/support/clients.rs)
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cl {
-    Ts,
-    Py,
-    Rmcp,
-}
-
-const ALL_CLIENTS: [Cl; 3] = [Cl::Ts, Cl::Py, Cl::Rmcp];
-
-impl Cl {
-    fn label(self) -> &'static str {
-        match self {
-            Cl::Ts => "ts-client",
-            Cl::Py => "py-client",
-            Cl::Rmcp => "rmcp-client",
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Up {
@@ -110,344 +100,22 @@ impl Up {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// One client run: the plan, the driver, the events it printed
-// ---------------------------------------------------------------------------------------------
-
-/// A running client driver: a process (TS, Python) or an in-process rmcp task, both printing
-/// JSON event lines and keeping diagnostic lines (`HTTP …`, `TAP {…}`).
-enum Driver {
-    Proc(ChildProc),
-    Rmcp {
-        lines: mpsc::UnboundedReceiver<String>,
-        log: Arc<Mutex<Vec<String>>>,
-        task: tokio::task::JoinHandle<()>,
-    },
-}
-
-impl Driver {
-    fn spawn(client: Cl, url: &str, plan: &Value) -> Driver {
-        let plan_s = plan.to_string();
-        match client {
-            Cl::Ts => Driver::Proc(ChildProc::spawn_node(
-                "ts-client",
-                "ts-driver.mjs",
-                &[url, &plan_s],
-            )),
-            Cl::Py => {
-                let python = support::ensure_python_venv();
-                Driver::Proc(ChildProc::spawn(
-                    "py-client",
-                    python.to_str().expect("UTF-8 path"),
-                    &["py-driver.py", url, &plan_s],
-                    &interop_dir(),
-                ))
-            }
-            Cl::Rmcp => {
-                let (tx, lines) = mpsc::unbounded_channel();
-                let log = Arc::new(Mutex::new(Vec::new()));
-                let task = tokio::spawn(rmcp_driver::run(
-                    url.to_string(),
-                    plan.clone(),
-                    tx,
-                    log.clone(),
-                ));
-                Driver::Rmcp { lines, log, task }
-            }
+/// Starts a client driver: the TS and Python processes, or the in-process rmcp driver.
+fn spawn_driver(client: Cl, url: &str, plan: &Value) -> Driver {
+    match client {
+        Cl::Rmcp => {
+            let (tx, lines) = mpsc::unbounded_channel();
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let task = tokio::spawn(rmcp_driver::run(
+                url.to_string(),
+                plan.clone(),
+                tx,
+                log.clone(),
+            ));
+            Driver::Channel { lines, log, task }
         }
+        _ => Driver::spawn_process(client, url, plan),
     }
-
-    async fn next_line(&mut self, timeout: Duration) -> NextLine {
-        match self {
-            Driver::Proc(p) => p.next_line(timeout).await,
-            Driver::Rmcp { lines, .. } => match tokio::time::timeout(timeout, lines.recv()).await {
-                Ok(Some(l)) => NextLine::Line(l),
-                Ok(None) => NextLine::Eof,
-                Err(_) => NextLine::Timeout,
-            },
-        }
-    }
-
-    fn stderr_lines(&self) -> Vec<String> {
-        match self {
-            Driver::Proc(p) => p.stderr_lines(),
-            Driver::Rmcp { log, .. } => log.lock().unwrap().clone(),
-        }
-    }
-
-    /// Waits (bounded) for the driver to finish; kills it if it does not.
-    async fn finish(&mut self, timeout: Duration) -> Option<i32> {
-        match self {
-            Driver::Proc(p) => {
-                let code = p.wait_exit(timeout).await.map(|s| s.code().unwrap_or(-1));
-                p.kill();
-                code
-            }
-            Driver::Rmcp { task, .. } => {
-                let done = tokio::time::timeout(timeout, &mut *task).await.is_ok();
-                task.abort();
-                done.then_some(0)
-            }
-        }
-    }
-}
-
-/// What a fault-injection hook sees and can do.
-struct Faults {
-    relay: Arc<Relay>,
-    gateway: SocketAddr,
-    /// Cuts that hit at least one live connection.
-    cuts_hit: usize,
-    /// Set by scenario 4: (session, protocol, DELETE status).
-    deleted: Option<String>,
-    cut_at: Option<Instant>,
-}
-
-impl Faults {
-    fn cut(&mut self) {
-        if self.relay.cut_all() > 0 {
-            self.cuts_hit += 1;
-        }
-        self.cut_at.get_or_insert_with(Instant::now);
-    }
-
-    /// Cuts after `delay` without blocking the run loop.
-    fn cut_later(&mut self, delay: Duration) {
-        let relay = self.relay.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            relay.cut_all();
-        });
-    }
-}
-
-/// Everything one client run produced.
-#[derive(Default)]
-struct Run {
-    client: Option<Cl>,
-    /// Every stdout event, with its arrival time since the start.
-    events: Vec<(Duration, Value)>,
-    session: Option<String>,
-    protocol: Option<String>,
-    /// progress values per call key ("0", "1", …, "notify").
-    progress: BTreeMap<String, Vec<f64>>,
-    results: BTreeMap<String, String>,
-    errors: BTreeMap<String, (String, Option<i64>)>,
-    /// Arrival time (since the start) of each error event.
-    error_at: BTreeMap<String, Instant>,
-    notifies: Vec<(Duration, Value)>,
-    cut_short: Option<&'static str>,
-    exit_code: Option<i32>,
-    stderr: Vec<String>,
-    cuts_hit: usize,
-    refused: usize,
-    cut_at: Option<Instant>,
-    deleted: Option<String>,
-    /// What the relay forwarded to (the gateway, or the upstream in a control).
-    gateway: Option<SocketAddr>,
-}
-
-impl Run {
-    fn report(&self) -> String {
-        let stdout: Vec<String> = self
-            .events
-            .iter()
-            .map(|(t, v)| format!("{:>6}ms {v}", t.as_millis()))
-            .collect();
-        format!(
-            "client {:?}: cuts hit {}, refused {}, cut short {:?}, exit {:?}\nstdout:\n  {}\nstderr (HTTP/TAP/diagnostics):\n  {}",
-            self.client,
-            self.cuts_hit,
-            self.refused,
-            self.cut_short,
-            self.exit_code,
-            stdout.join("\n  "),
-            self.stderr.join("\n  ")
-        )
-    }
-
-    /// `(method, last-event-id, outcome)` of every HTTP request the client made.
-    fn http(&self) -> Vec<(String, String, String)> {
-        self.stderr
-            .iter()
-            .filter_map(|l| {
-                let rest = &l[l.find("HTTP ")? + 5..];
-                let (method, rest) = rest.split_once(' ')?;
-                let rest = rest.strip_prefix("lei=")?;
-                let (lei, rest) = rest.split_once(' ')?;
-                let outcome = rest.split_once("-> ")?.1;
-                Some((method.to_string(), lei.to_string(), outcome.to_string()))
-            })
-            .collect()
-    }
-
-    /// GETs carrying `Last-Event-ID`: the client's resumes.
-    fn resumes(&self) -> Vec<(String, String)> {
-        self.http()
-            .into_iter()
-            .filter(|(m, lei, _)| m == "GET" && lei != "-")
-            .map(|(_, lei, out)| (lei, out))
-            .collect()
-    }
-
-    /// Every SSE event the client's HTTP layer received.
-    fn taps(&self) -> Vec<Value> {
-        self.stderr
-            .iter()
-            .filter_map(|l| serde_json::from_str(&l[l.find("TAP ")? + 4..]).ok())
-            .collect()
-    }
-
-    fn progress_of(&self, call: &str) -> Vec<u64> {
-        self.progress
-            .get(call)
-            .map(|v| v.iter().map(|p| *p as u64).collect())
-            .unwrap_or_default()
-    }
-}
-
-/// Runs `client` with `plan` against `url` until its `done` line (or `limit`), calling
-/// `hook(event, faults)` after every event line.
-async fn run_client(
-    client: Cl,
-    url: &str,
-    plan: Value,
-    limit: Duration,
-    faults: &mut Faults,
-    mut hook: impl FnMut(&Value, &mut Faults) + Send,
-) -> Run {
-    let started = Instant::now();
-    let mut driver = Driver::spawn(client, url, &plan);
-    let deadline = started + limit;
-    let mut run = Run {
-        client: Some(client),
-        ..Run::default()
-    };
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = match driver.next_line(left).await.line() {
-            Ok(l) => l,
-            Err(why) => {
-                run.cut_short = Some(why);
-                break;
-            }
-        };
-        let at = started.elapsed();
-        eprintln!("[{} stdout {:>6}ms] {line}", client.label(), at.as_millis());
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
-            eprintln!("[{}] not JSON: {line}", client.label());
-            continue;
-        };
-        run.events.push((at, v.clone()));
-        let call = match &v["call"] {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            _ => String::new(),
-        };
-        match v["ev"].as_str().unwrap_or("") {
-            "session" => {
-                run.session = v["session"].as_str().map(str::to_string);
-                run.protocol = v["protocol"].as_str().map(str::to_string);
-            }
-            "progress" => run
-                .progress
-                .entry(call)
-                .or_default()
-                .push(v["progress"].as_f64().unwrap_or(-1.0)),
-            "result" => {
-                run.results
-                    .insert(call, v["text"].as_str().unwrap_or("").to_string());
-            }
-            "error" => {
-                run.error_at.insert(call.clone(), Instant::now());
-                run.errors.insert(
-                    call,
-                    (
-                        v["message"].as_str().unwrap_or("").to_string(),
-                        v["code"].as_i64(),
-                    ),
-                );
-            }
-            "notify" => run.notifies.push((at, v["data"].clone())),
-            "done" => {
-                hook(&v, faults);
-                break;
-            }
-            _ => {}
-        }
-        hook(&v, faults);
-    }
-    run.exit_code = driver.finish(Duration::from_secs(8)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    run.stderr = driver.stderr_lines();
-    run.cuts_hit = faults.cuts_hit;
-    run.refused = faults.relay.refused();
-    run.cut_at = faults.cut_at;
-    run.deleted = faults.deleted.clone();
-    run.gateway = Some(faults.gateway);
-    run
-}
-
-// ---------------------------------------------------------------------------------------------
-// The stack per pair: gateway (in this runtime) + relay in front of it
-// ---------------------------------------------------------------------------------------------
-
-async fn start_gateway(
-    upstream: &Upstream,
-    tweak: impl FnOnce(&mut mcp_reattach::Config),
-) -> SocketAddr {
-    Gw::start(&upstream.base_url(), tweak).await.addr
-}
-
-type Hook = Box<dyn FnMut(&Value, &mut Faults) + Send>;
-
-/// Runs every client in `clients` concurrently against `upstream`, each through its own
-/// gateway (configured by `tweak`; `None` = no gateway: the relay points at the upstream) and
-/// relay, with the plan and hook `make` returns for it.
-async fn run_pairs(
-    upstream: &Upstream,
-    clients: &[Cl],
-    tweak: Option<fn(&mut mcp_reattach::Config)>,
-    limit: Duration,
-    make: impl Fn(Cl) -> (Value, Hook),
-) -> Vec<Run> {
-    // Installs (first run only) before any clock starts.
-    support::install_interop_deps().await;
-    let mut tasks = Vec::new();
-    for &client in clients {
-        let target = match tweak {
-            Some(t) => start_gateway(upstream, t).await,
-            None => upstream.addr,
-        };
-        let relay = Arc::new(Relay::start(target));
-        let (plan, hook) = make(client);
-        let url = relay.url("/mcp");
-        tasks.push(tokio::spawn(async move {
-            let mut faults = Faults {
-                relay,
-                gateway: target,
-                cuts_hit: 0,
-                deleted: None,
-                cut_at: None,
-            };
-            run_client(client, &url, plan, limit, &mut faults, hook).await
-        }));
-    }
-    let mut runs = Vec::new();
-    for t in tasks {
-        runs.push(t.await.expect("client run task"));
-    }
-    runs
-}
-
-fn with_gateway(_: &mut mcp_reattach::Config) {}
-
-/// A window of 4 events and a stall budget shorter than the scenario's outage: the client is
-/// away longer than the gateway holds the upstream back for it, so the window moves on.
-fn tiny_window(c: &mut mcp_reattach::Config) {
-    c.window_events = 4;
-    c.stall_timeout = Duration::from_millis(400);
-    c.sweep_interval = Duration::from_millis(50);
 }
 
 /// Collects per-pair failures so one test reports every pair at once.
@@ -506,91 +174,8 @@ impl Verdicts {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Checks
+// Checks ([`complete`] and [`explained_by_py_bugs`]: tests/support/clients.rs)
 // ---------------------------------------------------------------------------------------------
-
-/// Call `call` saw progress 1..=steps exactly once each, in order, then its own result.
-fn complete(run: &Run, up: Up, call: &str, steps: u32) -> Result<(), String> {
-    let want: Vec<u64> = (1..=u64::from(steps)).collect();
-    let got = run.progress_of(call);
-    if got != want {
-        return Err(format!("call {call}: progress {got:?}, want {want:?}"));
-    }
-    match (run.results.get(call), run.errors.get(call)) {
-        (Some(text), None) if up.is_slow_result(text, steps) => Ok(()),
-        (r, e) => Err(format!(
-            "call {call}: want the result of {steps} steps, got result {r:?}, error {e:?}"
-        )),
-    }
-}
-
-/// Two bugs of the Python SDK client (mcp 1.30.0, `StreamableHTTPTransport._handle_reconnection`)
-/// show when a *resumed* stream breaks again:
-/// - stale cursor: it retries with the cursor it resumed *from*, not the last id it received,
-///   so the gateway (correctly) replays what the broken resumed stream had already delivered;
-/// - spent budget: the attempt counter is not reset by a successful resume, so the second
-///   break of a resumed stream ends its retries silently and the call waits for its timeout.
-///
-/// When `complete` fails for the Python client, this checks that the failure is exactly these
-/// bugs: the first occurrences of the progress values are 1..=k in order, every duplicate is a
-/// replay after a reused `Last-Event-ID`, and the call either completed or timed out after its
-/// last resume had succeeded (no further attempt).
-fn explained_by_py_bugs(run: &Run, up: Up, call: &str, steps: u32) -> Result<String, String> {
-    let got = run.progress_of(call);
-    let mut first: Vec<u64> = Vec::new();
-    for p in &got {
-        if !first.contains(p) {
-            first.push(*p);
-        }
-    }
-    if first != (1..=first.len() as u64).collect::<Vec<_>>() || first.len() > steps as usize {
-        return Err(format!("progress is not a prefix of 1..={steps}: {got:?}"));
-    }
-    let resumes = run.resumes();
-    let taps = run.taps();
-    let delivered_after = |lei: &str| {
-        taps.iter()
-            .any(|t| t["lei"] == lei && t["rpc"].get("tok").is_some_and(|v| !v.is_null()))
-    };
-    let reused = resumes.iter().enumerate().any(|(i, (lei, out))| {
-        out.starts_with("200")
-            && delivered_after(lei)
-            && resumes[i + 1..].iter().any(|(l, _)| l == lei)
-    });
-    let mut notes = Vec::new();
-    if first.len() < got.len() {
-        if !reused {
-            return Err(format!(
-                "duplicates without a reused cursor: progress {got:?}, resumes {resumes:?}"
-            ));
-        }
-        notes.push(format!(
-            "stale resume cursor: events replayed twice, progress {got:?}"
-        ));
-    }
-    let result_ok = run
-        .results
-        .get(call)
-        .is_some_and(|t| up.is_slow_result(t, steps));
-    if !result_ok {
-        let timed_out = run.errors.get(call).is_some_and(|(_, c)| *c == Some(408));
-        let last_ok = resumes.last().is_some_and(|(_, o)| o.starts_with("200"));
-        if !(timed_out && last_ok && resumes.len() >= 2) {
-            return Err(format!(
-                "no result, and not the spent-retry-budget hang: error {:?}, resumes {resumes:?}",
-                run.errors.get(call)
-            ));
-        }
-        notes.push(format!(
-            "gave up silently after a resumed stream broke again (progress up to {}), call timed out",
-            first.len()
-        ));
-    }
-    if notes.is_empty() {
-        return Err("complete() failed but no Python SDK bug explains it".into());
-    }
-    Ok(format!("SDK BUG (python-sdk): {}", notes.join("; ")))
-}
 
 /// rmcp 3.11.0 runs every notification handler in its own spawned task, so a burst of progress
 /// (a replay after a resume arrives in one read) can reach `on_progress` out of the order it had
@@ -628,12 +213,13 @@ fn rmcp_wire_order(run: &Run, up: Up, call: &str, steps: u32) -> Result<String, 
 /// `complete`, or for the Python client the known SDK bugs (see above), or for rmcp the
 /// handler reordering (see above).
 fn complete_or_py_bug(run: &Run, up: Up, call: &str, steps: u32) -> Result<Option<String>, String> {
-    match complete(run, up, call, steps) {
+    let is_result = |t: &str| up.is_slow_result(t, steps);
+    match complete(run, call, steps, &is_result) {
         Ok(()) => Ok(None),
         Err(e) if run.client == Some(Cl::Rmcp) => rmcp_wire_order(run, up, call, steps)
             .map(Some)
             .map_err(|why| format!("{e} ({why})")),
-        Err(e) if run.client == Some(Cl::Py) => explained_by_py_bugs(run, up, call, steps)
+        Err(e) if run.client == Some(Cl::Py) => explained_by_py_bugs(run, call, steps, &is_result)
             .map(Some)
             .map_err(|why| format!("{e} ({why})")),
         Err(e) => Err(e),
@@ -772,7 +358,15 @@ struct Scenario {
 /// run, then fails with every failing pair.
 async fn run_scenario(up: Up, s: &Scenario) {
     let upstream = up.start().await;
-    let runs = run_pairs(&upstream, s.clients, s.gateway, s.limit, |_| (s.plan)(up)).await;
+    let runs = run_pairs(
+        &upstream,
+        s.clients,
+        s.gateway,
+        s.limit,
+        spawn_driver,
+        |_| (s.plan)(up),
+    )
+    .await;
     let mut v = Verdicts::new(s.name, &upstream);
     for run in &runs {
         let mut outcome = (s.verdict)(run, up);
@@ -864,6 +458,9 @@ const JSON_CALLS: Scenario = Scenario {
     raw_resume: false,
 };
 
+/// A JSON-mode call cut 0.7 s in (after the 200 ms upgrade grace): the gateway answered the
+/// POST with a tagged SSE stream (priming event with an id, keep-alives), so the client resumes
+/// and gets the JSON answer, exactly once.
 const JSON_CUT: Scenario = Scenario {
     name: "json-call-cut",
     clients: &ALL_CLIENTS,
@@ -873,6 +470,23 @@ const JSON_CUT: Scenario = Scenario {
     verdict: json_cut_verdict,
     raw_resume: false,
 };
+
+/// The same cut with `--json-upgrade false`: the JSON answer passes through as it came, so there
+/// is no stream to resume and the call fails at once (no hang).
+const JSON_CUT_UPGRADE_OFF: Scenario = Scenario {
+    name: "json-call-cut-upgrade-off",
+    clients: &ALL_CLIENTS,
+    gateway: Some(upgrade_off),
+    limit: Duration::from_secs(30),
+    plan: json_cut_plan,
+    verdict: json_cut_upgrade_off_verdict,
+    raw_resume: false,
+};
+
+/// The gateway without the JSON upgrade (`--json-upgrade false`).
+fn upgrade_off(c: &mut mcp_reattach::Config) {
+    c.json_upgrade = false;
+}
 
 /// Without the gateway, a server without an event store sets no ids: no client can resume, so
 /// one cut loses the rest of the call.
@@ -903,19 +517,6 @@ const CONTROL_5_EVERYTHING: Scenario = Scenario {
 // ---------------------------------------------------------------------------------------------
 // Scenario 1: a progress-streaming call through cuts and refusals
 // ---------------------------------------------------------------------------------------------
-
-/// Cuts after each progress value in `cut_after` of call 0 (once each).
-fn cut_on_progress(cut_after: &'static [u64]) -> Hook {
-    let mut done = BTreeSet::new();
-    Box::new(move |v, f| {
-        if v["ev"] == "progress" && v["call"] == 0 {
-            let p = v["progress"].as_f64().unwrap_or(0.0) as u64;
-            if cut_after.contains(&p) && done.insert(p) {
-                f.cut();
-            }
-        }
-    })
-}
 
 /// 1a, 1b: `call`, cut after each progress value in `cuts`.
 fn cuts_plan(call: Value, cuts: &'static [u64]) -> (Value, Hook) {
@@ -950,19 +551,6 @@ fn cuts_verdict(run: &Run, up: Up, steps: u32, cuts: &[u64]) -> Result<String, S
             run.cuts_hit,
             resumes.len()
         ))
-    })
-}
-
-/// Once, at the first progress value `p` (of any call): refuses new connections for
-/// `refuse_ms`, then cuts.
-fn refuse_and_cut_at(p: f64, refuse_ms: u64) -> Hook {
-    let mut fired = false;
-    Box::new(move |v: &Value, f: &mut Faults| {
-        if !fired && v["ev"] == "progress" && v["progress"].as_f64() == Some(p) {
-            fired = true;
-            f.relay.refuse_for(Duration::from_millis(refuse_ms));
-            f.cut();
-        }
     })
 }
 
@@ -1007,34 +595,7 @@ fn gap_plan(up: Up) -> (Value, Hook) {
 }
 
 fn gap_verdict(run: &Run, _: Up) -> Result<String, String> {
-    let got = run.progress_of("0");
-    if got.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!("progress delivered twice or out of order: {got:?}"));
-    }
-    if let Some(r) = run.results.get("0") {
-        return Err(format!(
-            "a result arrived although the window overflowed: {r}"
-        ));
-    }
-    let Some((msg, code)) = run.errors.get("0") else {
-        return Err("the call did not end with an error".to_string());
-    };
-    if *code != Some(-32010) || !msg.contains("resumption failed") {
-        return Err(format!(
-            "want the gateway's -32010 `resumption failed` error, got {code:?} {msg:?}"
-        ));
-    }
-    let took = match (run.cut_at, run.error_at.get("0")) {
-        (Some(c), Some(e)) => e.saturating_duration_since(c),
-        _ => Duration::MAX,
-    };
-    if took > Duration::from_secs(8) {
-        return Err(format!("the error came {took:?} after the cut"));
-    }
-    Ok(format!(
-        "error -32010 {:.1} s after the cut; progress before it {got:?}",
-        took.as_secs_f64()
-    ))
+    gap_error(run, "0")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1306,7 +867,8 @@ fn concurrent_verdict(run: &Run, up: Up) -> Result<String, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON-response mode: no stream to resume; what clients do get
+// JSON-response mode: the upstream answers with one JSON body (and drops progress); the gateway
+// upgrades the answer to a tagged SSE stream (on by default), which a client can resume
 // ---------------------------------------------------------------------------------------------
 
 fn json_calls_plan(up: Up) -> (Value, Hook) {
@@ -1331,20 +893,53 @@ fn json_calls_verdict(run: &Run, up: Up) -> Result<String, String> {
     Ok("3 results, each its own, no progress (the server drops it in JSON mode)".into())
 }
 
+/// An 8 × 150 ms call, cut 0.7 s after the client's session line (its call starts right
+/// after): past the 200 ms upgrade grace, before the upstream answers.
 fn json_cut_plan(up: Up) -> (Value, Hook) {
     (
         json!({"timeout_ms": 8000, "calls": [up.slow(8, 150)]}),
         Box::new(|v: &Value, f: &mut Faults| {
             if v["ev"] == "session" {
-                f.cut_later(Duration::from_millis(500));
+                f.cut_later(Duration::from_millis(700));
                 f.cuts_hit += 1;
-                f.cut_at = Some(Instant::now() + Duration::from_millis(500));
+                f.cut_at = Some(Instant::now() + Duration::from_millis(700));
             }
         }),
     )
 }
 
-fn json_cut_verdict(run: &Run, _: Up) -> Result<String, String> {
+/// With the upgrade: the result exactly once after a resume, no progress (the upstream sends
+/// none in JSON mode), and the call's stream tagged by the gateway.
+fn json_cut_verdict(run: &Run, up: Up) -> Result<String, String> {
+    let results = run
+        .events
+        .iter()
+        .filter(|(_, v)| v["ev"] == "result" && v["call"] == 0)
+        .count();
+    match (run.results.get("0"), run.errors.get("0")) {
+        (Some(t), None) if up.is_slow_result(t, 8) && results == 1 => {}
+        (r, e) => {
+            return Err(format!(
+                "want the result once, got {results} result(s) {r:?}, error {e:?}"
+            ))
+        }
+    }
+    if !run.progress_of("0").is_empty() {
+        return Err(format!("progress in JSON mode? {:?}", run.progress_of("0")));
+    }
+    let resumes = run.resumes();
+    if resumes.is_empty() {
+        return Err("the cut was not followed by a resume GET".to_string());
+    }
+    let iso = stream_isolation(run)?;
+    Ok(format!(
+        "upgraded to SSE: the result once after {} resume GET(s); {iso}",
+        resumes.len()
+    ))
+}
+
+/// With `--json-upgrade false`: the cut fails the call at once (nothing to resume).
+fn json_cut_upgrade_off_verdict(run: &Run, _: Up) -> Result<String, String> {
     if let Some(r) = run.results.get("0") {
         return Err(format!("a JSON response survived the cut? {r}"));
     }
@@ -1374,7 +969,7 @@ fn control_1a_plan(up: Up) -> (Value, Hook) {
 }
 
 fn control_1a_verdict(run: &Run, up: Up) -> Result<String, String> {
-    if complete(run, up, "0", 8).is_ok() {
+    if complete(run, "0", 8, &|t| up.is_slow_result(t, 8)).is_ok() {
         Err("the call completed without the gateway: the scenario cannot fail".to_string())
     } else if !run.resumes().is_empty() {
         Err(format!("a resume without ids? {:?}", run.resumes()))
@@ -1399,7 +994,7 @@ fn control_5_verdict(run: &Run, up: Up) -> Result<String, String> {
     let all_complete = CONCURRENT
         .iter()
         .enumerate()
-        .all(|(k, &(s, _))| complete(run, up, &k.to_string(), s).is_ok());
+        .all(|(k, &(s, _))| complete(run, &k.to_string(), s, &|t| up.is_slow_result(t, s)).is_ok());
     let dupes: Vec<String> = CONCURRENT
         .iter()
         .enumerate()
@@ -1462,7 +1057,8 @@ mod ts_json {
 
     matrix_tests! {
         concurrent_calls_no_cut: Up::TsJson, JSON_CALLS;
-        call_cut_fails_fast: Up::TsJson, JSON_CUT;
+        call_cut_delivered_once: Up::TsJson, JSON_CUT;
+        call_cut_fails_fast_with_upgrade_off: Up::TsJson, JSON_CUT_UPGRADE_OFF;
         s3_standalone_notifications: Up::TsJson, S3_STANDALONE;
         s4_delete_then_resume: Up::TsJson, S4_DELETE;
     }

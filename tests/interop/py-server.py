@@ -1,8 +1,10 @@
 # A Python-SDK MCP server (`mcp` 1.x, FastMCP, Streamable HTTP, no event store) used as an
 # unmodified upstream by the mcp-reattach interop tests (tests/interop_*.rs).
 #
-# Usage: tests/interop/.venv/bin/python py-server.py [port]
+# Usage: tests/interop/.venv/bin/python py-server.py [--stateless] [--json] [port]
 #   port defaults to 0 (a free ephemeral port, picked here); always binds 127.0.0.1.
+#   --stateless  FastMCP(stateless_http=True): no Mcp-Session-Id, a fresh transport per request
+#   --json       FastMCP(json_response=True): a request is answered with one JSON body
 #
 # Runs `FastMCP(...).run(transport="streamable-http")` on /mcp, exactly as a user would.
 # Its SSE uses CRLF line endings and sends `: ping` comments (sse-starlette); with no event store
@@ -19,6 +21,7 @@
 #                                            (progress if the call has a progressToken, else log)
 #                                            ~100 ms apart, then returns "applied <counter>"
 
+import argparse
 import asyncio
 import logging
 import socket
@@ -35,12 +38,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-if port == 0:
-    port = free_port()
+parser = argparse.ArgumentParser()
+parser.add_argument("port", nargs="?", type=int, default=0)
+parser.add_argument("--stateless", action="store_true", help="FastMCP(stateless_http=True)")
+parser.add_argument("--json", action="store_true", help="FastMCP(json_response=True)")
+args = parser.parse_args()
+port = args.port or free_port()
 
 logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-mcp = FastMCP("mcp-reattach-interop-py-server", host="127.0.0.1", port=port, log_level="WARNING")
+mcp = FastMCP(
+    "mcp-reattach-interop-py-server",
+    host="127.0.0.1",
+    port=port,
+    log_level="WARNING",
+    stateless_http=args.stateless,
+    json_response=args.json,
+)
 
 # Keeps the background notification tasks alive.
 _background: set[asyncio.Task] = set()

@@ -1,9 +1,14 @@
-// A stateful TypeScript-SDK MCP server (Streamable HTTP, legacy protocol) used as the
-// upstream in the mcp-reattach end-to-end tests.
+// A TypeScript-SDK MCP server (Streamable HTTP, legacy protocol) used as the upstream in the
+// mcp-reattach end-to-end tests.
 //
-// Usage: node ts-server.mjs [sse|json|sse-resumable] [port]
-//   sse  (default) answers requests with SSE streams (no event ids: there is no eventStore)
-//   json           answers requests with one JSON object (enableJsonResponse: true)
+// Usage: node ts-server.mjs [sse|json|stateless-sse|stateless-json|sse-resumable] [port]
+//   sse  (default) stateful; answers requests with SSE streams (no event ids: no eventStore)
+//   json           stateful; answers requests with one JSON object (enableJsonResponse: true)
+//   stateless-sse  stateless (`sessionIdGenerator: undefined`: no Mcp-Session-Id on any answer),
+//                  a fresh server and transport per POST, closed when the response closes, as
+//                  the SDK's example dist/esm/examples/server/simpleStatelessStreamableHttp.js
+//                  does; GET and DELETE are answered 405 as there; SSE answers, no ids
+//   stateless-json the same with enableJsonResponse: true
 //   sse-resumable  SSE with a small in-memory event store, so the SDK server itself sets ids
 //                  and answers `Last-Event-ID`; a positive control for the test harness only
 //                  (the gateway exists for servers that do NOT do this)
@@ -56,10 +61,13 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 
 const mode = process.argv[2] ?? 'sse';
-if (!['sse', 'json', 'sse-resumable'].includes(mode)) {
-    console.error(`unknown mode ${JSON.stringify(mode)} (expected sse, json or sse-resumable)`);
+const MODES = ['sse', 'json', 'stateless-sse', 'stateless-json', 'sse-resumable'];
+if (!MODES.includes(mode)) {
+    console.error(`unknown mode ${JSON.stringify(mode)} (expected one of ${MODES.join(', ')})`);
     process.exit(2);
 }
+const stateless = mode.startsWith('stateless-');
+const jsonResponse = mode === 'json' || mode === 'stateless-json';
 const port = Number(process.argv[3] ?? 0);
 
 const log = (...args) => console.error(...args);
@@ -405,7 +413,7 @@ async function handlePost(req, res) {
     }
     transport = new StreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),
-        enableJsonResponse: mode === 'json',
+        enableJsonResponse: jsonResponse,
         eventStore: mode === 'sse-resumable' ? new OrderedEventStore() : undefined,
         onsessioninitialized: sid => {
             log(`session initialized ${sid}`);
@@ -421,6 +429,34 @@ async function handlePost(req, res) {
     };
     await buildServer().connect(transport);
     await transport.handleRequest(req, res, body);
+}
+
+/** `stateless-*`: a fresh server and transport for every POST (the SDK's stateless example). */
+async function handleStatelessPost(req, res) {
+    let body;
+    try {
+        body = await readJsonBody(req);
+    } catch (err) {
+        sendJson(res, 400, jsonRpcError(-32700, `Parse error: ${err?.message ?? err}`));
+        return;
+    }
+    const server = buildServer();
+    const transport = new StreamableHTTPServerTransport({
+        sessionIdGenerator: undefined,
+        enableJsonResponse: jsonResponse
+    });
+    res.on('close', () => {
+        transport.close();
+        server.close();
+    });
+    await server.connect(transport);
+    await transport.handleRequest(req, res, body);
+}
+
+/** `stateless-*`: GET and DELETE as the SDK's stateless example answers them. */
+function statelessMethodNotAllowed(req, res) {
+    log(`${req.method} answered 405 (stateless)`);
+    res.writeHead(405).end(JSON.stringify(jsonRpcError(-32000, 'Method not allowed.')));
 }
 
 async function handleGetOrDelete(req, res) {
@@ -448,6 +484,11 @@ const httpServer = http.createServer(async (req, res) => {
     try {
         if (path !== '/mcp') {
             sendJson(res, 404, jsonRpcError(-32000, 'Not found'));
+        } else if (req.method === 'POST' && stateless) {
+            log(`POST (stateless)${req.headers['mcp-session-id'] ? ` carrying Mcp-Session-Id ${req.headers['mcp-session-id']}` : ''}`);
+            await handleStatelessPost(req, res);
+        } else if (stateless && (req.method === 'GET' || req.method === 'DELETE')) {
+            statelessMethodNotAllowed(req, res);
         } else if (req.method === 'POST') {
             log(`POST ${req.headers['mcp-session-id'] ?? '(no session)'}`);
             await handlePost(req, res);

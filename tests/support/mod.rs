@@ -30,9 +30,16 @@
 //!   the test's flags on free loopback ports, ready once its admin listener answers (or
 //!   [`NotStarted`], with its exit code and stderr), killed on drop; [`metric_sum`] reads its
 //!   `/metrics`.
-//! - [`upstream`]: [`Upstream`], the real SDK servers (TypeScript, Python, `server-everything`).
-//! - [`toolchains`]: installs what those need on first use (npm packages, Node.js 22, the Python
-//!   SDK's virtualenv; [`install_interop_deps`] from an async test), guarded across test
+//! - [`clients`]: the real MCP clients' drivers ([`Driver`]: the TypeScript and Python SDK
+//!   clients, or an in-process one), a run of one ([`run_client`] → [`Run`], faults injected by
+//!   a hook through [`Faults`]), several at once each through its own gateway ([`run_pairs`]),
+//!   and the checks on a run ([`complete`], [`explained_by_py_bugs`]).
+//! - [`upstream`]: [`Upstream`], the real SDK servers (TypeScript SDK 1.x and 2.x, Python SDK,
+//!   FastMCP 4.x, `server-everything`), in every shape they offer (stateful or stateless, SSE or
+//!   JSON answers).
+//! - [`toolchains`]: installs what those need on first use (npm packages, TypeScript SDK v2's
+//!   npm folder, Node.js 22, the Python SDK's and FastMCP 4.x's virtualenvs;
+//!   [`install_interop_deps`] / [`install_shape_deps`] from an async test), guarded across test
 //!   processes by lock directories.
 // Each test crate uses a different part of the harness.
 #![allow(dead_code, unused_imports)]
@@ -41,6 +48,7 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 pub mod binary;
+pub mod clients;
 pub mod gateway;
 pub mod mock;
 pub mod process;
@@ -50,6 +58,7 @@ pub mod toolchains;
 pub mod upstream;
 
 pub use binary::*;
+pub use clients::*;
 pub use gateway::*;
 pub use mock::*;
 pub use process::*;

@@ -1,5 +1,6 @@
 //! Toolchains the interop tests need, installed on first use (CI starts from a clean clone):
-//! the npm packages of `tests/interop`, Node.js 22, the Python SDK's virtualenv.
+//! the npm packages of `tests/interop` and `tests/interop/v2` (TypeScript SDK v2), Node.js 22,
+//! the Python SDK's virtualenv and FastMCP 4.x's.
 
 use super::*;
 
@@ -58,18 +59,38 @@ pub fn require_node() {
 pub fn ensure_npm_deps() {
     static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
     require_node();
-    if let Err(msg) = INSTALL.get_or_init(install_npm_deps) {
+    if let Err(msg) =
+        INSTALL.get_or_init(|| install_npm_deps(&interop_dir(), "interop-npm-install.lock"))
+    {
         panic!("{msg}");
     }
 }
 
-fn install_npm_deps() -> Result<(), String> {
-    let dir = interop_dir();
+/// `tests/interop/v2`: the TypeScript SDK v2 packages (`@modelcontextprotocol/server` and
+/// `@modelcontextprotocol/node`, with zod 4), in their own npm folder because SDK 1.x in
+/// `tests/interop` pins zod 3.
+pub fn interop_v2_dir() -> PathBuf {
+    interop_dir().join("v2")
+}
+
+/// [`ensure_npm_deps`] for `tests/interop/v2` ([`interop_v2_dir`]): `npm ci` there unless its
+/// `node_modules` holds exactly the versions its `package.json` pins.
+pub fn ensure_npm_v2_deps() {
+    static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
+    require_node();
+    if let Err(msg) =
+        INSTALL.get_or_init(|| install_npm_deps(&interop_v2_dir(), "interop-npm-v2-install.lock"))
+    {
+        panic!("{msg}");
+    }
+}
+
+fn install_npm_deps(dir: &Path, lock: &str) -> Result<(), String> {
     let _lock = DirLock::acquire(
-        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-npm-install.lock"),
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join(lock),
         Duration::from_secs(360),
     )?;
-    if let Ok(()) = npm_deps_match(&dir) {
+    if let Ok(()) = npm_deps_match(dir) {
         return Ok(());
     }
     let npm = std::env::var("NPM").unwrap_or_else(|_| "npm".to_string());
@@ -79,7 +100,7 @@ fn install_npm_deps() -> Result<(), String> {
     );
     let child = Command::new(&npm)
         .args(["ci", "--no-audit", "--no-fund"])
-        .current_dir(&dir)
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -101,7 +122,7 @@ fn install_npm_deps() -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    npm_deps_match(&dir).map_err(|e| format!("after `npm ci`: {e}"))
+    npm_deps_match(dir).map_err(|e| format!("after `npm ci`: {e}"))
 }
 
 /// Ok if every dependency pinned in package.json is installed at exactly that version.
@@ -316,22 +337,44 @@ fn install_node22() -> Result<PathBuf, String> {
 /// matches that file. `$PYTHON` (default `python3`, >= 3.10) creates it. Returns its `python`.
 pub fn ensure_python_venv() -> PathBuf {
     static INSTALL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match INSTALL.get_or_init(install_python_venv) {
+    match INSTALL.get_or_init(|| {
+        install_python_venv(".venv", "requirements.txt", "interop-venv-install.lock")
+    }) {
         Ok(p) => p.clone(),
         Err(msg) => panic!("{msg}"),
     }
 }
 
-fn install_python_venv() -> Result<PathBuf, String> {
+/// FastMCP 4.x (PyPI `fastmcp`, on the Python SDK 2): the virtual environment
+/// `tests/interop/.venv-fastmcp` (ignored by git), created from
+/// `tests/interop/fastmcp4/requirements.txt` (every package pinned) like
+/// [`ensure_python_venv`]. Returns its `python`.
+pub fn ensure_fastmcp_venv() -> PathBuf {
+    static INSTALL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match INSTALL.get_or_init(|| {
+        install_python_venv(
+            ".venv-fastmcp",
+            "fastmcp4/requirements.txt",
+            "interop-venv-fastmcp-install.lock",
+        )
+    }) {
+        Ok(p) => p.clone(),
+        Err(msg) => panic!("{msg}"),
+    }
+}
+
+/// Creates (or refreshes) the virtualenv `tests/interop/<venv>` from `tests/interop/<reqs>`; a
+/// stamp file in the venv holding the requirements it was installed from makes it reused.
+fn install_python_venv(venv: &str, reqs: &str, lock: &str) -> Result<PathBuf, String> {
     let dir = interop_dir();
-    let venv = dir.join(".venv");
-    let python = venv.join("bin").join("python");
-    let stamp = venv.join("requirements.installed");
-    let requirements = std::fs::read_to_string(dir.join("requirements.txt"))
-        .map_err(|e| format!("tests/interop/requirements.txt: {e}"))?;
+    let venv_dir = dir.join(venv);
+    let python = venv_dir.join("bin").join("python");
+    let stamp = venv_dir.join("requirements.installed");
+    let requirements = std::fs::read_to_string(dir.join(reqs))
+        .map_err(|e| format!("tests/interop/{reqs}: {e}"))?;
     let fresh =
         || python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == requirements);
-    let _lock = install_lock("interop-venv-install.lock")?;
+    let _lock = install_lock(lock)?;
     if fresh() {
         return Ok(python);
     }
@@ -355,7 +398,7 @@ fn install_python_venv() -> Result<PathBuf, String> {
     if !python.exists() {
         run_install_step(
             &system_python,
-            &["-m", "venv", ".venv"],
+            &["-m", "venv", venv],
             &dir,
             Duration::from_secs(120),
         )?;
@@ -370,7 +413,7 @@ fn install_python_venv() -> Result<PathBuf, String> {
             "--no-input",
             "--quiet",
             "-r",
-            "requirements.txt",
+            reqs,
         ],
         &dir,
         Duration::from_secs(400),
@@ -381,7 +424,8 @@ fn install_python_venv() -> Result<PathBuf, String> {
 
 /// The npm packages and the Python SDK's virtualenv ([`ensure_npm_deps`],
 /// [`ensure_python_venv`]), installed (first run only) on a blocking thread: an async test calls
-/// it before any of its clocks starts.
+/// it before any of its clocks starts. ([`install_shape_deps`] adds the fixtures of every
+/// upstream shape.)
 pub async fn install_interop_deps() {
     tokio::task::spawn_blocking(|| {
         ensure_npm_deps();
@@ -389,4 +433,16 @@ pub async fn install_interop_deps() {
     })
     .await
     .expect("installing the interop dependencies");
+}
+
+/// [`install_interop_deps`] plus the TypeScript SDK v2 packages and FastMCP 4.x's virtualenv
+/// ([`ensure_npm_v2_deps`], [`ensure_fastmcp_venv`]): what `tests/interop_shapes.rs` runs.
+pub async fn install_shape_deps() {
+    install_interop_deps().await;
+    tokio::task::spawn_blocking(|| {
+        ensure_npm_v2_deps();
+        ensure_fastmcp_venv();
+    })
+    .await
+    .expect("installing the shape fixtures' dependencies");
 }

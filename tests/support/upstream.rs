@@ -31,17 +31,32 @@ pub async fn wait_listening(proc: &mut ChildProc, timeout: Duration) -> u16 {
 pub struct Upstream {
     pub proc: ChildProc,
     pub addr: SocketAddr,
-    /// A short label for reports (`ts-sse`, `ts-json`, `py`, `everything`).
+    /// A short label for reports (`ts-sse`, `ts-json`, `ts1-stateless-sse`, `py`,
+    /// `py-stateless-json`, `fastmcp4-json`, `ts2`, `everything`, …).
     pub label: &'static str,
 }
 
+/// `prefix` followed by each flag without its leading dashes (`py`, `--stateless`, `--json` →
+/// `py-stateless-json`), leaked: a label lives as long as the test process.
+fn flags_label(prefix: &str, flags: &[&str]) -> &'static str {
+    let mut label = prefix.to_string();
+    for f in flags {
+        label.push('-');
+        label.push_str(f.trim_start_matches('-'));
+    }
+    Box::leak(label.into_boxed_str())
+}
+
 impl Upstream {
-    /// `tests/interop/ts-server.mjs <mode>` (TypeScript SDK, no event store unless
-    /// `sse-resumable`).
+    /// `tests/interop/ts-server.mjs <mode>` (TypeScript SDK 1.x, no event store unless
+    /// `sse-resumable`): `sse` and `json` are stateful, `stateless-sse` and `stateless-json` the
+    /// SDK's stateless idiom (a fresh transport per POST, no `Mcp-Session-Id`, GET/DELETE 405).
     pub async fn ts(mode: &str) -> Upstream {
         let label = match mode {
             "sse" => "ts-sse",
             "json" => "ts-json",
+            "stateless-sse" => "ts1-stateless-sse",
+            "stateless-json" => "ts1-stateless-json",
             _ => "ts-sse-resumable",
         };
         let mut proc = ChildProc::spawn_node(label, "ts-server.mjs", &[mode]);
@@ -54,20 +69,71 @@ impl Upstream {
     }
 
     /// `tests/interop/py-server.py` (Python SDK `FastMCP(...).run(transport="streamable-http")`,
-    /// no event store).
+    /// no event store), stateful with SSE answers.
     pub async fn py() -> Upstream {
+        Upstream::py_with(&[]).await
+    }
+
+    /// `tests/interop/py-server.py <flags>`: `--stateless` (`FastMCP(stateless_http=True)`),
+    /// `--json` (`json_response=True`). Label `py`, `py-stateless`, `py-json`,
+    /// `py-stateless-json`.
+    pub async fn py_with(flags: &[&str]) -> Upstream {
         let python = ensure_python_venv();
+        let label = flags_label("py", flags);
+        let mut args = vec!["py-server.py"];
+        args.extend_from_slice(flags);
         let mut proc = ChildProc::spawn(
-            "py",
+            label,
             python.to_str().expect("UTF-8 path"),
-            &["py-server.py"],
+            &args,
             &interop_dir(),
         );
         let port = wait_listening(&mut proc, Duration::from_secs(30)).await;
         Upstream {
             proc,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            label: "py",
+            label,
+        }
+    }
+
+    /// `tests/interop/fastmcp4/server.py <flags>`: FastMCP 4.x (PyPI `fastmcp`, on the Python
+    /// SDK 2) `run(transport="http", stateless_http=…, json_response=…)` with `--stateless` /
+    /// `--json`; its defaults otherwise (stateful, SSE). Label `fastmcp4`, `fastmcp4-stateless`, …
+    pub async fn fastmcp(flags: &[&str]) -> Upstream {
+        let python = ensure_fastmcp_venv();
+        let label = flags_label("fastmcp4", flags);
+        let mut args = vec!["fastmcp4/server.py"];
+        args.extend_from_slice(flags);
+        let mut proc = ChildProc::spawn(
+            label,
+            python.to_str().expect("UTF-8 path"),
+            &args,
+            &interop_dir(),
+        );
+        let port = wait_listening(&mut proc, Duration::from_secs(45)).await;
+        Upstream {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            label,
+        }
+    }
+
+    /// `tests/interop/v2/ts2-server.mjs <flags>`: TypeScript SDK v2's `createMcpHandler`
+    /// (`@modelcontextprotocol/server` + `@modelcontextprotocol/node`) with its defaults, which
+    /// serve 2025-era clients statelessly (SSE answers, no `Mcp-Session-Id`, GET/DELETE 405).
+    /// `--response-mode auto|sse|json` sets its `responseMode` (modern exchanges only). Label
+    /// `ts2`, `ts2-response-mode-json`, …
+    pub async fn ts2(flags: &[&str]) -> Upstream {
+        ensure_npm_v2_deps();
+        let label = flags_label("ts2", flags);
+        let mut args = vec!["ts2-server.mjs"];
+        args.extend_from_slice(flags);
+        let mut proc = ChildProc::spawn(label, &node_bin(), &args, &interop_v2_dir());
+        let port = wait_listening(&mut proc, Duration::from_secs(20)).await;
+        Upstream {
+            proc,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            label,
         }
     }
 
