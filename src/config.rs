@@ -202,7 +202,8 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = defaults::MAX_EVENT_BYTES, value_parser = parse_size)]
     pub max_event_bytes: u64,
 
-    /// Largest request body the gateway reads to classify a POST (size); larger gets 413.
+    /// Largest request body, of any method (size); larger gets 413, a larger `Content-Length`
+    /// before the body is read.
     #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
     pub max_request_bytes: u64,
 

@@ -971,6 +971,42 @@ async fn upstream_that_closes_early_is_resumed_upstream_with_its_own_ids() {
     );
 }
 
+/// Issue 22 item 7: an upstream's `retry: 0` does not make the gateway reconnect in a tight
+/// loop (it was ~570 a second): reconnects are at least 100 ms apart.
+#[tokio::test]
+async fn an_upstream_retry_of_zero_is_floored() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.hold_standalone = false).await;
+    init_session(&gw, &mut mock, SID).await;
+    let (_reader, writer) = start_call(&gw, &mut mock, SID, 5).await;
+    writer
+        .send(format!(
+            "id: up-0\nretry: 0\nevent: message\ndata: {}\n\n",
+            progress(1)
+        ))
+        .await;
+    drop(writer);
+    // Each reconnect gets one more event and the stream closes again, never answering.
+    let started = tokio::time::Instant::now();
+    let mut reconnects = 0u32;
+    while started.elapsed() < Duration::from_secs(1) {
+        let Ok(again) = tokio::time::timeout(Duration::from_millis(500), mock.next()).await else {
+            break;
+        };
+        reconnects += 1;
+        let w = again.respond_sse(Some(SID));
+        w.send(format!(
+            "id: up-{reconnects}\nevent: message\ndata: {}\n\n",
+            progress(1)
+        ))
+        .await;
+    }
+    assert!(
+        (3..=11).contains(&reconnects),
+        "{reconnects} reconnects in 1 s (100 ms apart at most 10, and it does reconnect)"
+    );
+}
+
 #[tokio::test]
 async fn upstream_that_refuses_to_resume_ends_the_call_explicitly() {
     let mut mock = Mock::start().await;

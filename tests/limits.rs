@@ -505,3 +505,63 @@ async fn oversized_events_held_for_a_client_count_in_the_memory_budget() {
     }
     drop(writer);
 }
+
+/// Issue 22 item 4: every method's body is bounded in size (`--max-request-bytes`) and in
+/// time (`--header-read-timeout`), not only an upper-case `POST`'s; a `Content-Length` over
+/// the limit is refused before the body is asked for (no `100 Continue`). Nothing reaches the
+/// upstream.
+#[tokio::test]
+async fn every_methods_body_is_bounded_in_size_and_time() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.max_request_bytes = 1024;
+        c.header_read_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let big = "z".repeat(2000);
+    // An extension method `post` (methods are case-sensitive) and PUT, with a length...
+    for method in ["post", "PUT", "PATCH", "DELETE"] {
+        let resp = raw(
+            gw.addr,
+            format!(
+                "{method} /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{big}",
+                big.len()
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert!(resp.starts_with("HTTP/1.1 413"), "{method}: {resp}");
+    }
+    // ... or chunked, without one.
+    let resp = raw(
+        gw.addr,
+        format!(
+            "PUT /mcp HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{big}\r\n0\r\n\r\n",
+            big.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 413"), "chunked PUT: {resp}");
+    // A declared length over the limit is refused before the client sends the body.
+    let resp = raw(
+        gw.addr,
+        b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 5000\r\n\r\n",
+    )
+    .await;
+    assert!(
+        resp.starts_with("HTTP/1.1 413") && !resp.contains("100 Continue"),
+        "{resp}"
+    );
+    // A trickled body on a GET is cut at the deadline like a POST's.
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"GET /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    assert!(r.is_ok(), "the gateway answered and closed in time");
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(mock.nothing_within(Duration::from_millis(100)).await);
+}

@@ -19,14 +19,15 @@ use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 use crate::jsonrpc::{self, PostInfo};
 use crate::session::{is_minted_form, Principal, Session};
-use crate::upstream::{full_body, BoxError, Source, UpBody, Upstream, LAST_EVENT_ID};
+use crate::upstream::{full_body, Source, UpBody, Upstream, LAST_EVENT_ID};
 
 /// Everything the gateway needs to know about a client request, read once.
 pub(super) struct Inbound {
     /// Method, URI and headers as received (a legacy request's `Last-Event-ID` is taken out
     /// before it is forwarded: [`Inbound::drop_legacy_cursor`]).
     pub parts: Parts,
-    /// A POST's body, collected; any other request's, as it streams. Taken when sent.
+    /// The request's body, collected (within `--max-request-bytes` and
+    /// `--header-read-timeout`). Taken when sent.
     pub body: Option<UpBody>,
     /// The `Mcp-Session-Id` (visible ASCII).
     pub sid: Option<String>,
@@ -75,14 +76,16 @@ impl Inbound {
             .map(str::to_owned);
         check_origin(cfg, &parts.headers)?;
         let principal = principal(&parts.headers);
-        let (body, info) = if parts.method == Method::POST {
-            let bytes = collect(body, cfg).await?;
-            let info = jsonrpc::inspect_post(&bytes);
-            (full_body(bytes), info)
+        // Every method's body, not only a POST's, is read whole within the same bounds: an
+        // MCP endpoint streams no request bodies, and an unbounded one would be a way past
+        // them (an extension method `post`, a trickled GET).
+        let bytes = collect(body, &parts.headers, cfg).await?;
+        let info = if parts.method == Method::POST {
+            jsonrpc::inspect_post(&bytes)
         } else {
-            let body = body.map_err(BoxError::from).boxed_unsync();
-            (body, PostInfo::default())
+            PostInfo::default()
         };
+        let body = full_body(bytes);
         let modern = is_modern(header_version.as_deref(), &info);
         let upgrade =
             cfg.json_upgrade && !info.request_ids.is_empty() && accepts_sse(&parts.headers);
@@ -199,9 +202,24 @@ fn check_origin(cfg: &Config, headers: &http::HeaderMap) -> Result<(), Refusal> 
     }
 }
 
-/// A POST's body, whole. A slow body is cut like a slow head: both are bounded by
-/// `--header-read-timeout`.
-async fn collect(body: Incoming, cfg: &Config) -> Result<bytes::Bytes, Refusal> {
+/// A request's body, whole. A slow body is cut like a slow head: both are bounded by
+/// `--header-read-timeout`. A `Content-Length` over `--max-request-bytes` is refused before
+/// the body is polled, so a client that sent `Expect: 100-continue` is not asked for it.
+async fn collect(
+    body: Incoming,
+    headers: &http::HeaderMap,
+    cfg: &Config,
+) -> Result<bytes::Bytes, Refusal> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cfg.max_request_bytes as u64) {
+        return Err(ProxyError::BodyTooLarge(cfg.max_request_bytes).into());
+    }
+    if http_body::Body::is_end_stream(&body) {
+        return Ok(bytes::Bytes::new());
+    }
     let collect = Limited::new(body, cfg.max_request_bytes).collect();
     match tokio::time::timeout(cfg.header_read_timeout, collect).await {
         Err(_) => Err(ProxyError::BodyTimeout(cfg.header_read_timeout).into()),

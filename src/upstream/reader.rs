@@ -39,6 +39,9 @@ const READ_BATCH_BYTES: usize = 64 * 1024;
 const UPSTREAM_RESUME_ATTEMPTS: u32 = 3;
 /// The longest `retry:` wait the gateway honours before reconnecting upstream.
 const MAX_UPSTREAM_RETRY: Duration = Duration::from_secs(30);
+/// The shortest: an upstream's `retry: 0` on a stream it keeps closing after one event would
+/// otherwise be reconnected to in a tight loop (~600 a second, seen).
+const MIN_UPSTREAM_RETRY: Duration = Duration::from_millis(100);
 
 /// Reads the stream a client's request opened (`stream` of `session`) in a task of its own,
 /// which the session stops when it closes. When a client's own standalone stream ends, the
@@ -357,7 +360,8 @@ pub(crate) async fn read_stream(
                 break 'outer End::Failed(UpstreamFailure::ResumeRefused(UPSTREAM_RESUME_ATTEMPTS));
             }
             failures += 1;
-            let wait = Duration::from_millis(retry.unwrap_or(1000)).min(MAX_UPSTREAM_RETRY);
+            let wait = Duration::from_millis(retry.unwrap_or(1000))
+                .clamp(MIN_UPSTREAM_RETRY, MAX_UPSTREAM_RETRY);
             tokio::time::sleep(wait).await;
             tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, "resuming the upstream stream");
             match source.resume(&last_id).await {
