@@ -102,7 +102,13 @@ pub async fn serve_gateway(
             };
             let builder = connection_builder(&cfg, exec.clone());
             let conn_kill = kill.clone();
+            // Whether a first request head arrived: until one does, the connection has
+            // --header-read-timeout (on every protocol: hyper's own header timer covers
+            // HTTP/1.1 heads only after hyper-util's version sniff, and HTTP/2 has none).
+            let requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let seen = requested.clone();
             let svc = service_fn(move |req: Request<Incoming>| {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
                 // HTTP/1.1 has one stream per connection: a stall closes the connection. On
                 // HTTP/2 a stall ends only its own stream (the stream's task is dropped, h2
                 // resets it); the other streams on the connection keep flowing.
@@ -133,6 +139,10 @@ pub async fn serve_gateway(
                     metrics.stalled_closes.inc();
                     tracing::info!(%remote, "closed a stalled client connection");
                 }
+                () = no_request_within(&requested, cfg.header_read_timeout) => {
+                    metrics.connection_error(ConnectionErrorKind::HeaderTimeout);
+                    tracing::debug!(%remote, "no request within --header-read-timeout: closed");
+                }
             }
             metrics.connections.dec();
         };
@@ -142,6 +152,15 @@ pub async fn serve_gateway(
     drop(listener);
     shutdown::drain(gateway.registry(), graceful, cfg.drain_timeout, draining).await;
     Ok(())
+}
+
+/// Resolves once `timeout` has passed without a first request on the connection
+/// (`requested`); never, once one came.
+async fn no_request_within(requested: &std::sync::atomic::AtomicBool, timeout: Duration) {
+    tokio::time::sleep(timeout).await;
+    if requested.load(std::sync::atomic::Ordering::Relaxed) {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The per-connection protocol settings (HTTP/1.1 and h2c), running HTTP/2 streams on `exec`.

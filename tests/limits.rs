@@ -565,3 +565,49 @@ async fn every_methods_body_is_bounded_in_size_and_time() {
     assert!(out.starts_with("HTTP/1.1 408"), "{out}");
     assert!(mock.nothing_within(Duration::from_millis(100)).await);
 }
+
+/// Issue 22 item 3: a connection that never completes a first request head is closed at
+/// `--header-read-timeout`, whatever it sent: nothing, part of the HTTP/2 preface, the whole
+/// h2c preface and no request (hyper-util's version sniff runs before hyper's own header timer,
+/// and HTTP/2 has none). So silent connections cannot hold `--max-connections` for good.
+#[tokio::test]
+async fn connections_that_never_send_a_request_are_closed_at_the_header_read_timeout() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.max_connections = 3;
+        c.header_read_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let openings: [&[u8]; 3] = [
+        b"",
+        b"PRI * HTTP/2.0\r\n",
+        // The whole client preface and an empty SETTINGS frame, then no request.
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    ];
+    let mut idle = Vec::new();
+    for opening in openings {
+        let mut s = TcpStream::connect(gw.addr).await.unwrap();
+        s.write_all(opening).await.unwrap();
+        idle.push(s);
+    }
+    let started = tokio::time::Instant::now();
+    for (i, s) in idle.iter_mut().enumerate() {
+        let mut out = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut out)).await;
+        assert!(closed.is_ok(), "connection {i} closed by the gateway");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // And the cap is free again for a client that sends a request.
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, None),
+    ));
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    assert_eq!(pending.await.unwrap().status(), 200);
+}
