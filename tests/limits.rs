@@ -611,3 +611,45 @@ async fn connections_that_never_send_a_request_are_closed_at_the_header_read_tim
         .respond_json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     assert_eq!(pending.await.unwrap().status(), 200);
 }
+
+/// Issue 22 item 2: a POST whose client left before the upstream's response head finishes in
+/// a task of its own (a legacy disconnect is not a cancel), but not for good: it may wait for
+/// the head `--session-ttl` at most, and then the upstream request is ended. A modern-era
+/// POST whose client leaves (an h2 `RST_STREAM(CANCEL)`, a closed connection) is cancelled at
+/// once.
+#[tokio::test]
+async fn a_post_abandoned_before_its_head_is_bounded_and_a_modern_one_cancelled() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.session_ttl = Duration::from_millis(400);
+        c.json_upgrade = false;
+    })
+    .await;
+    init_session(&gw, &mut mock, "s").await;
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
+    // Legacy: the client goes away; the upstream request lives on, then ends at the bound.
+    let client = tokio::spawn(send(gw.addr, post(call, Some("s"))));
+    let mut seen = mock.next().await;
+    client.abort();
+    assert!(
+        !seen.closed_within(Duration::from_millis(200)).await,
+        "a legacy disconnect is not a cancel"
+    );
+    assert!(
+        seen.closed_within(Duration::from_secs(3)).await,
+        "ended once it waited --session-ttl for its head"
+    );
+    // Modern: cancelled with its client.
+    let mut modern = post(call, None);
+    modern
+        .headers_mut()
+        .insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+    let client = tokio::spawn(send(gw.addr, modern));
+    let mut seen = mock.next().await;
+    client.abort();
+    assert!(
+        seen.closed_within(Duration::from_millis(300)).await,
+        "a modern-era disconnect cancels"
+    );
+}

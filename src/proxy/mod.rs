@@ -32,6 +32,7 @@ mod warn_limit;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -78,11 +79,14 @@ pub struct Gateway {
     principal_key: [u8; 32],
     /// Refused resumes are a WARN each, at most one a second (a prober cannot flood the log).
     refused_warn: warn_limit::WarnLimit,
+    /// POSTs whose client left before the upstream's head, finishing on their own.
+    orphans: Arc<Orphans>,
 }
 
 impl Gateway {
     pub fn new(cfg: Config) -> Arc<Gateway> {
         let cfg = Arc::new(cfg);
+        let orphans = Arc::new(Orphans::new(cfg.max_connections, cfg.session_ttl));
         let metrics = Arc::new(Metrics::new());
         metrics
             .memory_budget_bytes
@@ -100,6 +104,7 @@ impl Gateway {
                 key
             },
             refused_warn: warn_limit::WarnLimit::new(std::time::Duration::from_secs(1)),
+            orphans,
         })
     }
 
@@ -141,13 +146,22 @@ impl Gateway {
             // dropped with it (a client that goes away or half-closes before the upstream's
             // response head), it would cancel a request the upstream already started, and the
             // client's retransmission would run the tool again. Dropped early, it finishes in
-            // a task of its own; a stream it opens is read into the window, where the
-            // retransmission finds it.
+            // a task of its own, for at most --session-ttl; a stream it opens is read into the
+            // window, where the retransmission finds it. A modern-era POST is cancelled with
+            // its client instead (its route says so).
             let (me, conn) = (self.clone(), conn.clone());
-            FinishOnDrop::new(async move { me.route(req, &conn).await }.instrument(span.clone()))
-                .await
+            let cancel = Arc::new(AtomicBool::new(false));
+            let cancel_on_drop = cancel.clone();
+            FinishOnDrop::new(
+                async move { me.route(req, &conn, &cancel).await }.instrument(span.clone()),
+                cancel_on_drop,
+                self.orphans.clone(),
+            )
+            .await
         } else {
-            self.route(req, &conn).instrument(span.clone()).await
+            self.route(req, &conn, &AtomicBool::new(false))
+                .instrument(span.clone())
+                .await
         };
         let mut resp = match routed {
             Ok(r) => r,
@@ -180,11 +194,13 @@ impl Gateway {
     }
 
     /// Classify, then dispatch: the request read once, the route decided by a pure
-    /// function, one handler per route.
+    /// function, one handler per route. `cancel` is set when the request is one a client's
+    /// disconnect cancels (the modern era's).
     async fn route(
         self: &Arc<Self>,
         req: Request<Incoming>,
         conn: &Conn,
+        cancel: &AtomicBool,
     ) -> Result<Response<ResBody>, Refusal> {
         let mut inb = Inbound::read(req, &self.cfg, conn, |h| self.principal(h, conn)).await?;
         // A session is only named on its own endpoint: elsewhere its id is just a header.
@@ -200,7 +216,10 @@ impl Gateway {
         }
         match classify(&inb, session.as_deref()) {
             Route::Asterisk => Ok(respond::asterisk()),
-            Route::PassThrough => self.pass_through(inb).await,
+            Route::PassThrough => {
+                cancel.store(true, Ordering::Relaxed);
+                self.pass_through(inb).await
+            }
             Route::Resume => self.resume(inb, session).await,
             Route::Attach => self.attach(inb, session, None).await,
             Route::Retransmission => match session {
@@ -222,20 +241,68 @@ fn is_visible_ascii(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|c| (0x21..=0x7e).contains(c))
 }
 
+/// The bounds of POSTs abandoned before the upstream's head (issue 22): at most `max` at once
+/// (`--max-connections`: each stood for a connection), each for at most `limit`
+/// (`--session-ttl`). Past either, the exchange is ended (the upstream request cancelled).
+struct Orphans {
+    count: std::sync::atomic::AtomicUsize,
+    max: usize,
+    limit: std::time::Duration,
+}
+
+impl Orphans {
+    fn new(max: usize, limit: std::time::Duration) -> Orphans {
+        Orphans {
+            count: Default::default(),
+            max,
+            limit,
+        }
+    }
+
+    /// Takes a place for one more orphan, if there is one.
+    fn adopt(self: &Arc<Self>) -> Option<OrphanPlace> {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| OrphanPlace(self.clone()))
+    }
+}
+
+/// One orphan's place, given back when it ends.
+struct OrphanPlace(Arc<Orphans>);
+
+impl Drop for OrphanPlace {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A future that, dropped before it is done, is not cancelled: it finishes in a task of its
-/// own and its output is dropped there. Costs one allocation while the caller waits for it:
-/// `bench/callgrind` JSON POST 75.8 k -> 77.6 k Ir; spawning every POST and joining it cost
-/// 82.0 k.
-struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>)
+/// own, within the [`Orphans`] bounds, and its output is dropped there; unless `cancel` was
+/// set by then, in which case dropping it cancels it. Costs one allocation while the caller waits
+/// for it: `bench/callgrind` JSON POST 75.8 k -> 77.6 k Ir; spawning every POST and joining
+/// it cost 82.0 k.
+struct FinishOnDrop<F: Future + Send + 'static>
 where
-    F::Output: Send + 'static;
+    F::Output: Send + 'static,
+{
+    fut: Option<Pin<Box<F>>>,
+    cancel: Arc<AtomicBool>,
+    orphans: Arc<Orphans>,
+}
 
 impl<F: Future + Send + 'static> FinishOnDrop<F>
 where
     F::Output: Send + 'static,
 {
-    fn new(fut: F) -> Self {
-        FinishOnDrop(Some(Box::pin(fut)))
+    fn new(fut: F, cancel: Arc<AtomicBool>, orphans: Arc<Orphans>) -> Self {
+        FinishOnDrop {
+            fut: Some(Box::pin(fut)),
+            cancel,
+            orphans,
+        }
     }
 }
 
@@ -247,11 +314,11 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let fut = self
-            .0
+            .fut
             .as_mut()
             .expect("FinishOnDrop polled after completion");
         let out = std::task::ready!(fut.as_mut().poll(cx));
-        self.0 = None;
+        self.fut = None;
         Poll::Ready(out)
     }
 }
@@ -261,13 +328,26 @@ where
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
-        if let Some(fut) = self.0.take() {
-            // Outside a runtime (it is being torn down) there is nothing left to finish on.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    drop(fut.await);
-                });
-            }
+        let Some(fut) = self.fut.take() else { return };
+        if self.cancel.load(Ordering::Relaxed) {
+            return; // dropped here: cancelled
+        }
+        let Some(place) = self.orphans.adopt() else {
+            tracing::warn!(
+                max = self.orphans.max,
+                "too many requests abandoned before the upstream answered: this one is cancelled"
+            );
+            return;
+        };
+        // Outside a runtime (it is being torn down) there is nothing left to finish on.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let limit = self.orphans.limit;
+            rt.spawn(async move {
+                let _place = place;
+                if tokio::time::timeout(limit, fut).await.is_err() {
+                    tracing::debug!(?limit, "an abandoned request's exchange ended at its bound");
+                }
+            });
         }
     }
 }
@@ -275,17 +355,64 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
+
+    fn finish_on_drop<F: Future + Send + 'static>(
+        fut: F,
+        cancel: bool,
+        limit: Duration,
+    ) -> FinishOnDrop<F>
+    where
+        F::Output: Send + 'static,
+    {
+        let orphans = Arc::new(Orphans::new(usize::MAX, limit));
+        FinishOnDrop::new(fut, Arc::new(AtomicBool::new(cancel)), orphans)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_futures_beyond_the_cap_are_cancelled_and_places_come_back() {
+        let orphans = Arc::new(Orphans::new(1, Duration::from_secs(60)));
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let abandon = |orphans: &Arc<Orphans>| {
+            let r = ran.clone();
+            let fut = FinishOnDrop::new(
+                async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    r.fetch_add(1, Ordering::SeqCst);
+                },
+                Arc::new(AtomicBool::new(false)),
+                orphans.clone(),
+            );
+            async move {
+                let _ = tokio::time::timeout(Duration::from_millis(1), fut).await;
+            }
+        };
+        abandon(&orphans).await;
+        abandon(&orphans).await; // over the cap of 1: cancelled
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            orphans.count.load(Ordering::SeqCst),
+            0,
+            "its place came back"
+        );
+        abandon(&orphans).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_future_dropped_before_it_is_done_finishes_in_its_own_task() {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
-        let fut = FinishOnDrop::new(async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            d.store(true, Ordering::SeqCst);
-        });
+        let fut = finish_on_drop(
+            async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                d.store(true, Ordering::SeqCst);
+            },
+            false,
+            Duration::from_secs(60),
+        );
         // The waiter gives up first (the client's connection closes).
         assert!(tokio::time::timeout(Duration::from_millis(10), fut)
             .await
@@ -297,6 +424,34 @@ mod tests {
 
     #[tokio::test]
     async fn a_future_awaited_to_the_end_gives_its_output_once() {
-        assert_eq!(FinishOnDrop::new(async { 7 }).await, 7);
+        assert_eq!(
+            finish_on_drop(async { 7 }, false, Duration::from_secs(1)).await,
+            7
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_future_runs_to_its_limit_and_a_cancellable_one_not_at_all() {
+        for (cancel, limit, want) in [(false, 5, false), (false, 60, true), (true, 60, false)] {
+            let done = Arc::new(AtomicBool::new(false));
+            let d = done.clone();
+            let fut = finish_on_drop(
+                async move {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    d.store(true, Ordering::SeqCst);
+                },
+                cancel,
+                Duration::from_secs(limit),
+            );
+            assert!(tokio::time::timeout(Duration::from_millis(10), fut)
+                .await
+                .is_err());
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            assert_eq!(
+                done.load(Ordering::SeqCst),
+                want,
+                "cancel {cancel}, limit {limit} s"
+            );
+        }
     }
 }

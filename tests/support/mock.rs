@@ -53,6 +53,12 @@ impl Seen {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
 
+    /// Whether the gateway gave up on this request (its connection to the mock closed, so
+    /// the answer can no longer be sent) within `d`.
+    pub async fn closed_within(&mut self, d: Duration) -> bool {
+        tokio::time::timeout(d, self.respond.closed()).await.is_ok()
+    }
+
     pub fn respond(self, resp: Response<Full<Bytes>>) {
         let (p, b) = resp.into_parts();
         let _ = self.respond.send(Response::from_parts(p, b.boxed()));
