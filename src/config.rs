@@ -133,8 +133,9 @@ pub struct GatewayArgs {
     )]
     pub admin_listen: SocketAddr,
 
-    /// Per-session window: most recent events retained for resumption (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Per-session window: most recent events retained for resumption (count, at least 2: a
+    /// window of one has no room to read ahead of what its client may still need).
+    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(2..))]
     pub window_events: u32,
 
     /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).

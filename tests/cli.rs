@@ -52,6 +52,12 @@ fn invalid_values_exit_64_naming_the_flag() {
             vec!["--upstream", "http://127.0.0.1:1", "--window-events", "0"],
             "--window-events",
         ),
+        // Issue 22 item 7: a window of one event cannot flow (its in-flight reserve is the
+        // whole window: 50 events took 78 s).
+        (
+            vec!["--upstream", "http://127.0.0.1:1", "--window-events", "1"],
+            "--window-events",
+        ),
         (
             vec!["--upstream", "http://127.0.0.1:1", "--log-level", "[[["],
             "--log-level",

@@ -149,6 +149,19 @@ impl Reserve {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn every_window_the_flags_allow_keeps_room_to_read_ahead() {
+        // `--window-events` is at least 2: the reserve then always leaves the window at
+        // least one event to read ahead into, so the upstream can move while a client reads.
+        for n in 2..2000 {
+            let (events, _) = Reserve::new(n, 1 << 20).limits();
+            assert!(events >= 1 && events < n, "window {n}: reserve {events}");
+        }
+        // A window of one (refused by the flags) has none: the reserve is the window.
+        assert_eq!(Reserve::new(1, 1 << 20).limits().0, 1);
+    }
+
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
