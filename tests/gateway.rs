@@ -724,6 +724,42 @@ async fn session_cap_sheds_the_least_recently_used_idle_session_else_503() {
     );
 }
 
+/// Issue 22 item 6: at the cap, a session whose client just dropped mid-call (its call still
+/// running upstream, the client about to resume) is shed only after every idle session with
+/// nothing to come back for, however recently used those are.
+#[tokio::test]
+async fn the_cap_sheds_sessions_with_nothing_running_first() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.max_sessions = 2;
+        c.hold_standalone = false;
+    })
+    .await;
+    init_session(&gw, &mut mock, "a").await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, "a", 1).await;
+    writer.message(&progress(1)).await;
+    assert!(reader.next().await.is_some());
+    drop(reader); // the client's connection drops mid-call
+    let a = gw.gateway.registry().get("a").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.attached_clients() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "client detached");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    init_session(&gw, &mut mock, "b").await; // idle, nothing running, more recent than "a"
+    init_session(&gw, &mut mock, "c").await;
+    assert!(
+        gw.gateway.registry().get("a").is_some(),
+        "the running call's session stays"
+    );
+    assert!(
+        gw.gateway.registry().get("b").is_none(),
+        "the idle one is shed"
+    );
+    drop(writer);
+}
+
 /// Issue 11 bug 3: concurrent `initialize`s at the cap. Each takes its own place before it
 /// is forwarded, so exactly `--max-sessions` reach the upstream and are tagged; the others
 /// get the documented 503 (`session-cap`, `Retry-After: 1`) without being forwarded.

@@ -1216,12 +1216,20 @@ impl Session {
     }
 
     /// Since when no client has been attached, or `None` while one is.
-    fn idle_since(&self) -> Option<Instant> {
+    /// Since when the session has had no client attached (`None`: one is), and whether a
+    /// client may still come back for something: a call still running upstream, or events
+    /// not yet delivered within the stall budget. The session cap sheds the others first.
+    fn idle_since(&self) -> Option<(bool, Instant)> {
         let st = lock(&self.state);
-        st.streams
-            .values()
-            .all(|s| s.sub.is_none())
-            .then_some(st.last_activity)
+        if st.streams.values().any(|s| s.sub.is_some()) {
+            return None;
+        }
+        let now = Instant::now();
+        let wanted = st.streams.values().any(|s| {
+            let running = s.end.is_none() && s.requests.iter().any(|r| r.answered_at.is_none());
+            running || s.needs(s.last_seq, now, self.cfg.stall_timeout)
+        });
+        Some((wanted, st.last_activity))
     }
 
     /// Clients attached to this session's streams now.

@@ -266,7 +266,8 @@ impl Registry {
     ) -> Result<(), AtCapacity> {
         let victim = map
             .iter()
-            .filter_map(|(k, s)| s.idle_since().map(|since| (since, k)))
+            // Sessions nobody may come back for first, then the least recently used.
+            .filter_map(|(k, s)| s.idle_since().map(|idle| (idle, k)))
             .min()
             .map(|(_, k)| k.clone())
             .ok_or(AtCapacity)?;
