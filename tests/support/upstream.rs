@@ -79,21 +79,9 @@ impl Upstream {
     /// `py-stateless-json`.
     pub async fn py_with(flags: &[&str]) -> Upstream {
         let python = ensure_python_venv();
+        let python = python.to_str().expect("UTF-8 path");
         let label = flags_label("py", flags);
-        let mut args = vec!["py-server.py"];
-        args.extend_from_slice(flags);
-        let mut proc = ChildProc::spawn(
-            label,
-            python.to_str().expect("UTF-8 path"),
-            &args,
-            &interop_dir(),
-        );
-        let port = wait_listening(&mut proc, Duration::from_secs(30)).await;
-        Upstream {
-            proc,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            label,
-        }
+        Upstream::script(label, python, "py-server.py", flags, &interop_dir(), 30).await
     }
 
     /// `tests/interop/fastmcp4/server.py <flags>`: FastMCP 4.x (PyPI `fastmcp`, on the Python
@@ -101,21 +89,17 @@ impl Upstream {
     /// `--json`; its defaults otherwise (stateful, SSE). Label `fastmcp4`, `fastmcp4-stateless`, …
     pub async fn fastmcp(flags: &[&str]) -> Upstream {
         let python = ensure_fastmcp_venv();
+        let python = python.to_str().expect("UTF-8 path");
         let label = flags_label("fastmcp4", flags);
-        let mut args = vec!["fastmcp4/server.py"];
-        args.extend_from_slice(flags);
-        let mut proc = ChildProc::spawn(
+        Upstream::script(
             label,
-            python.to_str().expect("UTF-8 path"),
-            &args,
+            python,
+            "fastmcp4/server.py",
+            flags,
             &interop_dir(),
-        );
-        let port = wait_listening(&mut proc, Duration::from_secs(45)).await;
-        Upstream {
-            proc,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            label,
-        }
+            45,
+        )
+        .await
     }
 
     /// `tests/interop/v2/ts2-server.mjs <flags>`: TypeScript SDK v2's `createMcpHandler`
@@ -126,10 +110,24 @@ impl Upstream {
     pub async fn ts2(flags: &[&str]) -> Upstream {
         ensure_npm_v2_deps();
         let label = flags_label("ts2", flags);
-        let mut args = vec!["ts2-server.mjs"];
+        let node = node_bin();
+        Upstream::script(label, &node, "ts2-server.mjs", flags, &interop_v2_dir(), 20).await
+    }
+
+    /// `program script flags…` in `dir`, once it prints `LISTENING <port>` (within
+    /// `wait_s` seconds).
+    async fn script(
+        label: &'static str,
+        program: &str,
+        script: &str,
+        flags: &[&str],
+        dir: &std::path::Path,
+        wait_s: u64,
+    ) -> Upstream {
+        let mut args = vec![script];
         args.extend_from_slice(flags);
-        let mut proc = ChildProc::spawn(label, &node_bin(), &args, &interop_v2_dir());
-        let port = wait_listening(&mut proc, Duration::from_secs(20)).await;
+        let mut proc = ChildProc::spawn(label, program, &args, dir);
+        let port = wait_listening(&mut proc, Duration::from_secs(wait_s)).await;
         Upstream {
             proc,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
