@@ -76,6 +76,9 @@ pub mod defaults {
     pub const MAX_HEADER_BYTES: &str = "64KiB";
     pub const MAX_HEADERS: u32 = 100;
     pub const MAX_CONNECTIONS: u32 = 10_000;
+    /// `0`: fitted to the open-file limit ([`super::Config::fit_to_fds`]).
+    pub const MAX_UPSTREAM_CONNECTIONS: u32 = 0;
+    pub const MAX_DETACHED_CALLS: u32 = 32;
     pub const MEMORY_BUDGET: &str = "1GiB";
     pub const UPSTREAM_CONNECT_TIMEOUT: &str = "5s";
     pub const UPSTREAM_HEADER_TIMEOUT: &str = "30s";
@@ -237,6 +240,20 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
+    /// Most connections to the upstream open at once, pooled idle ones included; held
+    /// standalone streams take at most three quarters of them. At the bound, a request that
+    /// needs a new connection gets 503 with Retry-After. 0: --max-connections plus
+    /// --max-sessions, lowered to fit the open-file limit (which the gateway raises to its hard
+    /// limit at startup) beside --max-connections (count).
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_UPSTREAM_CONNECTIONS", default_value_t = defaults::MAX_UPSTREAM_CONNECTIONS)]
+    pub max_upstream_connections: u32,
+
+    /// Most calls of one session still running upstream after their clients left (each holds
+    /// an upstream connection until it ends or --session-ttl); the session's next call gets
+    /// 429 with Retry-After until one ends or is resumed (count).
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_DETACHED_CALLS", default_value_t = defaults::MAX_DETACHED_CALLS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_detached_calls: u32,
+
     /// Global budget for all session windows together (size). Above it, the oldest idle
     /// sessions are shed first, then the filling session's oldest events; new sessions get
     /// 503 with Retry-After.
@@ -379,6 +396,8 @@ impl GatewayArgs {
             max_header_bytes: size(MAX_HEADER_BYTES),
             max_headers: MAX_HEADERS,
             max_connections: MAX_CONNECTIONS,
+            max_upstream_connections: MAX_UPSTREAM_CONNECTIONS,
+            max_detached_calls: MAX_DETACHED_CALLS,
             memory_budget: size(MEMORY_BUDGET),
             upstream_connect_timeout: duration(UPSTREAM_CONNECT_TIMEOUT),
             upstream_header_timeout: duration(UPSTREAM_HEADER_TIMEOUT),
@@ -427,6 +446,10 @@ pub struct Config {
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub max_connections: usize,
+    /// Upstream connections open at once (never 0: resolved from the flag's `0`).
+    pub max_upstream_connections: usize,
+    /// Calls of one session running upstream with no client.
+    pub max_detached_calls: usize,
     /// Budget for all windows together, in bytes.
     pub memory_budget: usize,
     pub upstream_connect_timeout: Duration,
@@ -476,6 +499,11 @@ impl Config {
                 .max(8192),
             max_headers: args.max_headers as usize,
             max_connections: args.max_connections as usize,
+            max_upstream_connections: match args.max_upstream_connections {
+                0 => (args.max_connections as usize).saturating_add(args.max_sessions as usize),
+                n => n as usize,
+            },
+            max_detached_calls: args.max_detached_calls as usize,
             memory_budget: usize::try_from(args.memory_budget).unwrap_or(usize::MAX),
             upstream_connect_timeout: args.upstream_connect_timeout,
             upstream_header_timeout: args.upstream_header_timeout,
@@ -491,6 +519,37 @@ impl Config {
             tls: None,
             upstream_tls: None,
         }
+    }
+
+    /// Fits the connection bounds to the process's open-file limit `nofile`: each client
+    /// connection and each upstream connection is an fd, and [`RESERVED_FDS`] are kept for the
+    /// listeners, the runtime and the log. When both bounds do not fit, an `auto` upstream bound
+    /// (`explicit_upstream` false) takes what the clients leave, the clients at most half; what
+    /// still does not fit is lowered. Returns what was lowered, for the startup log.
+    pub fn fit_to_fds(&mut self, nofile: u64, explicit_upstream: bool) -> Option<String> {
+        let budget = usize::try_from(nofile)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(RESERVED_FDS)
+            .max(4);
+        if self
+            .max_connections
+            .saturating_add(self.max_upstream_connections)
+            <= budget
+        {
+            return None;
+        }
+        let (clients, upstream) = (self.max_connections, self.max_upstream_connections);
+        if !explicit_upstream {
+            let clients_share = clients.min(budget / 2);
+            self.max_upstream_connections = upstream.min(budget - clients_share);
+        } else {
+            self.max_upstream_connections = upstream.min(budget / 2);
+        }
+        self.max_connections = clients.min(budget - self.max_upstream_connections);
+        Some(format!(
+            "the open-file limit is {nofile}: --max-connections {clients} -> {}, --max-upstream-connections {upstream} -> {} (raise the limit, e.g. LimitNOFILE or ulimit -n, to keep them)",
+            self.max_connections, self.max_upstream_connections
+        ))
     }
 
     /// Loads the TLS material the flags name into `self` (`tls`, `upstream_tls`); the error
@@ -516,6 +575,10 @@ impl Config {
         Ok(self)
     }
 }
+
+/// File descriptors [`Config::fit_to_fds`] keeps for everything but connections: the two
+/// listeners, the runtime's epoll and wakers, the log, TLS files being reloaded, admin scrapes.
+pub const RESERVED_FDS: usize = 64;
 
 /// Parses an upstream base URL: `http(s)://host[:port]` with an optional trailing `/`.
 pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
@@ -617,6 +680,48 @@ mod tests {
         // tls cannot name config (config loads through tls), so its own default for a
         // ServerTls loaded without the flags is a copy: kept equal here.
         assert_eq!(parsed.tls_reload_interval, crate::tls::RELOAD_INTERVAL);
+    }
+
+    #[test]
+    fn connection_bounds_fit_the_open_file_limit() {
+        let mut c = Config::new("http://h".parse().unwrap());
+        assert_eq!(
+            c.max_upstream_connections, 20_000,
+            "auto: clients plus sessions"
+        );
+        assert_eq!(c.fit_to_fds(1 << 20, false), None, "they fit");
+        assert_eq!(
+            (c.max_connections, c.max_upstream_connections),
+            (10_000, 20_000)
+        );
+        // 256 fds: 192 for connections, half each.
+        let lowered = c.fit_to_fds(256, false).expect("lowered");
+        assert!(lowered.contains("256"), "{lowered}");
+        assert_eq!((c.max_connections, c.max_upstream_connections), (96, 96));
+        // Few clients leave the rest to the upstream.
+        let mut c = Config::new("http://h".parse().unwrap());
+        c.max_connections = 50;
+        c.max_upstream_connections = 10_050;
+        c.fit_to_fds(256, false).expect("lowered");
+        assert_eq!((c.max_connections, c.max_upstream_connections), (50, 142));
+        // An explicit upstream bound that does not fit: at most half.
+        let mut c = Config::new("http://h".parse().unwrap());
+        c.max_upstream_connections = 1000;
+        c.fit_to_fds(256, true).expect("lowered");
+        assert_eq!((c.max_connections, c.max_upstream_connections), (96, 96));
+        for nofile in [0, 1, 64, 65, 100, 1000, 5000] {
+            let mut c = Config::new("http://h".parse().unwrap());
+            c.fit_to_fds(nofile, false);
+            assert!(
+                c.max_connections >= 1 && c.max_upstream_connections >= 1,
+                "{nofile}"
+            );
+            assert!(
+                c.max_connections + c.max_upstream_connections
+                    <= (nofile as usize).saturating_sub(RESERVED_FDS).max(4),
+                "{nofile}"
+            );
+        }
     }
 
     #[test]

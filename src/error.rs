@@ -62,6 +62,10 @@ pub enum ProxyError {
     AtCapacity(AtCapacity),
     #[error("upstream unavailable")]
     Upstream(#[source] hyper_util::client::legacy::Error),
+    #[error("the gateway has {0} upstream connections open, its bound (--max-upstream-connections); retry shortly")]
+    UpstreamConnections(usize),
+    #[error("this session has {0} calls still running whose clients left (--max-detached-calls); resume or wait for one of them first")]
+    DetachedCalls(usize),
     #[error("the upstream did not answer within {0:?}")]
     UpstreamTimeout(std::time::Duration),
     #[error("Origin not allowed")]
@@ -194,6 +198,20 @@ impl ProxyError {
                 }),
                 Up,
             ),
+            ProxyError::UpstreamConnections(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::GATEWAY,
+                "upstream-connections",
+                Rejected(RejectReason::UpstreamConnections),
+                Gateway,
+            ),
+            ProxyError::DetachedCalls(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                codes::GATEWAY,
+                "detached-calls",
+                Rejected(RejectReason::DetachedCalls),
+                Client,
+            ),
             ProxyError::UpstreamTimeout(_) => (
                 StatusCode::GATEWAY_TIMEOUT,
                 codes::UPSTREAM,
@@ -253,6 +271,15 @@ impl ProxyError {
         }
     }
 
+    /// The error for a request the upstream client could not send: the bound on upstream
+    /// connections when that is why, else the upstream's own failure.
+    pub fn upstream(e: hyper_util::client::legacy::Error) -> ProxyError {
+        match crate::upstream::at_connection_limit(&e) {
+            Some(max) => ProxyError::UpstreamConnections(max),
+            None => ProxyError::Upstream(e),
+        }
+    }
+
     /// This error as the answer to the JSON-RPC request `id` (if the request had one).
     pub fn for_request(self, id: Option<Value>) -> Refusal {
         Refusal { error: self, id }
@@ -290,7 +317,7 @@ impl From<ProxyError> for Refusal {
 
 impl Refusal {
     /// Counts the refusal, logs it at its level, and builds its response: status, a
-    /// JSON-RPC error body naming the cause, and `Retry-After` for a 503.
+    /// JSON-RPC error body naming the cause, and `Retry-After` for a 503 or 429.
     pub fn respond(self, method: &http::Method, metrics: &Metrics) -> Response<Bytes> {
         let class = self.error.class();
         match class.counted {
@@ -318,7 +345,10 @@ impl Refusal {
             resp.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
         }
-        if class.status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(
+            class.status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ) {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -352,6 +382,8 @@ mod tests {
             ProxyError::BodyTimeout(Duration::from_secs(1)),
             ProxyError::AtCapacity(AtCapacity),
             ProxyError::UpstreamTimeout(Duration::from_secs(1)),
+            ProxyError::UpstreamConnections(8),
+            ProxyError::DetachedCalls(16),
             ProxyError::OriginNotAllowed,
             ProxyError::DuplicateRequest("7".into()),
         ]
@@ -414,7 +446,7 @@ mod tests {
             assert_eq!(resp.headers()["content-type"], "application/json");
             assert_eq!(
                 resp.headers().contains_key("retry-after"),
-                c.status == StatusCode::SERVICE_UNAVAILABLE
+                matches!(c.status.as_u16(), 503 | 429)
             );
             let body: Value = serde_json::from_slice(resp.body()).unwrap();
             assert_eq!(body["id"], 42);

@@ -101,10 +101,23 @@ async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<TcpListe
 }
 
 async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
-    let config = config.load_tls(args)?;
+    let mut config = config.load_tls(args)?;
+    // Every connection is an fd: the soft open-file limit goes up to the hard one, and the
+    // connection bounds are fitted to it.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(nofile) => {
+            let explicit = args.max_upstream_connections != 0;
+            if let Some(lowered) = config.fit_to_fds(nofile, explicit) {
+                tracing::warn!("{lowered}");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit; the connection bounds are not fitted to it")
+        }
+    }
     let listener = bind("--listen", args.listen).await?;
     let admin = bind("--admin-listen", args.admin_listen).await?;
-    tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, "mcp-reattach started");
+    tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, max_connections = config.max_connections, max_upstream_connections = config.max_upstream_connections, "mcp-reattach started");
     let gateway = mcp_reattach::Gateway::new(config);
     let health = mcp_reattach::Health::new();
     let shutdown = Shutdown::new();

@@ -96,6 +96,10 @@ label_values! {
         Connect => "connect",
         /// A request named a session id the gateway minted and no longer holds.
         MintedSessionGone => "minted_session_gone",
+        /// A request needed a new upstream connection at --max-upstream-connections.
+        UpstreamConnections => "upstream_connections",
+        /// A session already had --max-detached-calls calls running with no client.
+        DetachedCalls => "detached_calls",
     }
 }
 
@@ -196,6 +200,10 @@ pub struct Metrics {
     pub upstream_paused_seconds: Counter<f64, AtomicU64>,
     pub connections: Gauge,
     pub connections_accepted: Counter,
+    /// Upstream connections open now, pooled idle ones included.
+    pub upstream_connections: Gauge,
+    /// `--max-upstream-connections` as fitted to the open-file limit.
+    pub upstream_connections_max: Gauge,
     /// Sessions the gateway minted for a stateless upstream.
     pub sessions_minted: Counter,
     /// `--memory-budget`, so alerts can compare `window_bytes` with it.
@@ -248,6 +256,8 @@ impl Metrics {
             upstream_paused_seconds: Counter::default(),
             connections: Gauge::default(),
             connections_accepted: Counter::default(),
+            upstream_connections: Gauge::default(),
+            upstream_connections_max: Gauge::default(),
             sessions_minted: Counter::default(),
             memory_budget_bytes: Gauge::default(),
             drain_started: Gauge::default(),
@@ -364,6 +374,16 @@ impl Metrics {
             "connections_accepted",
             "Client connections accepted",
             m.connections_accepted.clone(),
+        );
+        registry.register(
+            "upstream_connections",
+            "Upstream connections open now, pooled idle ones included (at most --max-upstream-connections)",
+            m.upstream_connections.clone(),
+        );
+        registry.register(
+            "upstream_connections_max",
+            "The bound on upstream connections (--max-upstream-connections, fitted to the open-file limit)",
+            m.upstream_connections_max.clone(),
         );
         registry.register_with_unit(
             "memory_budget",

@@ -163,7 +163,17 @@ impl Gateway {
         let forwarding = match session {
             None => None,
             Some(s) => match self.claim(inb, s).await {
-                Claim::Forward(f) => f,
+                Claim::Forward(None) => None,
+                Claim::Forward(Some(f)) => {
+                    // Each call whose client left holds an upstream connection: one session
+                    // may not pile them up (its clients resume them, or they end).
+                    let detached = s.detached_calls();
+                    if detached >= self.cfg.max_detached_calls {
+                        return Err(ProxyError::DetachedCalls(detached)
+                            .for_request(inb.info.single_id.clone()));
+                    }
+                    Some(f)
+                }
                 Claim::Retransmission => return Ok(Prepared::Retransmission(s.clone())),
             },
         };
@@ -242,7 +252,7 @@ impl Gateway {
                 Err(_) => return Err(ProxyError::UpstreamTimeout(limit).for_request(single_id())),
             }
         };
-        answer.map_err(|e| ProxyError::Upstream(e).for_request(single_id()))
+        answer.map_err(|e| ProxyError::upstream(e).for_request(single_id()))
     }
 
     /// Sends the request upstream (its headers and body taken from `inb`); the answer comes

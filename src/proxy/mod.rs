@@ -119,7 +119,15 @@ impl Gateway {
     /// The Prometheus text exposition of the gateway's metrics, gauges refreshed.
     pub fn render_metrics(&self) -> String {
         self.registry.refresh_gauges();
-        self.registry.metrics().encode()
+        let metrics = self.registry.metrics();
+        let (open, max) = self.upstream.connections();
+        metrics
+            .upstream_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+        metrics
+            .upstream_connections_max
+            .set(i64::try_from(max).unwrap_or(i64::MAX));
+        metrics.encode()
     }
 
     /// Handles one client request. Never fails: errors become responses.

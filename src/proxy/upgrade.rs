@@ -54,7 +54,7 @@ impl Gateway {
                 self.answered(inb, session, resp, source, reservation, None)
                     .await
             }
-            Ok(Err(e)) => Err(ProxyError::Upstream(e).for_request(inb.info.single_id.clone())),
+            Ok(Err(e)) => Err(ProxyError::upstream(e).for_request(inb.info.single_id.clone())),
             Err(_) => {
                 let answer: Answer =
                     Box::pin(async move { answer.await.map_err(|e| e.to_string()) });

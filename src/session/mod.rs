@@ -442,6 +442,16 @@ impl Session {
             })
     }
 
+    /// Calls (POST streams) of this session still read from the upstream with no client
+    /// attached: each holds an upstream connection until it ends (`--max-detached-calls`).
+    pub fn detached_calls(&self) -> usize {
+        lock(&self.state)
+            .streams
+            .values()
+            .filter(|s| s.kind == StreamKind::Post && s.end.is_none() && s.sub.is_none())
+            .count()
+    }
+
     /// Whether the session still holds a live standalone upstream stream.
     pub fn has_standalone(&self) -> bool {
         let st = lock(&self.state);

@@ -111,6 +111,13 @@ async fn open(
         if !s.hold_attempt() {
             return None;
         }
+        if !source.upstream.room_to_hold() {
+            // The held streams have their share of --max-upstream-connections: this session's
+            // is not held (its client's own GET is forwarded, counted like any request).
+            tracing::debug!(mcp.session = %hash_id(s.id()), "not holding the standalone stream: the held streams have their share of the upstream connections");
+            s.hold_failed(Attempt::GiveUp);
+            return None;
+        }
         let status = match source.get(None).await {
             Ok(body) => {
                 let stream = s.open_held_standalone()?;

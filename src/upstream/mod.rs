@@ -6,6 +6,7 @@
 //! Knows HTTP and the session API; the rules of what may be evicted live in `session`.
 
 pub(crate) mod hold;
+mod limit;
 mod reader;
 
 pub(crate) use self::reader::{spawn_answer_reader, spawn_reader, Answer};
@@ -44,7 +45,14 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// The pooled client to the upstream MCP server.
 pub struct Upstream {
     cfg: Arc<Config>,
-    client: Client<HttpsConnector<HttpConnector>, UpBody>,
+    client: Client<limit::Counted<HttpsConnector<HttpConnector>>, UpBody>,
+    /// Its open connections and their bound (`--max-upstream-connections`).
+    conns: Arc<limit::Conns>,
+}
+
+/// The bound on upstream connections, if that is why the upstream client failed `e`.
+pub(crate) fn at_connection_limit(e: &hyper_util::client::legacy::Error) -> Option<usize> {
+    limit::AtLimit::find(e)
 }
 
 impl Upstream {
@@ -68,13 +76,26 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
+        let conns = Arc::new(limit::Conns::new(cfg.max_upstream_connections));
+        let connector = limit::Counted::new(connector, conns.clone());
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             // Without a timer the idle timeout is never applied and idle upstream
             // connections stay open at the peak concurrency.
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(connector);
-        Upstream { cfg, client }
+        Upstream { cfg, client, conns }
+    }
+
+    /// Upstream connections open now (pooled idle ones included) and their bound.
+    pub(crate) fn connections(&self) -> (usize, usize) {
+        (self.conns.open(), self.conns.max())
+    }
+
+    /// Whether a held standalone stream may take an upstream connection now (the held
+    /// streams leave a quarter of `--max-upstream-connections` to clients' requests).
+    pub(crate) fn room_to_hold(&self) -> bool {
+        self.conns.room_to_hold()
     }
 
     /// Sends a request built by [`Upstream::request`].

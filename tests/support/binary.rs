@@ -62,6 +62,28 @@ impl Binary {
         extra: &[&str],
         ready_path: &str,
     ) -> Result<Binary, NotStarted> {
+        Binary::try_start_via(name, &[], upstream, extra, ready_path).await
+    }
+
+    /// [`Binary::start`] with its open-file limit (soft and hard) set to `nofile` by
+    /// `prlimit` (util-linux), which then runs the binary in its own place.
+    pub async fn start_with_nofile(upstream: SocketAddr, nofile: u32, extra: &[&str]) -> Binary {
+        let limit = format!("--nofile={nofile}:{nofile}");
+        Binary::try_start_via("gateway", &["prlimit", &limit], upstream, extra, "/healthz")
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the gateway (nofile {nofile}, flags {extra:?}) did not start: {e}")
+            })
+    }
+
+    /// [`Binary::try_start`] run as `launcher… mcp-reattach …` (an empty launcher: directly).
+    async fn try_start_via(
+        name: &str,
+        launcher: &[&str],
+        upstream: SocketAddr,
+        extra: &[&str],
+        ready_path: &str,
+    ) -> Result<Binary, NotStarted> {
         let (addr, admin) = (free_port(), free_port());
         let upstream_url = format!("http://{upstream}");
         let (listen, admin_listen) = (addr.to_string(), admin.to_string());
@@ -74,8 +96,16 @@ impl Binary {
             &admin_listen,
         ];
         args.extend_from_slice(extra);
-        let mut proc =
-            ChildProc::spawn(name, env!("CARGO_BIN_EXE_mcp-reattach"), &args, &repo_dir());
+        let bin = env!("CARGO_BIN_EXE_mcp-reattach");
+        let mut proc = match launcher.split_first() {
+            None => ChildProc::spawn(name, bin, &args, &repo_dir()),
+            Some((program, pre)) => {
+                let mut full = pre.to_vec();
+                full.push(bin);
+                full.extend_from_slice(&args);
+                ChildProc::spawn(name, program, &full, &repo_dir())
+            }
+        };
         match poll_http_ok(
             &mut proc,
             &format!("http://{admin}{ready_path}"),

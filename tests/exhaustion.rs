@@ -1,0 +1,245 @@
+//! Issue 22 against the real binary: a bounded attacker on loopback tries to exhaust one of the
+//! gateway's resources, and a legitimate client is still served during the attack and loses
+//! nothing. Each case runs the binary with a small limit (`prlimit --nofile`, a flag) in front of
+//! this file's own upstream, which never runs out of anything first.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+
+use support::*;
+
+/// A stateful legacy MCP server that never gives up a connection first: `initialize` gets a
+/// new session id (JSON answer), `GET` an SSE stream it holds open, a `tools/call` of `slow` an
+/// SSE head and then nothing, of `echo` its result on SSE; everything else 202 (a DELETE 200).
+/// Counts the connections it has open.
+struct Server {
+    addr: SocketAddr,
+    open: Arc<AtomicUsize>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicUsize::new(0));
+        let counted = open.clone();
+        let task = tokio::spawn(async move {
+            let sessions = Arc::new(AtomicU64::new(0));
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = tcp.set_nodelay(true);
+                let (sessions, open) = (sessions.clone(), counted.clone());
+                tokio::spawn(async move {
+                    open.fetch_add(1, Ordering::SeqCst);
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let sessions = sessions.clone();
+                        async move { Ok::<_, Infallible>(answer(req, &sessions).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Server {
+            addr,
+            open,
+            _task: task,
+        }
+    }
+}
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn answer(req: Request<Incoming>, sessions: &AtomicU64) -> Response<Body> {
+    let method = req.method().clone();
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let sse = |frames: Option<String>| {
+        let body: Body = match frames {
+            Some(f) => Full::new(Bytes::from(f)).boxed(),
+            // Open until the gateway closes the connection.
+            None => http_body_util::StreamBody::new(futures::stream::pending::<
+                Result<Frame<Bytes>, Infallible>,
+            >())
+            .boxed(),
+        };
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(body)
+            .unwrap()
+    };
+    if method == Method::GET {
+        return sse(None);
+    }
+    let empty = |status: u16| {
+        Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::new()).boxed())
+            .unwrap()
+    };
+    if method != Method::POST {
+        return empty(200);
+    }
+    let msg: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let id = msg["id"].clone();
+    match (msg["method"].as_str(), msg["params"]["name"].as_str()) {
+        (Some("initialize"), _) => {
+            let n = sessions.fetch_add(1, Ordering::SeqCst);
+            let result = serde_json::json!({"jsonrpc":"2.0","id":id,"result":{
+                "protocolVersion":"2025-06-18","capabilities":{},
+                "serverInfo":{"name":"exhaustion","version":"0"}}});
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("mcp-session-id", format!("up-{n}"))
+                .body(Full::new(Bytes::from(result.to_string())).boxed())
+                .unwrap()
+        }
+        (Some("tools/call"), Some("slow")) => sse(None),
+        (Some("tools/call"), _) => {
+            let result = serde_json::json!({"jsonrpc":"2.0","id":id,"result":{
+                "content":[{"type":"text","text":"echoed"}]}});
+            sse(Some(format!("event: message\ndata: {result}\n\n")))
+        }
+        _ => empty(202),
+    }
+}
+
+/// `initialize` through the gateway at `addr`: its session id, or the status it got.
+async fn initialize(addr: SocketAddr) -> Result<String, String> {
+    let resp = tokio::time::timeout(WAIT, try_send(addr, post(INITIALIZE, None)))
+        .await
+        .map_err(|_| "no answer in time".to_owned())??;
+    let sid = match resp.headers().get("mcp-session-id") {
+        Some(sid) if resp.status() == 200 => sid.to_str().unwrap().to_owned(),
+        _ => return Err(format!("status {}", resp.status())),
+    };
+    // The session starts in earnest (the gateway holds its standalone stream from here).
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let resp = tokio::time::timeout(WAIT, try_send(addr, post(initialized, Some(&sid))))
+        .await
+        .map_err(|_| "no answer to initialized in time".to_owned())??;
+    match resp.status().as_u16() {
+        202 => Ok(sid),
+        status => Err(format!("initialized: status {status}")),
+    }
+}
+
+/// One request on a fresh connection, or why it got no answer.
+async fn try_send(
+    addr: SocketAddr,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, String> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))
+}
+
+fn tool_call(id: u64, name: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{name}"}}}}"#)
+}
+
+/// The legitimate client: a session of its own, a tool call answered in full.
+async fn legitimate_call(addr: SocketAddr) -> Result<String, String> {
+    let sid = initialize(addr).await?;
+    let resp = tokio::time::timeout(
+        WAIT,
+        try_send(addr, post(&tool_call(7, "echo"), Some(&sid))),
+    )
+    .await
+    .map_err(|_| "the call got no answer in time".to_owned())??;
+    if resp.status() != 200 {
+        return Err(format!("the call got status {}", resp.status()));
+    }
+    let body = tokio::time::timeout(WAIT, resp.into_body().collect())
+        .await
+        .map_err(|_| "the call's stream did not end in time".to_owned())?
+        .map_err(|e| format!("reading the call's stream: {e}"))?
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    if body.contains("echoed") {
+        Ok(body)
+    } else {
+        Err(format!("no result in the call's stream: {body}"))
+    }
+}
+
+/// Issue 22 item 1: upstream connections the gateway holds with no client (each session's held
+/// standalone GET, tool calls whose client left after the response head) are bounded, and the
+/// bound fits the process's open-file limit: with 256 fds, 300 sessions and 40 abandoned calls
+/// used to take every fd (59 of the 300 initializes and the legitimate client's got 502, the
+/// upstream saw 242 connections). Now 256 fds give 96 client and 96 upstream connections, the
+/// held streams take 72 of those, one session's abandoned calls 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_streams_and_abandoned_calls_cannot_take_every_fd() {
+    let server = Server::start().await;
+    let gw = Binary::start_with_nofile(
+        server.addr,
+        256,
+        &["--session-ttl", "2m", "--max-detached-calls", "8"],
+    )
+    .await;
+    let addr = gw.addr;
+    // The attack, bounded in count: 300 sessions (each one's standalone stream is held)...
+    let mut refused = 0;
+    for _ in 0..300 {
+        if initialize(addr).await.is_err() {
+            refused += 1;
+        }
+    }
+    // ... and 40 slow calls in one session, each client gone once its head arrived.
+    let sid = initialize(addr).await;
+    let mut heads = Vec::new();
+    if let Ok(sid) = &sid {
+        for id in 1..=40 {
+            let req = post(&tool_call(id, "slow"), Some(sid));
+            match tokio::time::timeout(WAIT, try_send(addr, req)).await {
+                Ok(Ok(resp)) => heads.push(resp.status().as_u16()),
+                _ => heads.push(0),
+            }
+        }
+    }
+    let metrics = gw.admin_get("/metrics").await.unwrap_or_default();
+    eprintln!(
+        "attack done: {refused} of 300 initializes refused, call heads {heads:?}, upstream connections open {}, gateway metrics: upstream_connections {:?}",
+        server.open.load(Ordering::SeqCst),
+        metric_sum(&metrics, "mcp_reattach_upstream_connections"),
+    );
+    // The legitimate client is served in full, while all of that is still held.
+    let served = legitimate_call(addr).await;
+    assert!(served.is_ok(), "the legitimate client: {served:?}");
+    // The bound held: the gateway's upstream connections fit its fds.
+    let open = metric_sum(&metrics, "mcp_reattach_upstream_connections")
+        .expect("the upstream connections gauge");
+    let cap = metric_sum(&metrics, "mcp_reattach_upstream_connections_max")
+        .expect("the upstream connections cap");
+    assert!(open <= cap && cap < 256.0, "open {open}, cap {cap}");
+    assert!(
+        server.open.load(Ordering::SeqCst) < 256,
+        "the upstream saw {} connections",
+        server.open.load(Ordering::SeqCst)
+    );
+    // One session's abandoned calls are bounded on their own: the last ones were refused.
+    assert_eq!(heads.first(), Some(&200), "{heads:?}");
+    assert_eq!(heads.last(), Some(&429), "{heads:?}");
+}
