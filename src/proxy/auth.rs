@@ -20,6 +20,45 @@ impl Gateway {
     /// The caller's principal: a keyed MAC of its principal header (`Authorization` unless
     /// `--principal-header`), absent header included, or of its verified client
     /// certificate's subject. The key is random per process.
+    /// The caller's principal, and whose share a session it creates counts against
+    /// (`creates`: an `initialize`): the principal of a caller that presented a credential
+    /// (a `--principal-header`, a client certificate), else a keyed MAC of its address, so
+    /// anonymous callers on different addresses have shares of their own. Behind a proxy
+    /// every anonymous caller has the proxy's address: one share, as without shares.
+    pub(super) fn principal_and_share(
+        &self,
+        headers: &HeaderMap,
+        conn: &Conn,
+        creates: bool,
+    ) -> (Principal, Principal) {
+        let principal = self.principal(headers, conn);
+        if !creates || self.credential(headers, conn) {
+            return (principal, principal);
+        }
+        let mut mac = blake3::Hasher::new_keyed(&self.principal_key);
+        mac.update(&[3]);
+        match conn.remote.ip() {
+            std::net::IpAddr::V4(a) => mac.update(&a.octets()),
+            std::net::IpAddr::V6(a) => mac.update(&a.octets()),
+        };
+        let mut p = [0u8; 16];
+        p.copy_from_slice(&mac.finalize().as_bytes()[..16]);
+        (principal, Principal(p))
+    }
+
+    /// Whether the caller presented a credential its principal is made of.
+    fn credential(&self, headers: &HeaderMap, conn: &Conn) -> bool {
+        if self.cfg.principal_source == PrincipalSource::ClientCert {
+            return conn.client_subject.is_some();
+        }
+        let name = self
+            .cfg
+            .principal_header
+            .as_ref()
+            .unwrap_or(&header::AUTHORIZATION);
+        headers.contains_key(name)
+    }
+
     pub(super) fn principal(&self, headers: &HeaderMap, conn: &Conn) -> Principal {
         let mut mac = blake3::Hasher::new_keyed(&self.principal_key);
         if self.cfg.principal_source == PrincipalSource::ClientCert {

@@ -146,7 +146,7 @@ impl Gateway {
             return Ok(None);
         }
         let single_id = || inb.info.single_id.clone();
-        let r = self.registry.reserve();
+        let r = self.registry.reserve(inb.share);
         r.map(Some)
             .map_err(|e| ProxyError::AtCapacity(e).for_request(single_id()))
     }
@@ -319,7 +319,7 @@ impl Gateway {
             return Some(s);
         }
         let path = inb.parts.uri.path();
-        let owner = Owner::new(inb.principal, path);
+        let owner = Owner::new(inb.principal, path).in_share(inb.share);
         let upstream_sid = resp
             .headers()
             .get(MCP_SESSION_ID)

@@ -35,6 +35,10 @@ pub(super) struct Inbound {
     pub header_version: Option<String>,
     /// The caller's principal (a keyed MAC of its credential).
     pub principal: Principal,
+    /// Whose share of the session cap and memory budget a session this request creates counts
+    /// against (an `initialize`'s: the principal, or an anonymous caller's address); the
+    /// principal for any other request.
+    pub share: Principal,
     /// What a POST's body carries (empty for other methods).
     pub info: PostInfo,
     /// The modern era (2026-07-28 and later): passed through, never tagged.
@@ -57,7 +61,7 @@ impl Inbound {
         req: Request<Incoming>,
         cfg: &Config,
         conn: &Conn,
-        principal: impl FnOnce(&http::HeaderMap) -> Principal,
+        principal: impl FnOnce(&http::HeaderMap, bool) -> (Principal, Principal),
     ) -> Result<Inbound, Refusal> {
         let (parts, body) = req.into_parts();
         // Only an MCP endpoint is forwarded: never a tunnel, never the server as a whole.
@@ -75,7 +79,6 @@ impl Inbound {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         check_origin(cfg, &parts.headers)?;
-        let principal = principal(&parts.headers);
         // Every method's body, not only a POST's, is read whole within the same bounds: an
         // MCP endpoint streams no request bodies, and an unbounded one would be a way past
         // them (an extension method `post`, a trickled GET).
@@ -85,6 +88,7 @@ impl Inbound {
         } else {
             PostInfo::default()
         };
+        let (principal, share) = principal(&parts.headers, info.initialize);
         let body = full_body(bytes);
         let modern = is_modern(header_version.as_deref(), &info);
         let upgrade =
@@ -95,6 +99,7 @@ impl Inbound {
             sid,
             header_version,
             principal,
+            share,
             info,
             modern,
             upgrade,
@@ -326,6 +331,7 @@ mod tests {
             sid,
             header_version,
             principal: Principal::default(),
+            share: Principal::default(),
             info,
             modern,
             upgrade,

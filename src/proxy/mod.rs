@@ -210,7 +210,10 @@ impl Gateway {
         conn: &Conn,
         cancel: &AtomicBool,
     ) -> Result<Response<ResBody>, Refusal> {
-        let mut inb = Inbound::read(req, &self.cfg, conn, |h| self.principal(h, conn)).await?;
+        let mut inb = Inbound::read(req, &self.cfg, conn, |h, creates| {
+            self.principal_and_share(h, conn, creates)
+        })
+        .await?;
         // A session is only named on its own endpoint: elsewhere its id is just a header.
         let session = inb
             .sid

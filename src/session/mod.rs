@@ -95,6 +95,8 @@ pub struct Session {
     principal: Mutex<Principal>,
     /// The path the session was created on: the only one that is the session's.
     endpoint: Box<str>,
+    /// Whose share of the session cap and memory budget the session counts against.
+    share: Principal,
     /// The gateway minted the id (the upstream is stateless): it is never sent upstream.
     minted: bool,
     state: Mutex<State>,
@@ -361,6 +363,7 @@ impl Session {
             budget,
             principal: Mutex::new(owner.principal),
             endpoint: owner.endpoint,
+            share: owner.share,
             minted,
             hold_settled: Notify::new(),
             hold_kick: Arc::new(Notify::new()),
@@ -375,6 +378,11 @@ impl Session {
     /// The path the session was created on.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Whose share of the session cap and memory budget the session counts against.
+    pub fn share(&self) -> Principal {
+        self.share
     }
 
     /// Whether the gateway minted this session's id (its upstream is stateless).

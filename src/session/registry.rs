@@ -82,14 +82,24 @@ pub struct Principal(pub [u8; 16]);
 pub struct Owner {
     pub principal: Principal,
     pub endpoint: Box<str>,
+    /// Whose share of the session cap and of the memory budget the session counts against:
+    /// the principal, or for an anonymous caller its address (see `proxy::auth`).
+    pub share: Principal,
 }
 
 impl Owner {
+    /// An owner counted in its principal's share.
     pub fn new(principal: Principal, endpoint: &str) -> Owner {
         Owner {
             principal,
             endpoint: endpoint.into(),
+            share: principal,
         }
+    }
+
+    /// The same owner, counted in `share`'s share instead.
+    pub fn in_share(self, share: Principal) -> Owner {
+        Owner { share, ..self }
     }
 }
 
@@ -140,7 +150,7 @@ impl Registry {
         if let Some(s) = map.get(id) {
             return Ok(s.clone());
         }
-        self.make_room(&mut map)?;
+        self.make_room(&mut map, owner.share)?;
         Ok(self.insert(&mut map, id, owner))
     }
 
@@ -172,7 +182,7 @@ impl Registry {
     ) -> Result<Arc<Session>, AtCapacity> {
         let mut map = lock(&self.sessions);
         if reservation.is_none() {
-            self.make_room(&mut map)?;
+            self.make_room(&mut map, owner.share)?;
         }
         let id = loop {
             let id = mint_id();
@@ -218,23 +228,27 @@ impl Registry {
     /// Takes a place for one new session (shedding an idle one at the cap), before an
     /// `initialize` is forwarded, so the upstream never creates a session the gateway cannot
     /// hold: concurrent `initialize`s at the cap cannot all pass, each holds its own place.
-    pub fn reserve(&self) -> Result<Reservation, AtCapacity> {
+    pub fn reserve(&self, share: Principal) -> Result<Reservation, AtCapacity> {
         let mut map = lock(&self.sessions);
-        self.make_room(&mut map)?;
+        self.make_room(&mut map, share)?;
         self.reserved.fetch_add(1, Ordering::SeqCst);
         Ok(Reservation {
             reserved: self.reserved.clone(),
         })
     }
 
-    /// Room for one more session: under the session cap (sessions and reservations) and
-    /// the memory budget, shedding the least recently used idle sessions if needed.
-    fn make_room(&self, map: &mut HashMap<String, Arc<Session>>) -> Result<(), AtCapacity> {
+    /// Room for one more session of `share`: under the session cap (sessions and
+    /// reservations) and the memory budget, shedding sessions if needed ([`Registry::shed_one`]).
+    fn make_room(
+        &self,
+        map: &mut HashMap<String, Arc<Session>>,
+        share: Principal,
+    ) -> Result<(), AtCapacity> {
         while map.len() + self.reserved.load(Ordering::SeqCst) >= self.cfg.max_sessions {
-            self.shed_one(map, Eviction::SessionCap)?;
+            self.shed_one(map, Eviction::SessionCap, share)?;
         }
         while !self.budget.admits_new() {
-            self.shed_one(map, Eviction::MemoryBudget)?;
+            self.shed_one(map, Eviction::MemoryBudget, share)?;
         }
         Ok(())
     }
@@ -245,7 +259,8 @@ impl Registry {
         while self.budget.over() > 0 {
             let shed = {
                 let mut map = lock(&self.sessions);
-                self.shed_one(&mut map, Eviction::MemoryBudget).is_ok()
+                self.shed_one(&mut map, Eviction::MemoryBudget, filling.share())
+                    .is_ok()
             };
             if !shed {
                 filling.trim(self.budget.over());
@@ -259,15 +274,55 @@ impl Registry {
         self.budget.over() > 0
     }
 
+    /// Sheds one session to make room for `asker`'s share (a new session, or a window that
+    /// grew). Fair shares first: with more than one share in the registry, a share holding
+    /// more than its fair part of the cap (`--max-sessions`, or `--memory-budget` in bytes,
+    /// divided by the shares there are, the asker's included) loses its sessions first, even
+    /// one with a client attached when the asker is within its own part; an asker over its part
+    /// sheds only its own sessions or those of shares over theirs. Within that, sessions
+    /// nobody is attached to, then those nobody may come back for, then the least recently
+    /// used. One caller (an `initialize` flood, sessions that never read) so cannot lock the
+    /// others out; with one share this is the plain order of idleness.
     fn shed_one(
         &self,
         map: &mut HashMap<String, Arc<Session>>,
         why: Eviction,
+        asker: Principal,
     ) -> Result<(), AtCapacity> {
-        let victim = map
+        let by_bytes = why == Eviction::MemoryBudget;
+        let facts: Vec<_> = map
             .iter()
-            // Sessions nobody may come back for first, then the least recently used.
-            .filter_map(|(k, s)| s.idle_since().map(|idle| (idle, k)))
+            .map(|(k, s)| {
+                let used = if by_bytes { s.window_usage().1 } else { 1 };
+                (k, s.share(), s.idle_since(), used)
+            })
+            .collect();
+        let mut per_share: HashMap<Principal, usize> = HashMap::new();
+        for (_, share, _, used) in &facts {
+            *per_share.entry(*share).or_default() += used;
+        }
+        let shares = per_share.len() + usize::from(!per_share.contains_key(&asker));
+        let limit = if by_bytes {
+            self.cfg.memory_budget
+        } else {
+            self.cfg.max_sessions
+        };
+        let fair = limit / shares.max(1);
+        let over =
+            |share: &Principal| shares > 1 && per_share.get(share).copied().unwrap_or(0) > fair;
+        let asker_over = shares > 1
+            && per_share.get(&asker).copied().unwrap_or(0) + usize::from(!by_bytes) > fair;
+        let victim = facts
+            .iter()
+            .filter_map(|(k, share, idle, _)| {
+                let over = over(share);
+                let eligible = match idle {
+                    None => over && !asker_over,
+                    Some(_) => over || !asker_over || *share == asker,
+                };
+                // Over their part first, then unattached, then unwanted, then the oldest.
+                eligible.then(|| ((!over, idle.is_none(), *idle), *k))
+            })
             .min()
             .map(|(_, k)| k.clone())
             .ok_or(AtCapacity)?;

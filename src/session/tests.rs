@@ -928,3 +928,92 @@ async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
         "free again"
     );
 }
+
+/// Issue 22 item 6: at the session cap, one share's flood sheds its own sessions and never
+/// another share's, and a share over its part loses even attached sessions to a newcomer
+/// within its part; with a single share, attached sessions are never shed (503 instead).
+#[tokio::test(start_paused = true)]
+async fn at_the_cap_a_flooding_share_sheds_its_own_sessions_not_others() {
+    let reg = Registry::new(cfg(|c| c.max_sessions = 10), Arc::default());
+    let (a, b) = (Principal([1; 16]), Principal([2; 16]));
+    let owner = |p: Principal| Owner::new(p, "/mcp");
+    // B's two sessions: one with a client attached, one whose client just left mid-call.
+    let b_live = reg.get_or_create("b-live", owner(b)).unwrap();
+    b_live.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let b_away = reg.get_or_create("b-away", owner(b)).unwrap();
+    let Attachment {
+        stream, generation, ..
+    } = b_away.open_stream(OpenStream::new(StreamKind::Post, vec!["2".into()]));
+    b_away.detach(stream, generation);
+    // A floods: each of its sessions holds a client.
+    for i in 0..40 {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        if let Ok(s) = reg.get_or_create(&format!("a-{i}"), owner(a)) {
+            s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+        }
+    }
+    assert!(reg.get("b-live").is_some(), "B's attached session stays");
+    assert!(reg.get("b-away").is_some(), "B's running call stays");
+    // B, within its part, gets a new session: A (over its part) loses an attached one.
+    let a_before = (0..40)
+        .filter(|i| reg.get(&format!("a-{i}")).is_some())
+        .count();
+    assert!(reg.get_or_create("b-new", owner(b)).is_ok());
+    let a_after = (0..40)
+        .filter(|i| reg.get(&format!("a-{i}")).is_some())
+        .count();
+    assert_eq!((a_before, a_after), (8, 7));
+    assert!(reg.get("b-live").is_some() && reg.get("b-away").is_some());
+
+    // One share alone: attached sessions are never shed.
+    let reg = Registry::new(cfg(|c| c.max_sessions = 2), Arc::default());
+    for id in ["x", "y"] {
+        let s = reg.get_or_create(id, owner(a)).unwrap();
+        s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    }
+    assert!(reg.get_or_create("z", owner(a)).is_err());
+    assert_eq!(reg.len(), 2);
+}
+
+/// Issue 22 item 6: the memory budget is shared the same way: a share whose windows hold more
+/// than its part is the one that loses sessions when another share needs room.
+#[tokio::test(start_paused = true)]
+async fn the_memory_budget_sheds_the_share_over_its_part_first() {
+    let reg = Registry::new(
+        cfg(|c| {
+            c.memory_budget = 90_000;
+            c.window_bytes = 40_000;
+        }),
+        Arc::default(),
+    );
+    let (a, b) = (Principal([1; 16]), Principal([2; 16]));
+    let owner = |p: Principal| Owner::new(p, "/mcp");
+    let fill = |s: &Session, n: usize| {
+        let Attachment {
+            stream, generation, ..
+        } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+        let mut events: Vec<Event> = (0..n).map(|i| msg(&format!("{i:0>990}"))).collect();
+        assert!(s.push_events(stream, &mut events, None));
+        s.detach(stream, generation);
+    };
+    // B's session, idle and older, holds 10 kB; A's two hold 40 kB each.
+    let b_old = reg.get_or_create("b-old", owner(b)).unwrap();
+    fill(&b_old, 10);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for id in ["a-1", "a-2"] {
+        let s = reg.get_or_create(id, owner(a)).unwrap();
+        fill(&s, 38);
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    // Over 90% of the budget: a new session of B's sheds one of A's, not B's older one.
+    assert!(reg.window_bytes() > 81_000, "{}", reg.window_bytes());
+    assert!(reg.get_or_create("b-new", owner(b)).is_ok());
+    assert!(reg.get("b-old").is_some(), "B's own session stays");
+    assert_eq!(
+        ["a-1", "a-2"]
+            .iter()
+            .filter(|id| reg.get(id).is_some())
+            .count(),
+        1
+    );
+}
