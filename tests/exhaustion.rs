@@ -243,3 +243,61 @@ async fn held_streams_and_abandoned_calls_cannot_take_every_fd() {
     assert_eq!(heads.first(), Some(&200), "{heads:?}");
     assert_eq!(heads.last(), Some(&429), "{heads:?}");
 }
+
+fn with_auth(mut req: Request<Full<Bytes>>, token: &str) -> Request<Full<Bytes>> {
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+/// Issue 22 item 6: one caller holding a client on every session it can get (`--max-sessions`
+/// of them, each with an idle GET open) used to make every other caller's `initialize` a 503;
+/// now the share over its part loses one of its sessions to a caller within its part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_holding_every_session_cannot_lock_out_another() {
+    let server = Server::start().await;
+    let gw = Binary::start(server.addr, &["--max-sessions", "10"]).await;
+    let addr = gw.addr;
+    let init = |token: &'static str| async move {
+        let resp = try_send(addr, with_auth(post(INITIALIZE, None), token)).await?;
+        let sid = resp
+            .headers()
+            .get("mcp-session-id")
+            .filter(|_| resp.status() == 200)
+            .ok_or_else(|| format!("status {}", resp.status()))?
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        try_send(addr, with_auth(post(note, Some(&sid)), token)).await?;
+        Ok::<_, String>(sid)
+    };
+    // The attacker: 10 sessions, an idle GET held open on each (its client attached).
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        let sid = init("attacker").await.expect("the attacker's sessions");
+        let resp = try_send(addr, with_auth(get(&sid, None), "attacker"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        held.push(resp);
+    }
+    let refused = init("attacker").await;
+    assert!(
+        refused.as_deref().is_err_and(|e| e.contains("503")),
+        "the attacker's own 11th: {refused:?}"
+    );
+    // Another caller still gets a session, and a call answered in it.
+    let sid = init("legit").await;
+    assert!(sid.is_ok(), "the legitimate caller's initialize: {sid:?}");
+    let resp = try_send(
+        addr,
+        with_auth(post(&tool_call(7, "echo"), Some(&sid.unwrap())), "legit"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("echoed"));
+    drop(held);
+}
