@@ -653,3 +653,34 @@ async fn a_post_abandoned_before_its_head_is_bounded_and_a_modern_one_cancelled(
         "a modern-era disconnect cancels"
     );
 }
+
+/// Issue 22 item 6: a session the gateway sheds (here at `--max-sessions`) is ended upstream
+/// too: the upstream gets a `DELETE` with its id, instead of keeping a session whose client
+/// the gateway can no longer serve. A session the gateway minted is the gateway's alone.
+#[tokio::test]
+async fn a_shed_session_is_ended_upstream() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.max_sessions = 1;
+        c.hold_standalone = false;
+    })
+    .await;
+    init_session(&gw, &mut mock, "old").await;
+    // The next initialize sheds "old" (idle) before it is forwarded.
+    let pending = tokio::spawn(send(gw.addr, post(INITIALIZE, None)));
+    let mut seen = vec![mock.next().await, mock.next().await];
+    seen.sort_by_key(|s| s.method != http::Method::DELETE);
+    let delete = seen.remove(0);
+    assert_eq!(delete.method, http::Method::DELETE, "{:?}", delete.method);
+    assert_eq!(delete.headers["mcp-session-id"], "old");
+    assert_eq!(delete.uri.path(), "/mcp");
+    delete.respond(json_response(200, &[], ""));
+    seen.remove(0).respond_initialized("new");
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert!(gw.gateway.registry().get("old").is_none());
+    let text = gw.gateway.render_metrics();
+    assert!(
+        text.contains("mcp_reattach_session_evictions_total{reason=\"session_cap\"} 1"),
+        "{text}"
+    );
+}

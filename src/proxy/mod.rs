@@ -91,9 +91,12 @@ impl Gateway {
         metrics
             .memory_budget_bytes
             .set(i64::try_from(cfg.memory_budget).unwrap_or(i64::MAX));
+        let registry = Arc::new(Registry::new(cfg.clone(), metrics));
+        let upstream = Arc::new(Upstream::new(cfg.clone()));
+        registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
         Arc::new(Gateway {
-            registry: Arc::new(Registry::new(cfg.clone(), metrics)),
-            upstream: Arc::new(Upstream::new(cfg.clone())),
+            registry,
+            upstream,
             cfg,
             // At startup, before any request: a gateway without OS randomness cannot bind
             // sessions to anyone safely, so it does not start.
@@ -246,6 +249,51 @@ impl Gateway {
             Route::Forward => self.forward(inb, session, None).await,
         }
     }
+}
+
+/// Shed DELETEs in flight at most: beyond, a shed session is left to the upstream's own
+/// expiry (a flood of sheds must not become a flood of upstream requests).
+const MAX_SHED_DELETES: usize = 64;
+
+/// What the registry does with a session it sheds (the cap, the budget): a `DELETE` to the
+/// upstream, so the upstream does not keep a session the gateway dropped (its client's next
+/// request then gets the upstream's 404 and initializes again). It carries the session id
+/// and protocol version, not the client's credentials (the gateway keeps none): an upstream
+/// that wants them on DELETE refuses it and keeps the session until its own expiry.
+fn end_upstream(upstream: Arc<Upstream>, limit: std::time::Duration) -> crate::session::OnShed {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_SHED_DELETES));
+    crate::session::OnShed(Box::new(move |s| {
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            tracing::debug!(mcp.session = %hash_id(s.id()), "too many shed sessions being ended upstream: left to the upstream's expiry");
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut headers = http::HeaderMap::new();
+        let (Ok(sid), Ok(uri)) = (
+            http::HeaderValue::from_str(s.id()),
+            s.endpoint().parse::<http::Uri>(),
+        ) else {
+            return;
+        };
+        headers.insert(MCP_SESSION_ID, sid);
+        if let Some(v) = s
+            .protocol_version()
+            .and_then(|v| http::HeaderValue::from_str(&v).ok())
+        {
+            headers.insert(MCP_PROTOCOL_VERSION, v);
+        }
+        let req = upstream.request(Method::DELETE, uri, headers, full_body(Bytes::new()), None);
+        let (upstream, session) = (upstream.clone(), hash_id(s.id()));
+        rt.spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(limit, upstream.send(req)).await {
+                Ok(Ok(resp)) => tracing::debug!(mcp.session = %session, status = resp.status().as_u16(), "shed session ended upstream"),
+                _ => tracing::debug!(mcp.session = %session, "shed session: the upstream did not answer its DELETE"),
+            }
+        });
+    }))
 }
 
 fn is_visible_ascii(b: &[u8]) -> bool {

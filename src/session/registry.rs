@@ -67,6 +67,18 @@ pub struct Registry {
     /// Places taken by `initialize`s on their way to the upstream ([`Reservation`]s); they
     /// count against the session cap like sessions. Raised only under the `sessions` lock.
     reserved: Arc<AtomicUsize>,
+    /// Told of each session the gateway sheds (the cap, the budget): the proxy ends it
+    /// upstream too. Called under the registry's lock: it may only hand the work on.
+    on_shed: std::sync::OnceLock<OnShed>,
+}
+
+/// What is done with a session the gateway sheds (see [`Registry::on_shed`]).
+pub struct OnShed(pub Box<dyn Fn(&Session) + Send + Sync>);
+
+impl std::fmt::Debug for OnShed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnShed")
+    }
 }
 
 /// Who a caller is, as sessions and streams are bound to it: a keyed MAC of its credential
@@ -132,7 +144,13 @@ impl Registry {
             budget,
             sessions: Mutex::new(HashMap::new()),
             reserved: Arc::new(AtomicUsize::new(0)),
+            on_shed: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets what is done with a session the gateway sheds, besides dropping its state (once).
+    pub fn on_shed(&self, f: OnShed) {
+        let _ = self.on_shed.set(f);
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -334,6 +352,11 @@ impl Registry {
 
     fn closed(&self, id: &str, s: &Session, why: Eviction) {
         s.close();
+        if matches!(why, Eviction::SessionCap | Eviction::MemoryBudget) && !s.minted() {
+            if let Some(f) = self.on_shed.get() {
+                (f.0)(s);
+            }
+        }
         self.metrics.session_evicted(why);
         tracing::info!(mcp.session = %hash_id(id), reason = why.as_str(), "session dropped");
     }
