@@ -73,6 +73,7 @@ pub mod defaults {
     pub const DRAIN_DELAY: &str = "5s";
     pub const DRAIN_TIMEOUT: &str = "25s";
     pub const HEADER_READ_TIMEOUT: &str = "10s";
+    pub const IDLE_TIMEOUT: &str = "75s";
     pub const MAX_HEADER_BYTES: &str = "64KiB";
     pub const MAX_HEADERS: u32 = 100;
     pub const MAX_CONNECTIONS: u32 = 10_000;
@@ -225,6 +226,13 @@ pub struct GatewayArgs {
     /// (duration).
     #[arg(long, global = true, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
+
+    /// Time a client connection may stay open with no request in flight and no response
+    /// streaming (HTTP/1.1 keep-alive and HTTP/2 alike) before the gateway closes it; HTTP/2
+    /// connections are also pinged every --keepalive and closed when a ping goes unanswered
+    /// for 20s (duration).
+    #[arg(long, global = true, env = "MCP_REATTACH_IDLE_TIMEOUT", default_value = defaults::IDLE_TIMEOUT, value_parser = parse_positive_duration)]
+    pub idle_timeout: Duration,
 
     /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
     /// least 8KiB).
@@ -393,6 +401,7 @@ impl GatewayArgs {
             drain_delay: duration(DRAIN_DELAY),
             drain_timeout: duration(DRAIN_TIMEOUT),
             header_read_timeout: duration(HEADER_READ_TIMEOUT),
+            idle_timeout: duration(IDLE_TIMEOUT),
             max_header_bytes: size(MAX_HEADER_BYTES),
             max_headers: MAX_HEADERS,
             max_connections: MAX_CONNECTIONS,
@@ -443,6 +452,8 @@ pub struct Config {
     /// How long POST-started streams may run after the gateway stops accepting.
     pub drain_timeout: Duration,
     pub header_read_timeout: Duration,
+    /// A client connection with nothing in flight is closed after this long.
+    pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub max_connections: usize,
@@ -494,6 +505,7 @@ impl Config {
             sweep_interval: sweep,
             drain_timeout: args.drain_timeout,
             header_read_timeout: args.header_read_timeout,
+            idle_timeout: args.idle_timeout,
             max_header_bytes: usize::try_from(args.max_header_bytes)
                 .unwrap_or(usize::MAX)
                 .max(8192),

@@ -5,6 +5,7 @@
 //! so tests run the real server on `127.0.0.1:0`.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,13 +103,14 @@ pub async fn serve_gateway(
             };
             let builder = connection_builder(&cfg, exec.clone());
             let conn_kill = kill.clone();
-            // Whether a first request head arrived: until one does, the connection has
+            // What the connection has in flight: until a first request head arrives, it has
             // --header-read-timeout (on every protocol: hyper's own header timer covers
-            // HTTP/1.1 heads only after hyper-util's version sniff, and HTTP/2 has none).
-            let requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let seen = requested.clone();
+            // HTTP/1.1 heads only after hyper-util's version sniff, and HTTP/2 has none);
+            // after that, --idle-timeout whenever nothing is in flight.
+            let activity = Arc::new(Activity::default());
+            let seen = activity.clone();
             let svc = service_fn(move |req: Request<Incoming>| {
-                seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                let in_flight = seen.begin();
                 // HTTP/1.1 has one stream per connection: a stall closes the connection. On
                 // HTTP/2 a stall ends only its own stream (the stream's task is dropped, h2
                 // resets it); the other streams on the connection keep flowing.
@@ -117,14 +119,21 @@ pub async fn serve_gateway(
                 } else {
                     conn_kill.clone()
                 };
-                gateway.clone().handle(
+                let handled = gateway.clone().handle(
                     req,
                     Conn {
                         remote,
                         kill,
                         client_subject: client_subject.clone(),
                     },
-                )
+                );
+                async move {
+                    let resp = handled.await?;
+                    Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked {
+                        body,
+                        _in_flight: in_flight,
+                    }))
+                }
             });
             // Watched: the drain tells it to finish gracefully and waits for it.
             let serving = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
@@ -139,9 +148,13 @@ pub async fn serve_gateway(
                     metrics.stalled_closes.inc();
                     tracing::info!(%remote, "closed a stalled client connection");
                 }
-                () = no_request_within(&requested, cfg.header_read_timeout) => {
-                    metrics.connection_error(ConnectionErrorKind::HeaderTimeout);
-                    tracing::debug!(%remote, "no request within --header-read-timeout: closed");
+                first = idle(&activity, cfg.header_read_timeout, cfg.idle_timeout) => {
+                    if first {
+                        metrics.connection_error(ConnectionErrorKind::HeaderTimeout);
+                        tracing::debug!(%remote, "no request within --header-read-timeout: closed");
+                    } else {
+                        tracing::debug!(%remote, "nothing in flight for --idle-timeout: closed");
+                    }
                 }
             }
             metrics.connections.dec();
@@ -154,12 +167,87 @@ pub async fn serve_gateway(
     Ok(())
 }
 
-/// Resolves once `timeout` has passed without a first request on the connection
-/// (`requested`); never, once one came.
-async fn no_request_within(requested: &std::sync::atomic::AtomicBool, timeout: Duration) {
-    tokio::time::sleep(timeout).await;
-    if requested.load(std::sync::atomic::Ordering::Relaxed) {
-        std::future::pending::<()>().await;
+/// What one client connection has in flight: requests being served and responses still being
+/// written (a streaming SSE body included).
+#[derive(Default)]
+struct Activity {
+    /// Requests the connection has begun.
+    requests: AtomicU64,
+    in_flight: AtomicUsize,
+    /// Notified when nothing is in flight any more.
+    quiet: Notify,
+    /// Notified when a request begins.
+    began: Notify,
+}
+
+impl Activity {
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.requests.fetch_add(1, Ordering::AcqRel);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.began.notify_one();
+        InFlight(self.clone())
+    }
+}
+
+/// One request in flight until its response is written (it lives in the response body).
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.quiet.notify_one();
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request [`InFlight`] until hyper is done with it.
+    struct Tracked<B> {
+        #[pin]
+        body: B,
+        _in_flight: InFlight,
+    }
+}
+
+impl<B: hyper::body::Body> hyper::body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Resolves once the connection has had nothing in flight for `idle`, or before its first
+/// request for `first` (then `true`).
+async fn idle(activity: &Activity, first: Duration, idle: Duration) -> bool {
+    loop {
+        while activity.in_flight.load(Ordering::Acquire) > 0 {
+            activity.quiet.notified().await;
+        }
+        let seen = activity.requests.load(Ordering::Acquire);
+        tokio::select! {
+            () = tokio::time::sleep(if seen == 0 { first } else { idle }) => {
+                if activity.requests.load(Ordering::Acquire) == seen
+                    && activity.in_flight.load(Ordering::Acquire) == 0
+                {
+                    return seen == 0;
+                }
+            }
+            // A request began: the clock starts again once it is done.
+            () = activity.began.notified() => {}
+        }
     }
 }
 
@@ -175,6 +263,9 @@ fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExe
     builder
         .http2()
         .timer(TokioTimer::new())
+        // Pings find a peer that went away without a word (its streams then detach).
+        .keep_alive_interval(cfg.keepalive)
+        .keep_alive_timeout(H2_PING_TIMEOUT)
         .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
     builder
 }
@@ -231,6 +322,9 @@ where
         }
     }
 }
+
+/// How long an HTTP/2 ping may go unanswered before the connection is closed.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Bytes of written-but-unsent data the kernel keeps per client socket. Flow control wants
 /// the backlog of a slow client in the session's window (protected, resumable), not in a

@@ -698,7 +698,15 @@ async fn session_cap_sheds_the_least_recently_used_idle_session_else_503() {
     init_session(&gw, &mut mock, "a").await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     init_session(&gw, &mut mock, "b").await;
-    init_session(&gw, &mut mock, "c").await; // sheds "a", the least recently used idle one
+    // "c" sheds "a", the least recently used idle one, which is ended upstream too.
+    let pending = tokio::spawn(send(gw.addr, post(INITIALIZE, None)));
+    let mut seen = vec![mock.next().await, mock.next().await];
+    seen.sort_by_key(|s| s.method != http::Method::DELETE);
+    assert_eq!(seen[0].headers["mcp-session-id"], "a");
+    let (delete, init) = (seen.remove(0), seen.remove(0));
+    delete.respond(json_response(200, &[], ""));
+    init.respond_initialized("c");
+    assert_eq!(pending.await.unwrap().status(), 200);
     assert!(gw.gateway.registry().get("a").is_none());
     assert!(gw.gateway.registry().get("b").is_some());
     // Attach a client to every session: nothing idle to shed, initialize gets 503.

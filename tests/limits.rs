@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
 use mcp_reattach::config::ResumeAuth;
 use mcp_reattach::Priming;
 use support::*;
@@ -683,4 +684,62 @@ async fn a_shed_session_is_ended_upstream() {
         text.contains("mcp_reattach_session_evictions_total{reason=\"session_cap\"} 1"),
         "{text}"
     );
+}
+
+/// Issue 22 item 3: a connection that served its requests and then sends nothing more is
+/// closed after `--idle-timeout`, on HTTP/1.1 keep-alive and on h2c alike (HTTP/2 had no idle
+/// timeout at all: 50 idle h2c connections held a `--max-connections 50` gateway for good);
+/// a connection with a response still streaming is not idle.
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_idle_timeout_and_streaming_ones_are_not() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.idle_timeout = Duration::from_millis(400);
+        c.hold_standalone = false;
+    })
+    .await;
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let answer = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+    // HTTP/1.1 keep-alive: one request answered, then nothing.
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut h1, h1_conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let h1_conn = tokio::spawn(h1_conn);
+    let pending = tokio::spawn(h1.send_request(post(ping, None)));
+    mock.next().await.respond_json(answer);
+    assert_eq!(pending.await.unwrap().unwrap().status(), 200);
+    // h2c: the same.
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut h2, h2_conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let h2_conn = tokio::spawn(h2_conn);
+    let mut req = post(ping, None);
+    *req.version_mut() = http::Version::HTTP_2;
+    *req.uri_mut() = format!("http://{}/mcp", gw.addr).parse().unwrap();
+    req.headers_mut().remove("host");
+    let pending = tokio::spawn(h2.send_request(req));
+    mock.next().await.respond_json(answer);
+    assert_eq!(pending.await.unwrap().unwrap().status(), 200);
+    // A third connection keeps a tool call's stream open past the idle timeout.
+    init_session(&gw, &mut mock, "s").await;
+    let (mut reader, writer) = start_call(&gw, &mut mock, "s", 2).await;
+    let started = tokio::time::Instant::now();
+    for (name, conn) in [("HTTP/1.1", h1_conn), ("h2c", h2_conn)] {
+        let closed = tokio::time::timeout(Duration::from_secs(3), conn).await;
+        assert!(closed.is_ok(), "the idle {name} connection was closed");
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    writer.message(&progress(1)).await;
+    let ev = tokio::time::timeout(WAIT, reader.next()).await.unwrap();
+    assert!(ev.is_some(), "the streaming connection is still open");
 }
