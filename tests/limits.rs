@@ -743,3 +743,38 @@ async fn idle_connections_are_closed_after_the_idle_timeout_and_streaming_ones_a
     let ev = tokio::time::timeout(WAIT, reader.next()).await.unwrap();
     assert!(ev.is_some(), "the streaming connection is still open");
 }
+
+/// Issue 22 item 2: a POST abandoned before its head ends with its session: after the
+/// session's `DELETE`, the upstream request is ended at once, not at `--session-ttl`.
+#[tokio::test]
+async fn a_post_abandoned_before_its_head_ends_with_its_session() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.session_ttl = Duration::from_secs(60);
+        c.json_upgrade = false;
+    })
+    .await;
+    init_session(&gw, &mut mock, "s").await;
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
+    let client = tokio::spawn(send(gw.addr, post(call, Some("s"))));
+    let mut seen = mock.next().await;
+    client.abort();
+    assert!(
+        !seen.closed_within(Duration::from_millis(200)).await,
+        "a legacy disconnect is not a cancel"
+    );
+    let delete = Request::delete("/mcp")
+        .header("host", "mcp.example")
+        .header("mcp-session-id", "s")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let pending = tokio::spawn(send(gw.addr, delete));
+    mock.next().await.respond(json_response(200, &[], ""));
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert!(gw.gateway.registry().get("s").is_none());
+    assert!(
+        seen.closed_within(Duration::from_secs(2)).await,
+        "the abandoned exchange ended with its session"
+    );
+}

@@ -161,16 +161,16 @@ impl Gateway {
             // window, where the retransmission finds it. A modern-era POST is cancelled with
             // its client instead (its route says so).
             let (me, conn) = (self.clone(), conn.clone());
-            let cancel = Arc::new(AtomicBool::new(false));
-            let cancel_on_drop = cancel.clone();
+            let fate = Arc::new(Fate::default());
+            let fate_on_drop = fate.clone();
             FinishOnDrop::new(
-                async move { me.route(req, &conn, &cancel).await }.instrument(span.clone()),
-                cancel_on_drop,
+                async move { me.route(req, &conn, &fate).await }.instrument(span.clone()),
+                fate_on_drop,
                 self.orphans.clone(),
             )
             .await
         } else {
-            self.route(req, &conn, &AtomicBool::new(false))
+            self.route(req, &conn, &Fate::default())
                 .instrument(span.clone())
                 .await
         };
@@ -205,13 +205,13 @@ impl Gateway {
     }
 
     /// Classify, then dispatch: the request read once, the route decided by a pure
-    /// function, one handler per route. `cancel` is set when the request is one a client's
-    /// disconnect cancels (the modern era's).
+    /// function, one handler per route. `fate` learns what becomes of the request if its
+    /// client leaves before the upstream's head (see [`Fate`]).
     async fn route(
         self: &Arc<Self>,
         req: Request<Incoming>,
         conn: &Conn,
-        cancel: &AtomicBool,
+        fate: &Fate,
     ) -> Result<Response<ResBody>, Refusal> {
         let mut inb = Inbound::read(req, &self.cfg, conn, |h, creates| {
             self.principal_and_share(h, conn, creates)
@@ -224,6 +224,9 @@ impl Gateway {
             .filter(|_| !inb.modern)
             .and_then(|sid| self.registry.get(sid))
             .filter(|s| s.endpoint() == inb.parts.uri.path());
+        if let Some(s) = &session {
+            let _ = fate.session.set(Arc::downgrade(s));
+        }
         if session.as_ref().is_some_and(|s| s.minted()) {
             // The gateway's own id: the stateless upstream never sees it.
             inb.parts.headers.remove(MCP_SESSION_ID);
@@ -231,7 +234,7 @@ impl Gateway {
         match classify(&inb, session.as_deref()) {
             Route::Asterisk => Ok(respond::asterisk()),
             Route::PassThrough => {
-                cancel.store(true, Ordering::Relaxed);
+                fate.cancel.store(true, Ordering::Relaxed);
                 self.pass_through(inb).await
             }
             Route::Resume => self.resume(inb, session).await,
@@ -300,6 +303,15 @@ fn is_visible_ascii(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|c| (0x21..=0x7e).contains(c))
 }
 
+/// What becomes of a POST whose client leaves before the upstream's head, as its route
+/// learns it: cancelled with its client (a modern-era request), or else finishing on its own
+/// until its session (if it named one) ends.
+#[derive(Default)]
+struct Fate {
+    cancel: AtomicBool,
+    session: std::sync::OnceLock<std::sync::Weak<crate::session::Session>>,
+}
+
 /// The bounds of POSTs abandoned before the upstream's head (issue 22): at most `max` at once
 /// (`--max-connections`: each stood for a connection), each for at most `limit`
 /// (`--session-ttl`). Past either, the exchange is ended (the upstream request cancelled).
@@ -348,7 +360,7 @@ where
     F::Output: Send + 'static,
 {
     fut: Option<Pin<Box<F>>>,
-    cancel: Arc<AtomicBool>,
+    fate: Arc<Fate>,
     orphans: Arc<Orphans>,
 }
 
@@ -356,10 +368,10 @@ impl<F: Future + Send + 'static> FinishOnDrop<F>
 where
     F::Output: Send + 'static,
 {
-    fn new(fut: F, cancel: Arc<AtomicBool>, orphans: Arc<Orphans>) -> Self {
+    fn new(fut: F, fate: Arc<Fate>, orphans: Arc<Orphans>) -> Self {
         FinishOnDrop {
             fut: Some(Box::pin(fut)),
-            cancel,
+            fate,
             orphans,
         }
     }
@@ -388,9 +400,10 @@ where
 {
     fn drop(&mut self) {
         let Some(fut) = self.fut.take() else { return };
-        if self.cancel.load(Ordering::Relaxed) {
+        if self.fate.cancel.load(Ordering::Relaxed) {
             return; // dropped here: cancelled
         }
+        let session = self.fate.session.get().and_then(std::sync::Weak::upgrade);
         let Some(place) = self.orphans.adopt() else {
             tracing::warn!(
                 max = self.orphans.max,
@@ -403,8 +416,19 @@ where
             let limit = self.orphans.limit;
             rt.spawn(async move {
                 let _place = place;
-                if tokio::time::timeout(limit, fut).await.is_err() {
-                    tracing::debug!(?limit, "an abandoned request's exchange ended at its bound");
+                let session_ended = async {
+                    match &session {
+                        Some(s) => s.closed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    done = tokio::time::timeout(limit, fut) => if done.is_err() {
+                        tracing::debug!(?limit, "an abandoned request's exchange ended at its bound");
+                    },
+                    () = session_ended => {
+                        tracing::debug!("an abandoned request's exchange ended with its session");
+                    }
                 }
             });
         }
@@ -425,7 +449,11 @@ mod tests {
         F::Output: Send + 'static,
     {
         let orphans = Arc::new(Orphans::new(usize::MAX, limit));
-        FinishOnDrop::new(fut, Arc::new(AtomicBool::new(cancel)), orphans)
+        let fate = Fate {
+            cancel: AtomicBool::new(cancel),
+            ..Fate::default()
+        };
+        FinishOnDrop::new(fut, Arc::new(fate), orphans)
     }
 
     #[tokio::test(start_paused = true)]
@@ -439,7 +467,7 @@ mod tests {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     r.fetch_add(1, Ordering::SeqCst);
                 },
-                Arc::new(AtomicBool::new(false)),
+                Arc::new(Fate::default()),
                 orphans.clone(),
             );
             async move {

@@ -107,6 +107,8 @@ pub struct Session {
     hold_kick: Arc<Notify>,
     /// Woken when a forwarded POST settles (see [`Session::begin_forward`]).
     forward_settled: Notify,
+    /// Woken when the session closes (see [`Session::closed`]).
+    closed_signal: Notify,
 }
 
 /// A forwarded POST's request ids, in flight until this drops (see [`Session::begin_forward`]).
@@ -369,6 +371,20 @@ impl Session {
             hold_settled: Notify::new(),
             hold_kick: Arc::new(Notify::new()),
             forward_settled: Notify::new(),
+            closed_signal: Notify::new(),
+        }
+    }
+
+    /// Resolves once the session is closed (TTL, DELETE, upstream 404, shed).
+    pub async fn closed(&self) {
+        loop {
+            let notified = self.closed_signal.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if lock(&self.state).closed {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -1175,6 +1191,8 @@ impl Session {
         st.closing = closing;
         st.streams.clear();
         st.inflight.clear();
+        drop(st);
+        self.closed_signal.notify_waiters();
     }
 
     /// Sweep work for one session: detaches clients that made no progress for the stall
