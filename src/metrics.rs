@@ -346,7 +346,7 @@ impl Metrics {
         );
         registry.register(
             "events_evicted_undelivered",
-            "Events evicted before they were ever written to a client (0 unless a client made no progress for --stall-timeout, or the memory budget trimmed a window)",
+            "Events evicted before a client had them: never written to one (a client made no progress for --stall-timeout, or the memory budget trimmed a window), or written and lost in flight past the reserve (counted at the resume that shows it)",
             m.events_evicted_undelivered.clone(),
         );
         registry.register(

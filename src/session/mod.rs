@@ -667,7 +667,7 @@ impl Session {
             let Some(s) = st.streams.get_mut(&stream) else {
                 return (pushed, learned_version);
             };
-            s.last_seq = seq;
+            s.tagged(seq);
             if let Some(data) = ev.data.as_deref() {
                 learned_version = Self::note_answers(s, data, seq).or(learned_version);
             }
@@ -817,6 +817,10 @@ impl Session {
         }
         let here = self.cursor(cursor.stream, cursor.seq);
         if s.lost_upto > cursor.seq {
+            // Events written to the client and lost on its way (past the in-flight reserve,
+            // in its own buffers) were not counted as undelivered when evicted: they are now.
+            let lost = s.lost_in_flight(cursor.seq);
+            self.metrics.events_evicted_undelivered.inc_by(lost);
             let ids = s.fail_unanswered(cursor.seq);
             if ids.is_empty() {
                 return Err(ResumeError::Gap);

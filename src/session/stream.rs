@@ -153,7 +153,17 @@ pub(super) struct Stream {
     /// The upstream reader, paused until the window has room (woken by client progress,
     /// an attach, or the stall budget running out).
     pub paused_reader: Option<Waker>,
+    /// The positions this stream's events took, as runs of consecutive sequence numbers
+    /// (positions are session-wide, so streams interleave), the newest [`MAX_RUNS`]: how
+    /// many of its events lie between two positions.
+    runs: Vec<(u64, u64)>,
+    /// Events written to a client and then lost on the way are counted up to here.
+    loss_counted_upto: u64,
 }
+
+/// Runs of positions a stream remembers (see [`Stream::tagged`]): one while it is the only
+/// stream tagging, one more each time another stream's event comes between two of its own.
+const MAX_RUNS: usize = 32;
 
 impl Stream {
     /// Puts `entry` in the overflow slot (or empties it), keeping the memory budget's count
@@ -196,7 +206,49 @@ impl Stream {
             sub,
             reader: None,
             paused_reader: None,
+            runs: Vec::new(),
+            loss_counted_upto: seq,
         }
+    }
+
+    /// The stream's next event took position `seq` (the session's newest).
+    pub fn tagged(&mut self, seq: u64) {
+        self.last_seq = seq;
+        match self.runs.last_mut() {
+            Some((_, end)) if *end + 1 == seq => *end = seq,
+            _ => {
+                if self.runs.len() == MAX_RUNS {
+                    self.runs.remove(0);
+                }
+                self.runs.push((seq, seq));
+            }
+        }
+    }
+
+    /// How many of this stream's events have a position in `(after, upto]` (at least; older
+    /// positions than the runs remember are not counted).
+    fn events_between(&self, after: u64, upto: u64) -> u64 {
+        self.runs
+            .iter()
+            .map(|&(a, b)| {
+                let (lo, hi) = (a.max(after + 1), b.min(upto));
+                hi.saturating_sub(lo) + u64::from(hi >= lo)
+            })
+            .sum()
+    }
+
+    /// A client resuming at `cursor` into a gap: how many of the lost events after its
+    /// cursor had been written to a client (evicted as delivered, then lost in flight), each
+    /// counted once whoever resumes. Events evicted before they were written were counted
+    /// at their eviction.
+    pub fn lost_in_flight(&mut self, cursor: u64) -> u64 {
+        let from = cursor.max(self.loss_counted_upto);
+        let upto = self.lost_upto.min(self.sent);
+        if upto <= from {
+            return 0;
+        }
+        self.loss_counted_upto = upto;
+        self.events_between(from, upto)
     }
 
     /// Whether the stream's client may still come back for events it was not sent: while it

@@ -1017,3 +1017,53 @@ async fn the_memory_budget_sheds_the_share_over_its_part_first() {
         1
     );
 }
+
+/// Issue 22 item 7: events written to a client, pushed out of the in-flight reserve (taken as
+/// delivered) and evicted, then lost on the way (the client's own buffers died with its
+/// connection), are counted in `events_evicted_undelivered_total` when the client's resume
+/// shows it never had them: once each, however often it resumes.
+#[tokio::test(start_paused = true)]
+async fn events_lost_in_flight_beyond_the_reserve_are_counted_when_a_resume_shows_it() {
+    let s = session(cfg(|c| c.window_events = 8));
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    // 40 events, each batch written to the client as it comes.
+    for i in 0..40 {
+        let mut one = numbered(i, i + 1, 10);
+        while !one.is_empty() {
+            s.push_events(stream, &mut one, None);
+            let _ = step(&s, stream, generation);
+        }
+    }
+    while let Step::Data(..) = step(&s, stream, generation) {}
+    assert_eq!(
+        s.metrics.events_evicted_undelivered.get(),
+        0,
+        "all were written"
+    );
+    s.detach(stream, generation);
+    // The client got nothing of it: it resumes at the stream's opening (position 1).
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 1,
+    };
+    assert!(matches!(
+        s.resume(opening, None),
+        Ok(Resume::GapWithErrors { .. })
+    ));
+    let lost = s.metrics.events_evicted_undelivered.get();
+    let (retained, _) = s.window_usage();
+    assert_eq!(
+        lost,
+        40 - retained as u64,
+        "every evicted event after the cursor"
+    );
+    assert_eq!(s.resume(opening, None).unwrap_err(), ResumeError::Gap);
+    assert_eq!(
+        s.metrics.events_evicted_undelivered.get(),
+        lost,
+        "counted once"
+    );
+}
