@@ -9,6 +9,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
@@ -300,4 +301,51 @@ async fn one_caller_holding_every_session_cannot_lock_out_another() {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("echoed"));
     drop(held);
+}
+
+/// Issue 22 item 3: `--max-connections` h2c connections that each sent one request and then
+/// nothing held the gateway for good (HTTP/2 had no idle timeout); now each is closed after
+/// `--idle-timeout` and a legitimate client waiting in the listen backlog is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_h2c_connections_cannot_hold_every_connection_slot() {
+    let server = Server::start().await;
+    let gw = Binary::start(
+        server.addr,
+        &["--max-connections", "4", "--idle-timeout", "1s"],
+    )
+    .await;
+    let addr = gw.addr;
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut h2, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        let conn = tokio::spawn(conn);
+        let mut req = post(ping, None);
+        *req.version_mut() = http::Version::HTTP_2;
+        *req.uri_mut() = format!("http://{addr}/mcp").parse().unwrap();
+        req.headers_mut().remove("host");
+        let resp = tokio::time::timeout(WAIT, h2.send_request(req)).await;
+        assert!(matches!(resp, Ok(Ok(_))), "the attacker's request");
+        idle.push((h2, conn));
+    }
+    // Every slot is taken by an idle connection; the legitimate client waits, then is served.
+    let started = std::time::Instant::now();
+    let served = legitimate_call(addr).await;
+    assert!(served.is_ok(), "the legitimate client: {served:?}");
+    let waited = started.elapsed();
+    eprintln!("the legitimate client was served after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(500),
+        "it did wait: {waited:?}"
+    );
+    for (_, conn) in idle {
+        let closed = tokio::time::timeout(Duration::from_secs(3), conn).await;
+        assert!(closed.is_ok(), "the idle connection was closed");
+    }
 }
