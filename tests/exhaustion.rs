@@ -335,7 +335,7 @@ async fn idle_h2c_connections_cannot_hold_every_connection_slot() {
         idle.push((h2, conn));
     }
     // Every slot is taken by an idle connection; the legitimate client waits, then is served.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let served = legitimate_call(addr).await;
     assert!(served.is_ok(), "the legitimate client: {served:?}");
     let waited = started.elapsed();
