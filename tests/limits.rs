@@ -653,3 +653,163 @@ async fn a_post_abandoned_before_its_head_is_bounded_and_a_modern_one_cancelled(
         "a modern-era disconnect cancels"
     );
 }
+
+/// The resident set of process `pid` (`VmRSS` of `/proc/<pid>/status`), in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .and_then(|v| v.trim().strip_suffix("kB"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+        })
+        .map_or(0, |kb| kb << 10)
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+/// One series of the real binary's `/metrics` (summed over its labels; 0 when absent).
+async fn binary_metric(gw: &Binary, series: &str) -> f64 {
+    let text = gw.admin_get("/metrics").await.expect("/metrics");
+    metric_sum(&text, series).unwrap_or(0.0)
+}
+
+/// Sends `head` and then `body` on a new connection whose client never reads: its receive
+/// buffer is small, so the kernel takes little of the answer off the gateway.
+async fn unread_request(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(16 << 10).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    s
+}
+
+/// The head of a POST of `len` body bytes into session `sid`.
+fn post_head(sid: &str, len: usize) -> String {
+    format!(
+        "POST /mcp HTTP/1.1\r\nhost: mcp.example\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-session-id: {sid}\r\n\
+         content-length: {len}\r\n\r\n"
+    )
+}
+
+/// Issue 22 item 5, against the real binary: clients that call a tool whose answer is larger
+/// than the window (an `echo` of megabytes) and never read it. The answers stay within
+/// `--memory-budget` (each counted until its client took it, the rest waiting upstream), each
+/// client is closed once it made no progress for `--stall-timeout`, even though the answer is
+/// its stream's last event, and the memory comes back; meanwhile a legitimate client of another
+/// session gets every event of its calls, in order, and no gateway error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_an_oversized_answer_stay_in_the_budget_and_are_closed() {
+    const ATTACKERS: u64 = 16;
+    const BIG: usize = 2 << 20;
+    const BUDGET: f64 = 8.0 * MIB;
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(
+        mock.addr,
+        &[
+            "--memory-budget",
+            "8MiB",
+            "--window-bytes",
+            "64KiB",
+            "--max-event-bytes",
+            "4MiB",
+            "--stall-timeout",
+            "1s",
+            "--hold-standalone",
+            "false",
+        ],
+    )
+    .await;
+    let pid = gw.proc.id();
+    init_session(&gw.addr, &mut mock, "legit").await;
+    init_session(&gw.addr, &mut mock, "evil").await;
+    let baseline = rss(pid);
+    let (mut legit, legit_up) = start_call(&gw.addr, &mut mock, "legit", 1).await;
+    let mut got = Vec::new();
+    let (mut peak_rss, mut peak_used) = (baseline, 0.0f64);
+    let text = "o".repeat(BIG);
+    let mut attackers = Vec::new();
+    for i in 0..ATTACKERS {
+        let id = 100 + i;
+        let body = call(id);
+        attackers
+            .push(unread_request(gw.addr, &post_head("evil", body.len()), body.as_bytes()).await);
+        let seen = mock.next().await;
+        assert_eq!(seen.json_body()["id"], id);
+        let up = seen.respond_sse(Some("evil"));
+        up.message(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{text}"}}]}}}}"#
+        ))
+        .await;
+        drop(up);
+        // Meanwhile the legitimate client is served.
+        legit_up.message(&progress(i)).await;
+        got.push(legit.next().await.expect("the legitimate client's event"));
+        peak_rss = peak_rss.max(rss(pid));
+        peak_used = peak_used.max(binary_metric(&gw, "mcp_reattach_memory_used_bytes").await);
+    }
+    // A second call of the legitimate client during the attack is answered.
+    let (mut second, second_up) = start_call(&gw.addr, &mut mock, "legit", 2).await;
+    second_up.message(&result(2)).await;
+    drop(second_up);
+    assert_eq!(
+        messages(&[second.next().await.expect("call 2's answer")]),
+        vec![result(2)]
+    );
+    legit_up.message(&result(1)).await;
+    drop(legit_up);
+    got.push(legit.next().await.expect("call 1's answer"));
+    let want: Vec<String> = (0..ATTACKERS).map(progress).chain([result(1)]).collect();
+    assert_eq!(messages(&got), want, "every event of call 1, in order");
+    assert!(
+        got.iter().all(|e| e.event.as_deref() == Some("message")),
+        "no gateway error on the legitimate stream"
+    );
+    // Every attacker is closed once it made no progress for --stall-timeout.
+    let attack_end = std::time::Instant::now();
+    let closed = loop {
+        let closed = binary_metric(&gw, "mcp_reattach_stalled_closes_total").await;
+        peak_rss = peak_rss.max(rss(pid));
+        peak_used = peak_used.max(binary_metric(&gw, "mcp_reattach_memory_used_bytes").await);
+        if closed >= ATTACKERS as f64 || attack_end.elapsed() > Duration::from_secs(60) {
+            break closed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let recovered_in = attack_end.elapsed();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while binary_metric(&gw, "mcp_reattach_memory_used_bytes").await > MIB
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (used_after, rss_after) = (
+        binary_metric(&gw, "mcp_reattach_memory_used_bytes").await,
+        rss(pid),
+    );
+    eprintln!(
+        "oversized answers never read ({ATTACKERS} x {} MiB, --memory-budget 8MiB): RSS {:.1} MiB \
+         before, peak {:.1} MiB, {:.1} MiB after; memory_used_bytes peak {:.1} MiB, {:.1} MiB \
+         after; {closed} of {ATTACKERS} closed as stalled, {recovered_in:.1?} after the attack",
+        BIG >> 20,
+        baseline as f64 / MIB,
+        peak_rss as f64 / MIB,
+        rss_after as f64 / MIB,
+        peak_used / MIB,
+        used_after / MIB,
+    );
+    assert_eq!(
+        closed, ATTACKERS as f64,
+        "every client that never read its answer was closed"
+    );
+    assert!(
+        peak_used <= BUDGET,
+        "the answers held stayed within the budget: {peak_used}"
+    );
+    assert!(used_after <= MIB, "the budget came back: {used_after}");
+    drop(attackers);
+}
