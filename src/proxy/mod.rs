@@ -21,6 +21,7 @@
 //! `session`.
 
 mod auth;
+mod bodies;
 mod forward;
 mod inbound;
 mod live;
@@ -81,6 +82,8 @@ pub struct Gateway {
     refused_warn: warn_limit::WarnLimit,
     /// POSTs whose client left before the upstream's head, finishing on their own.
     orphans: Arc<Orphans>,
+    /// The bytes of all request bodies held at once (`--max-buffered-request-bytes`).
+    bodies: Arc<bodies::Bodies>,
 }
 
 impl Gateway {
@@ -94,6 +97,7 @@ impl Gateway {
         Arc::new(Gateway {
             registry: Arc::new(Registry::new(cfg.clone(), metrics)),
             upstream: Arc::new(Upstream::new(cfg.clone())),
+            bodies: Arc::new(bodies::Bodies::new(cfg.max_buffered_request_bytes)),
             cfg,
             // At startup, before any request: a gateway without OS randomness cannot bind
             // sessions to anyone safely, so it does not start.
@@ -119,6 +123,10 @@ impl Gateway {
     /// The Prometheus text exposition of the gateway's metrics, gauges refreshed.
     pub fn render_metrics(&self) -> String {
         self.registry.refresh_gauges();
+        self.registry
+            .metrics()
+            .buffered_request_bytes
+            .set(i64::try_from(self.bodies.used()).unwrap_or(i64::MAX));
         self.registry.metrics().encode()
     }
 
@@ -202,7 +210,10 @@ impl Gateway {
         conn: &Conn,
         cancel: &AtomicBool,
     ) -> Result<Response<ResBody>, Refusal> {
-        let mut inb = Inbound::read(req, &self.cfg, conn, |h| self.principal(h, conn)).await?;
+        let mut inb = Inbound::read(req, &self.cfg, conn, &self.bodies, |h| {
+            self.principal(h, conn)
+        })
+        .await?;
         // A session is only named on its own endpoint: elsewhere its id is just a header.
         let session = inb
             .sid
