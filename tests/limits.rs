@@ -974,13 +974,24 @@ async fn slow_large_bodies_hold_at_most_the_buffered_bound_and_a_call_is_served(
     assert_eq!(messages(&got), vec![progress(1), result(1)]);
     peak = peak.max(rss(pid));
     let buffered = binary_metric(&gw, "mcp_reattach_buffered_request_bytes").await;
+    // The attacker leaves: the room comes back at once.
     drop(held);
+    let left = std::time::Instant::now();
+    while binary_metric(&gw, "mcp_reattach_buffered_request_bytes").await > 0.0 {
+        assert!(
+            left.elapsed() < Duration::from_secs(10),
+            "the room came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recovered_in = left.elapsed();
     eprintln!(
         "slow 4 MiB bodies ({ATTACKERS} connections, --max-buffered-request-bytes 16MiB): RSS \
-         {:.1} MiB before, peak {:.1} MiB; {refused} refused with 503; {:.1} MiB buffered at \
-         the end of the attack",
+         {:.1} MiB before, peak {:.1} MiB, {:.1} MiB after; {refused} refused with 503; {:.1} \
+         MiB buffered at the end of the attack, 0 {recovered_in:.1?} after it",
         baseline as f64 / MIB,
         peak as f64 / MIB,
+        rss(pid) as f64 / MIB,
         buffered / MIB,
     );
     assert_eq!(refused, ATTACKERS - 4, "four 4 MiB bodies fit in 16 MiB");
