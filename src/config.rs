@@ -70,6 +70,7 @@ pub mod defaults {
     pub const PRIMING: Priming = Priming::Auto;
     pub const MAX_EVENT_BYTES: &str = "16MiB";
     pub const MAX_REQUEST_BYTES: &str = "4MiB";
+    pub const MAX_BUFFERED_REQUEST_BYTES: &str = "64MiB";
     pub const DRAIN_DELAY: &str = "5s";
     pub const DRAIN_TIMEOUT: &str = "25s";
     pub const HEADER_READ_TIMEOUT: &str = "10s";
@@ -167,9 +168,10 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
     pub retry_hint: Option<Duration>,
 
-    /// A client that makes no progress for this long while it has events to receive is
-    /// detached with a resumption-required signal; a detached client's undelivered events
-    /// are protected (the upstream is paused) this long after its last progress (duration).
+    /// A client that makes no progress for this long while it has events to receive, or that
+    /// never takes its last frame, is detached with a resumption-required signal (and closed
+    /// if it cannot even be written to); a detached client's undelivered events are protected
+    /// (the upstream is paused) this long after its last progress (duration).
     #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = defaults::STALL_TIMEOUT, value_parser = parse_positive_duration)]
     pub stall_timeout: Duration,
 
@@ -211,6 +213,12 @@ pub struct GatewayArgs {
     /// before the body is read.
     #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
     pub max_request_bytes: u64,
+
+    /// Most bytes of request bodies held at once, all connections together (size): the
+    /// gateway reads every body whole, so a body that would go over it is refused with 503
+    /// and Retry-After (a declared Content-Length before the body is read).
+    #[arg(long, global = true, env = "MCP_REATTACH_MAX_BUFFERED_REQUEST_BYTES", default_value = defaults::MAX_BUFFERED_REQUEST_BYTES, value_parser = parse_size)]
+    pub max_buffered_request_bytes: u64,
 
     /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
     /// balancers deregister it (duration).
@@ -262,9 +270,10 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_MAX_DETACHED_CALLS", default_value_t = defaults::MAX_DETACHED_CALLS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_detached_calls: u32,
 
-    /// Global budget for all session windows together (size). Above it, the oldest idle
-    /// sessions are shed first, then the filling session's oldest events; new sessions get
-    /// 503 with Retry-After.
+    /// Global budget for all session windows together and the events larger than a window
+    /// held for their clients (size). Above it, the oldest idle sessions are shed first, then
+    /// the filling session's oldest events; above 90%, new sessions get 503 with Retry-After
+    /// and an oversized event waits upstream.
     #[arg(long, global = true, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = defaults::MEMORY_BUDGET, value_parser = parse_size)]
     pub memory_budget: u64,
 
@@ -398,6 +407,7 @@ impl GatewayArgs {
             priming: PRIMING,
             max_event_bytes: size(MAX_EVENT_BYTES),
             max_request_bytes: size(MAX_REQUEST_BYTES),
+            max_buffered_request_bytes: size(MAX_BUFFERED_REQUEST_BYTES),
             drain_delay: duration(DRAIN_DELAY),
             drain_timeout: duration(DRAIN_TIMEOUT),
             header_read_timeout: duration(HEADER_READ_TIMEOUT),
@@ -446,6 +456,8 @@ pub struct Config {
     pub upgrade_grace: Duration,
     pub max_event_bytes: usize,
     pub max_request_bytes: usize,
+    /// Bytes of request bodies held at once, all requests together.
+    pub max_buffered_request_bytes: usize,
     /// How often the background sweep looks for expired sessions and stalled clients: a
     /// quarter of the shorter of `session_ttl` and `stall_timeout`, within 10 ms to 1 s.
     pub sweep_interval: Duration,
@@ -502,6 +514,8 @@ impl Config {
             upgrade_grace: args.upgrade_grace,
             max_event_bytes: usize::try_from(args.max_event_bytes).unwrap_or(usize::MAX),
             max_request_bytes: usize::try_from(args.max_request_bytes).unwrap_or(usize::MAX),
+            max_buffered_request_bytes: usize::try_from(args.max_buffered_request_bytes)
+                .unwrap_or(usize::MAX),
             sweep_interval: sweep,
             drain_timeout: args.drain_timeout,
             header_read_timeout: args.header_read_timeout,

@@ -58,6 +58,8 @@ pub enum ProxyError {
     BodyRead(#[source] BoxError),
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(std::time::Duration),
+    #[error("the gateway holds as many request bodies as it may ({0} bytes, --max-buffered-request-bytes); retry shortly")]
+    BodiesFull(usize),
     #[error("{0}")]
     AtCapacity(AtCapacity),
     #[error("upstream unavailable")]
@@ -179,6 +181,13 @@ impl ProxyError {
                 "body-timeout",
                 Rejected(RejectReason::BodyTimeout),
                 Client,
+            ),
+            ProxyError::BodiesFull(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::GATEWAY,
+                "request-bodies-full",
+                Rejected(RejectReason::BodiesFull),
+                Gateway,
             ),
             ProxyError::AtCapacity(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -380,6 +389,7 @@ mod tests {
             ProxyError::BodyTooLarge(10),
             ProxyError::BodyRead("hyper said: connection reset by peer".into()),
             ProxyError::BodyTimeout(Duration::from_secs(1)),
+            ProxyError::BodiesFull(64 << 20),
             ProxyError::AtCapacity(AtCapacity),
             ProxyError::UpstreamTimeout(Duration::from_secs(1)),
             ProxyError::UpstreamConnections(8),

@@ -89,6 +89,8 @@ label_values! {
         BodyTooLarge => "body_too_large",
         BodyRead => "body_read",
         BodyTimeout => "body_timeout",
+        /// A body did not fit in what --max-buffered-request-bytes left.
+        BodiesFull => "request_bodies_full",
         AtCapacity => "at_capacity",
         OriginNotAllowed => "origin_not_allowed",
         BadTarget => "bad_target",
@@ -188,6 +190,8 @@ pub struct Metrics {
     pub window_events: Gauge,
     pub window_bytes: Gauge,
     pub memory_used_bytes: Gauge,
+    /// Bytes of request bodies held now (at most --max-buffered-request-bytes).
+    pub buffered_request_bytes: Gauge,
     pub streams_attached: Counter,
     pub streams_detached: Counter,
     pub events_tagged: Counter,
@@ -244,6 +248,7 @@ impl Metrics {
             window_events: Gauge::default(),
             window_bytes: Gauge::default(),
             memory_used_bytes: Gauge::default(),
+            buffered_request_bytes: Gauge::default(),
             streams_attached: Counter::default(),
             streams_detached: Counter::default(),
             events_tagged: Counter::default(),
@@ -308,6 +313,12 @@ impl Metrics {
             "Bytes counted against --memory-budget: all windows plus oversized events held for their clients",
             Unit::Bytes,
             m.memory_used_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "buffered_request",
+            "Bytes of request bodies held now, being read or on their way upstream (at most --max-buffered-request-bytes)",
+            Unit::Bytes,
+            m.buffered_request_bytes.clone(),
         );
         registry.register(
             "streams_attached",

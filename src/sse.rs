@@ -29,6 +29,9 @@ pub enum SseError {
     InvalidUtf8,
 }
 
+/// Capacity a decoder keeps for the lines it assembles across chunks between events.
+const KEPT_LINE_BYTES: usize = 16 * 1024;
+
 /// Stateful, incremental SSE decoder.
 #[derive(Debug)]
 pub struct Decoder {
@@ -121,10 +124,13 @@ impl Decoder {
                         self.process_line(line, out)?;
                     } else {
                         self.line.extend_from_slice(line);
-                        let line = std::mem::take(&mut self.line);
+                        let mut line = std::mem::take(&mut self.line);
                         self.process_line(&line, out)?;
+                        line.clear();
+                        // A long line (a large event's data) is not kept as spare capacity
+                        // for the rest of the stream: its event holds those bytes already.
+                        line.shrink_to(KEPT_LINE_BYTES);
                         self.line = line;
-                        self.line.clear();
                     }
                     chunk = rest;
                 }

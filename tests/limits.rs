@@ -778,3 +778,352 @@ async fn a_post_abandoned_before_its_head_ends_with_its_session() {
         "the abandoned exchange ended with its session"
     );
 }
+
+/// The resident set of process `pid` (`VmRSS` of `/proc/<pid>/status`), in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .and_then(|v| v.trim().strip_suffix("kB"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+        })
+        .map_or(0, |kb| kb << 10)
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+/// One series of the real binary's `/metrics` (summed over its labels; 0 when absent).
+async fn binary_metric(gw: &Binary, series: &str) -> f64 {
+    let text = gw.admin_get("/metrics").await.expect("/metrics");
+    metric_sum(&text, series).unwrap_or(0.0)
+}
+
+/// Sends `head` and then `body` on a new connection whose client never reads: its receive
+/// buffer is small, so the kernel takes little of the answer off the gateway.
+async fn unread_request(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(16 << 10).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    s
+}
+
+/// The head of a POST of `len` body bytes into session `sid`.
+fn post_head(sid: &str, len: usize) -> String {
+    format!(
+        "POST /mcp HTTP/1.1\r\nhost: mcp.example\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-session-id: {sid}\r\n\
+         content-length: {len}\r\n\r\n"
+    )
+}
+
+/// Issue 22 item 5, against the real binary: clients that call a tool whose answer is larger
+/// than the window (an `echo` of megabytes) and never read it. The answers stay within
+/// `--memory-budget` (each counted until its client took it, the rest waiting upstream), each
+/// client is closed once it made no progress for `--stall-timeout`, even though the answer is
+/// its stream's last event, and the memory comes back; meanwhile a legitimate client of another
+/// session gets every event of its calls, in order, and no gateway error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_an_oversized_answer_stay_in_the_budget_and_are_closed() {
+    const ATTACKERS: u64 = 16;
+    const BIG: usize = 2 << 20;
+    const BUDGET: f64 = 8.0 * MIB;
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(
+        mock.addr,
+        &[
+            "--memory-budget",
+            "8MiB",
+            "--window-bytes",
+            "64KiB",
+            "--max-event-bytes",
+            "4MiB",
+            "--stall-timeout",
+            "1s",
+            "--hold-standalone",
+            "false",
+        ],
+    )
+    .await;
+    let pid = gw.proc.id();
+    init_session(&gw.addr, &mut mock, "legit").await;
+    init_session(&gw.addr, &mut mock, "evil").await;
+    let baseline = rss(pid);
+    let (mut legit, legit_up) = start_call(&gw.addr, &mut mock, "legit", 1).await;
+    let mut got = Vec::new();
+    let (mut peak_rss, mut peak_used) = (baseline, 0.0f64);
+    let text = "o".repeat(BIG);
+    let mut attackers = Vec::new();
+    for i in 0..ATTACKERS {
+        let id = 100 + i;
+        let body = call(id);
+        attackers
+            .push(unread_request(gw.addr, &post_head("evil", body.len()), body.as_bytes()).await);
+        let seen = mock.next().await;
+        assert_eq!(seen.json_body()["id"], id);
+        let up = seen.respond_sse(Some("evil"));
+        up.message(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{text}"}}]}}}}"#
+        ))
+        .await;
+        drop(up);
+        // Meanwhile the legitimate client is served.
+        legit_up.message(&progress(i)).await;
+        got.push(legit.next().await.expect("the legitimate client's event"));
+        peak_rss = peak_rss.max(rss(pid));
+        peak_used = peak_used.max(binary_metric(&gw, "mcp_reattach_memory_used_bytes").await);
+    }
+    // A second call of the legitimate client during the attack is answered.
+    let (mut second, second_up) = start_call(&gw.addr, &mut mock, "legit", 2).await;
+    second_up.message(&result(2)).await;
+    drop(second_up);
+    assert_eq!(
+        messages(&[second.next().await.expect("call 2's answer")]),
+        vec![result(2)]
+    );
+    legit_up.message(&result(1)).await;
+    drop(legit_up);
+    got.push(legit.next().await.expect("call 1's answer"));
+    let want: Vec<String> = (0..ATTACKERS).map(progress).chain([result(1)]).collect();
+    assert_eq!(messages(&got), want, "every event of call 1, in order");
+    assert!(
+        got.iter().all(|e| e.event.as_deref() == Some("message")),
+        "no gateway error on the legitimate stream"
+    );
+    // Every attacker is closed once it made no progress for --stall-timeout.
+    let attack_end = std::time::Instant::now();
+    let closed = loop {
+        let closed = binary_metric(&gw, "mcp_reattach_stalled_closes_total").await;
+        peak_rss = peak_rss.max(rss(pid));
+        peak_used = peak_used.max(binary_metric(&gw, "mcp_reattach_memory_used_bytes").await);
+        if closed >= ATTACKERS as f64 || attack_end.elapsed() > Duration::from_secs(60) {
+            break closed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let recovered_in = attack_end.elapsed();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while binary_metric(&gw, "mcp_reattach_memory_used_bytes").await > MIB
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (used_after, rss_after) = (
+        binary_metric(&gw, "mcp_reattach_memory_used_bytes").await,
+        rss(pid),
+    );
+    eprintln!(
+        "oversized answers never read ({ATTACKERS} x {} MiB, --memory-budget 8MiB): RSS {:.1} MiB \
+         before, peak {:.1} MiB, {:.1} MiB after; memory_used_bytes peak {:.1} MiB, {:.1} MiB \
+         after; {closed} of {ATTACKERS} closed as stalled, {recovered_in:.1?} after the attack",
+        BIG >> 20,
+        baseline as f64 / MIB,
+        peak_rss as f64 / MIB,
+        rss_after as f64 / MIB,
+        peak_used / MIB,
+        used_after / MIB,
+    );
+    assert_eq!(
+        closed, ATTACKERS as f64,
+        "every client that never read its answer was closed"
+    );
+    assert!(
+        peak_used <= BUDGET,
+        "the answers held stayed within the budget: {peak_used}"
+    );
+    assert!(used_after <= MIB, "the budget came back: {used_after}");
+    drop(attackers);
+}
+
+/// A raw HTTP/1.1 request `head` on a new connection, and the response if one comes within
+/// `wait` (empty if none: the gateway is waiting for the body).
+async fn head_only(addr: std::net::SocketAddr, head: &str, wait: Duration) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = match tokio::time::timeout(wait, s.read(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        _ => 0,
+    };
+    (s, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Issue 22 item 5: the bodies of all requests being read are bounded together
+/// (`--max-buffered-request-bytes`), not only each one: a declared `Content-Length` that does
+/// not fit is refused with 503 and `Retry-After` at once (its body is never asked for), a
+/// chunked body when it grows past the room; a small POST is served meanwhile, and the room
+/// comes back when the bodies holding it are gone. Nothing refused reaches the upstream.
+#[tokio::test]
+async fn the_bodies_being_read_are_bounded_together() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.max_request_bytes = 64 << 10;
+        c.max_buffered_request_bytes = 100 << 10;
+    })
+    .await;
+    let declared = |len: usize| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             connection: close\r\ncontent-length: {len}\r\n\r\n"
+        )
+    };
+    // Two slow bodies of 40 KiB each hold 80 KiB.
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let (mut s, answer) =
+            head_only(gw.addr, &declared(40 << 10), Duration::from_millis(200)).await;
+        assert_eq!(answer, "", "waiting for its body");
+        s.write_all(b"{\"jsonrpc\":").await.unwrap();
+        slow.push(s);
+    }
+    // A third does not fit: refused before its body is read.
+    let (_third, answer) = head_only(gw.addr, &declared(40 << 10), Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("request-bodies-full"), "{answer}");
+    // A small POST fits and is served.
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let pending = tokio::spawn(send(gw.addr, post(ping, None)));
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    // A chunked body is counted as it arrives: refused once it would go over.
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    let chunk = |n: usize| format!("{n:x}\r\n{}\r\n", "x".repeat(n));
+    s.write_all(
+        format!(
+            "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             transfer-encoding: chunked\r\n\r\n{}",
+            chunk(10 << 10)
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(chunk(15 << 10).as_bytes()).await.unwrap();
+    let mut out = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut out))
+        .await
+        .map_or(0, |r| r.unwrap_or(0));
+    let answer = String::from_utf8_lossy(&out[..n]);
+    assert!(answer.starts_with("HTTP/1.1 503"), "chunked: {answer:?}");
+    assert!(mock.nothing_within(Duration::from_millis(100)).await);
+    // The slow clients go away: their room comes back, and a 40 KiB body fits again.
+    drop(slow);
+    drop(s);
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "p".repeat(40 << 10)
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let resp = tokio::spawn(send(gw.addr, post(&big, None)));
+        match tokio::time::timeout(Duration::from_millis(500), mock.next()).await {
+            Ok(seen) => {
+                seen.respond_json(r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
+                assert_eq!(resp.await.unwrap().status(), 200);
+                break;
+            }
+            Err(_) => {
+                assert_eq!(resp.await.unwrap().status(), 503, "refused while held");
+                assert!(tokio::time::Instant::now() < deadline, "the room came back");
+            }
+        }
+    }
+    let text = gw.gateway.render_metrics();
+    assert!(
+        text.contains(r#"mcp_reattach_requests_rejected_total{reason="request_bodies_full"} 2"#),
+        "{text}"
+    );
+}
+
+/// Issue 22 item 5, against the real binary: an attacker opening many POSTs that declare
+/// 4 MiB bodies and never finish them (the shipped --max-request-bytes) holds at most
+/// --max-buffered-request-bytes; the others are refused at once, and a legitimate client's
+/// call is served during the attack, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_large_bodies_hold_at_most_the_buffered_bound_and_a_call_is_served() {
+    const ATTACKERS: usize = 24;
+    const BODY: usize = (4 << 20) - 1024;
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(
+        mock.addr,
+        &[
+            "--max-buffered-request-bytes",
+            "16MiB",
+            "--header-read-timeout",
+            "60s",
+            "--hold-standalone",
+            "false",
+        ],
+    )
+    .await;
+    let pid = gw.proc.id();
+    init_session(&gw.addr, &mut mock, "legit").await;
+    let baseline = rss(pid);
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: mcp.example\r\ncontent-type: application/json\r\n\
+         content-length: {BODY}\r\n\r\n"
+    );
+    let filler = vec![b' '; BODY - 1];
+    let (mut held, mut refused) = (Vec::new(), 0);
+    let mut peak = baseline;
+    for _ in 0..ATTACKERS {
+        let (mut s, answer) = head_only(gw.addr, &head, Duration::from_millis(300)).await;
+        if answer.starts_with("HTTP/1.1 503") && answer.contains("request-bodies-full") {
+            refused += 1;
+            continue;
+        }
+        assert_eq!(answer, "", "held or refused");
+        // All of the body but its last byte, then nothing more.
+        s.write_all(&filler).await.unwrap();
+        held.push(s);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(rss(pid));
+    }
+    // During the attack, a legitimate call is served, whole.
+    let (mut reader, writer) = start_call(&gw.addr, &mut mock, "legit", 1).await;
+    writer.message(&progress(1)).await;
+    writer.message(&result(1)).await;
+    drop(writer);
+    let got = vec![reader.next().await.unwrap(), reader.next().await.unwrap()];
+    assert_eq!(messages(&got), vec![progress(1), result(1)]);
+    peak = peak.max(rss(pid));
+    let buffered = binary_metric(&gw, "mcp_reattach_buffered_request_bytes").await;
+    // The attacker leaves: the room comes back at once.
+    drop(held);
+    let left = std::time::Instant::now();
+    while binary_metric(&gw, "mcp_reattach_buffered_request_bytes").await > 0.0 {
+        assert!(
+            left.elapsed() < Duration::from_secs(10),
+            "the room came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recovered_in = left.elapsed();
+    eprintln!(
+        "slow 4 MiB bodies ({ATTACKERS} connections, --max-buffered-request-bytes 16MiB): RSS \
+         {:.1} MiB before, peak {:.1} MiB, {:.1} MiB after; {refused} refused with 503; {:.1} \
+         MiB buffered at the end of the attack, 0 {recovered_in:.1?} after it",
+        baseline as f64 / MIB,
+        peak as f64 / MIB,
+        rss(pid) as f64 / MIB,
+        buffered / MIB,
+    );
+    assert_eq!(refused, ATTACKERS - 4, "four 4 MiB bodies fit in 16 MiB");
+    assert!(buffered <= 16.0 * MIB, "{buffered}");
+    assert!(
+        peak.saturating_sub(baseline) < 48 << 20,
+        "RSS grew {:.1} MiB",
+        (peak - baseline) as f64 / MIB
+    );
+}

@@ -575,6 +575,7 @@ def flags(args: list[str]) -> dict[str, str]:
 # Defaults of the gateway's flags (README.md / docs/operations.md).
 DEFAULTS = {
     "window-events": "256", "window-bytes": "1MiB", "max-sessions": "10000",
+    "memory-budget": "1GiB", "max-buffered-request-bytes": "64MiB",
     "drain-delay": "5s", "drain-timeout": "25s", "keepalive": "15s",
     "admin-listen": "127.0.0.1:9090", "listen": "0.0.0.0:8080",
 }
@@ -584,8 +585,13 @@ def memory_estimate(f: dict[str, str]) -> int:
     events = int(f.get("window-events", DEFAULTS["window-events"]))
     window = parse_size(f.get("window-bytes", DEFAULTS["window-bytes"]))
     sessions = int(f.get("max-sessions", DEFAULTS["max-sessions"]))
-    per_session = window + events * EVENT_OVERHEAD + SESSION_OVERHEAD
-    return BASE_BYTES + sessions * per_session + sessions * CONNECTION_BYTES
+    budget = parse_size(f.get("memory-budget", DEFAULTS["memory-budget"]))
+    bodies = parse_size(f.get("max-buffered-request-bytes", DEFAULTS["max-buffered-request-bytes"]))
+    # The windows' retained bytes and the oversized events held for clients share
+    # --memory-budget; the windows alone never hold more than their own bound.
+    held = max(budget, sessions * window)
+    per_session = events * EVENT_OVERHEAD + SESSION_OVERHEAD
+    return BASE_BYTES + held + sessions * per_session + sessions * CONNECTION_BYTES + bodies
 
 
 def check_pod(docs: list[dict]):

@@ -14,20 +14,22 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 
+use super::bodies::{self, Bodies, Counted, Room};
 use super::{is_visible_ascii, Conn, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 use crate::jsonrpc::{self, PostInfo};
 use crate::session::{is_minted_form, Principal, Session};
-use crate::upstream::{full_body, Source, UpBody, Upstream, LAST_EVENT_ID};
+use crate::upstream::{Source, UpBody, Upstream, LAST_EVENT_ID};
 
 /// Everything the gateway needs to know about a client request, read once.
 pub(super) struct Inbound {
     /// Method, URI and headers as received (a legacy request's `Last-Event-ID` is taken out
     /// before it is forwarded: [`Inbound::drop_legacy_cursor`]).
     pub parts: Parts,
-    /// The request's body, collected (within `--max-request-bytes` and
-    /// `--header-read-timeout`). Taken when sent.
+    /// The request's body, collected (within `--max-request-bytes`,
+    /// `--max-buffered-request-bytes` and `--header-read-timeout`), holding its room among
+    /// the bodies held until dropped. Taken when sent.
     pub body: Option<UpBody>,
     /// The `Mcp-Session-Id` (visible ASCII).
     pub sid: Option<String>,
@@ -55,12 +57,13 @@ pub(super) struct Inbound {
 
 impl Inbound {
     /// Reads `req`: the header checks first (a malformed session header is 400, a foreign
-    /// Origin 403), then a POST's body within `--max-request-bytes` and
-    /// `--header-read-timeout`.
+    /// Origin 403), then a POST's body within `--max-request-bytes`, the room
+    /// `--max-buffered-request-bytes` leaves, and `--header-read-timeout`.
     pub async fn read(
         req: Request<Incoming>,
         cfg: &Config,
         conn: &Conn,
+        bodies: &Arc<Bodies>,
         principal: impl FnOnce(&http::HeaderMap, bool) -> (Principal, Principal),
     ) -> Result<Inbound, Refusal> {
         let (parts, body) = req.into_parts();
@@ -82,14 +85,14 @@ impl Inbound {
         // Every method's body, not only a POST's, is read whole within the same bounds: an
         // MCP endpoint streams no request bodies, and an unbounded one would be a way past
         // them (an extension method `post`, a trickled GET).
-        let bytes = collect(body, &parts.headers, cfg).await?;
+        let (bytes, room) = collect(body, &parts.headers, cfg, bodies).await?;
         let info = if parts.method == Method::POST {
             jsonrpc::inspect_post(&bytes)
         } else {
             PostInfo::default()
         };
         let (principal, share) = principal(&parts.headers, info.initialize);
-        let body = full_body(bytes);
+        let body = bodies::held(bytes, room);
         let modern = is_modern(header_version.as_deref(), &info);
         let upgrade =
             cfg.json_upgrade && !info.request_ids.is_empty() && accepts_sse(&parts.headers);
@@ -207,14 +210,18 @@ fn check_origin(cfg: &Config, headers: &http::HeaderMap) -> Result<(), Refusal> 
     }
 }
 
-/// A request's body, whole. A slow body is cut like a slow head: both are bounded by
-/// `--header-read-timeout`. A `Content-Length` over `--max-request-bytes` is refused before
-/// the body is polled, so a client that sent `Expect: 100-continue` is not asked for it.
+/// A request's body, whole, and the room it holds among all bodies being read. A slow body is
+/// cut like a slow head: both are bounded by `--header-read-timeout`. A `Content-Length` over
+/// `--max-request-bytes` is refused before the body is polled, so a client that sent
+/// `Expect: 100-continue` is not asked for it; so is one that does not fit in what
+/// `--max-buffered-request-bytes` leaves (its room is taken up front), and a body without one
+/// once its chunks would go over.
 async fn collect(
     body: Incoming,
     headers: &http::HeaderMap,
     cfg: &Config,
-) -> Result<bytes::Bytes, Refusal> {
+    bodies: &Arc<Bodies>,
+) -> Result<(bytes::Bytes, Room), Refusal> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -222,11 +229,21 @@ async fn collect(
     if declared.is_some_and(|n| n > cfg.max_request_bytes as u64) {
         return Err(ProxyError::BodyTooLarge(cfg.max_request_bytes).into());
     }
-    if http_body::Body::is_end_stream(&body) {
-        return Ok(bytes::Bytes::new());
+    let mut room = Room::new(bodies);
+    let full = || ProxyError::BodiesFull(bodies.limit()).into();
+    if declared.is_some_and(|n| !room.cover(n as usize)) {
+        return Err(full());
     }
-    let collect = Limited::new(body, cfg.max_request_bytes).collect();
-    match tokio::time::timeout(cfg.header_read_timeout, collect).await {
+    if http_body::Body::is_end_stream(&body) {
+        return Ok((bytes::Bytes::new(), room));
+    }
+    let counted = Counted {
+        body,
+        room: &mut room,
+        read: 0,
+    };
+    let collect = Limited::new(counted, cfg.max_request_bytes).collect();
+    let collected = match tokio::time::timeout(cfg.header_read_timeout, collect).await {
         Err(_) => Err(ProxyError::BodyTimeout(cfg.header_read_timeout).into()),
         Ok(Ok(c)) => Ok(c.to_bytes()),
         Ok(Err(e))
@@ -235,8 +252,10 @@ async fn collect(
         {
             Err(ProxyError::BodyTooLarge(cfg.max_request_bytes).into())
         }
+        Ok(Err(e)) if e.downcast_ref::<bodies::Full>().is_some() => Err(full()),
         Ok(Err(e)) => Err(ProxyError::BodyRead(e).into()),
-    }
+    };
+    collected.map(|bytes| (bytes, room))
 }
 
 /// How the gateway serves a request.

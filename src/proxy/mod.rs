@@ -21,6 +21,7 @@
 //! `session`.
 
 mod auth;
+mod bodies;
 mod forward;
 mod inbound;
 mod live;
@@ -81,6 +82,8 @@ pub struct Gateway {
     refused_warn: warn_limit::WarnLimit,
     /// POSTs whose client left before the upstream's head, finishing on their own.
     orphans: Arc<Orphans>,
+    /// The bytes of all request bodies held at once (`--max-buffered-request-bytes`).
+    bodies: Arc<bodies::Bodies>,
 }
 
 impl Gateway {
@@ -97,6 +100,7 @@ impl Gateway {
         Arc::new(Gateway {
             registry,
             upstream,
+            bodies: Arc::new(bodies::Bodies::new(cfg.max_buffered_request_bytes)),
             cfg,
             // At startup, before any request: a gateway without OS randomness cannot bind
             // sessions to anyone safely, so it does not start.
@@ -130,6 +134,9 @@ impl Gateway {
         metrics
             .upstream_connections_max
             .set(i64::try_from(max).unwrap_or(i64::MAX));
+        metrics
+            .buffered_request_bytes
+            .set(i64::try_from(self.bodies.used()).unwrap_or(i64::MAX));
         metrics.encode()
     }
 
@@ -213,7 +220,7 @@ impl Gateway {
         conn: &Conn,
         fate: &Fate,
     ) -> Result<Response<ResBody>, Refusal> {
-        let mut inb = Inbound::read(req, &self.cfg, conn, |h, creates| {
+        let mut inb = Inbound::read(req, &self.cfg, conn, &self.bodies, |h, creates| {
             self.principal_and_share(h, conn, creates)
         })
         .await?;

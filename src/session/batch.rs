@@ -1,6 +1,7 @@
 //! The frame one poll of an attached client writes: the retained events of its stream after
-//! its cursor, each under its gateway id, with the stream's oversized event in its place,
-//! within the bounds it is given, in one allocation sized up front.
+//! its cursor, each under its gateway id, with the stream's oversized event in its place (a
+//! piece of it at most [`BATCH_BYTES`] long: the frame ends where the piece does), within the
+//! bounds it is given, in one allocation sized up front.
 //!
 //! Pure: knows the window's entries and the cursor codec; nothing of clients, locks, the
 //! in-flight reserve or why the bounds are what they are.
@@ -30,27 +31,33 @@ pub(super) fn id_prefix(epoch: u64) -> [u8; 21] {
 pub(super) struct Batch {
     /// The frame.
     pub out: BytesMut,
-    /// How many events it holds.
+    /// How many whole events it holds.
     pub events: usize,
-    /// The position of its last event (the cursor it was collected after, when empty).
+    /// The position of its last whole event (the cursor it was collected after, when none).
     pub last: u64,
+    /// The frame ends part-way through the oversized event at this position: this many bytes
+    /// of its wire form have been written to the client, counting earlier frames.
+    pub partial: Option<(u64, usize)>,
 }
 
 impl Batch {
     /// The events of `stream` in `window` after `cursor`, in order, and `overflow` (the
-    /// stream's event too large for the window, if it comes after the cursor) in its place:
-    /// at most `max_events` events, and none more once `max_bytes` (at most [`BATCH_BYTES`])
-    /// are written. `prefix` is the session's [`id_prefix`].
+    /// stream's event too large for the window, if it comes after the cursor, with how many
+    /// bytes of its wire form this client already has) in its place: at most `max_events`
+    /// events, and none more once `max_bytes` (at most [`BATCH_BYTES`]) are written. The
+    /// oversized event goes in pieces: what fits in [`BATCH_BYTES`] after the events before
+    /// it, the frame ending with the piece when the rest does not fit. `prefix` is the
+    /// session's [`id_prefix`].
     pub fn collect(
         prefix: &[u8; 21],
         window: &Window,
         stream: u32,
         cursor: u64,
-        overflow: Option<&Entry>,
+        overflow: Option<(&Entry, usize)>,
         (max_events, max_bytes): (usize, usize),
     ) -> Batch {
         let max_bytes = max_bytes.min(BATCH_BYTES);
-        let mut overflow = overflow.filter(|o| o.seq > cursor);
+        let mut overflow = overflow.filter(|(o, _)| o.seq > cursor);
         // Sized once for the batch: growing it by doubling copied every event again.
         let mut size = 0;
         for (n, e) in window.after(stream, cursor).enumerate() {
@@ -59,28 +66,32 @@ impl Batch {
             }
             size += ENTRY_OVERHEAD + e.body.len();
         }
-        size += overflow.map_or(0, |o| ENTRY_OVERHEAD + o.body.len());
+        size += overflow.map_or(0, |(o, from)| {
+            (ENTRY_OVERHEAD + o.body.len())
+                .saturating_sub(from)
+                .min(BATCH_BYTES)
+        });
         let mut b = Batch {
             out: BytesMut::with_capacity(size),
             events: 0,
             last: cursor,
+            partial: None,
         };
         let full = |b: &Batch| b.out.len() >= max_bytes || b.events >= max_events;
         for e in window.after(stream, cursor) {
             if full(&b) {
                 break;
             }
-            if let Some(o) = overflow.filter(|o| o.seq < e.seq) {
-                b.add(prefix, o);
+            if let Some((o, from)) = overflow.filter(|(o, _)| o.seq < e.seq) {
                 overflow = None;
-                if full(&b) {
-                    break;
+                if !b.add_piece(prefix, o, from) || full(&b) {
+                    return b;
                 }
             }
             b.add(prefix, e);
         }
-        if let Some(o) = overflow.filter(|o| o.seq > b.last && !full(&b)) {
-            b.add(prefix, o);
+        if let Some((o, from)) = overflow.filter(|(o, _)| o.seq > b.last && !full(&b)) {
+            b.add_piece(prefix, o, from);
         }
         b
     }
@@ -90,18 +101,48 @@ impl Batch {
         self.events += 1;
         self.last = e.seq;
     }
+
+    /// Writes the next piece of the oversized event `e` (from byte `from` of its wire form),
+    /// as much as [`BATCH_BYTES`] leaves room for. Returns whether that was the rest of it.
+    fn add_piece(&mut self, prefix: &[u8; 21], e: &Entry, from: usize) -> bool {
+        let mut head = BytesMut::with_capacity(ENTRY_OVERHEAD);
+        write_head(prefix, e, &mut head);
+        let total = head.len() + e.body.len();
+        let room = BATCH_BYTES.saturating_sub(self.out.len()).max(1);
+        let upto = total.min(from + room);
+        if from < head.len() {
+            self.out.put_slice(&head[from..upto.min(head.len())]);
+        }
+        if upto > head.len() {
+            self.out
+                .put_slice(&e.body[from.saturating_sub(head.len())..upto - head.len()]);
+        }
+        if upto < total {
+            self.partial = Some((e.seq, upto));
+            return false;
+        }
+        self.events += 1;
+        self.last = e.seq;
+        true
+    }
 }
 
 /// Writes a retained event as sent on the wire: its gateway id, then its body.
 fn write_entry(prefix: &[u8; 21], e: &Entry, out: &mut BytesMut) {
     out.reserve(ENTRY_OVERHEAD + e.body.len());
+    write_head(prefix, e, out);
+    out.put_slice(&e.body);
+}
+
+/// What goes before a retained event's body on the wire: its `id:` line, and the
+/// `event: message` line its flag implies.
+fn write_head(prefix: &[u8; 21], e: &Entry, out: &mut BytesMut) {
     out.put_slice(prefix);
     cursor::write_position(e.stream, e.seq, out);
     out.put_u8(b'\n');
     if e.message {
         out.put_slice(b"event: message\n");
     }
-    out.put_slice(&e.body);
 }
 
 #[cfg(test)]
@@ -128,7 +169,14 @@ mod tests {
     const EPOCH: u64 = 0x0123_4567_89ab_cdef;
 
     fn collect(w: &Window, cursor: u64, overflow: Option<&Entry>, limits: (usize, usize)) -> Batch {
-        Batch::collect(&id_prefix(EPOCH), w, 1, cursor, overflow, limits)
+        Batch::collect(
+            &id_prefix(EPOCH),
+            w,
+            1,
+            cursor,
+            overflow.map(|o| (o, 0)),
+            limits,
+        )
     }
 
     fn text(b: &Batch) -> String {
@@ -190,5 +238,45 @@ mod tests {
         assert_eq!((b.events, b.last), (5, 8));
         let b = collect(&w, 6, Some(&over), (1, 1 << 20));
         assert_eq!((b.events, b.last), (1, 7));
+    }
+
+    #[test]
+    fn the_oversized_event_goes_in_pieces_that_make_it_whole() {
+        let w = window([entry(1, 2, "a"), entry(1, 9, "b")]);
+        let big = entry(1, 5, &"x".repeat(3 * BATCH_BYTES));
+        let mut whole = BytesMut::new();
+        write_entry(&id_prefix(EPOCH), &big, &mut whole);
+        // The first frame: the event before it, then as much of it as fits.
+        let b = collect(&w, 1, Some(&big), (10, 1 << 20));
+        assert_eq!((b.events, b.last), (1, 2));
+        assert_eq!(b.out.len(), BATCH_BYTES);
+        let (seq, mut at) = b.partial.expect("part-way");
+        assert_eq!(seq, 5);
+        let before = collect(&w, 1, None, (1, 1 << 20)).out.len();
+        let mut sent = b.out[before..].to_vec();
+        assert_eq!(sent.len(), at);
+        // The next frames continue it from where the client is, and the last one goes on
+        // with the events after it.
+        loop {
+            let b = Batch::collect(&id_prefix(EPOCH), &w, 1, 2, Some((&big, at)), (10, 1 << 20));
+            assert!(b.out.len() <= BATCH_BYTES);
+            match b.partial {
+                Some((5, next)) => {
+                    assert_eq!(b.events, 0);
+                    sent.extend_from_slice(&b.out);
+                    assert_eq!(sent.len(), next);
+                    at = next;
+                }
+                None => {
+                    assert_eq!((b.events, b.last), (2, 9), "its rest, then b");
+                    let rest = whole.len() - at;
+                    sent.extend_from_slice(&b.out[..rest]);
+                    assert!(String::from_utf8_lossy(&b.out[rest..]).contains("data: b"));
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(sent, whole.to_vec(), "the pieces make the event, once");
     }
 }

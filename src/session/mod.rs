@@ -290,15 +290,22 @@ fn wake_readers(streams: &mut BTreeMap<u32, Stream>) {
     }
 }
 
-/// The client of `s` was handed every event of it up to `last`.
-fn handed(s: &mut Stream, last: u64) {
+/// The client of `s` was handed a frame: every event of it up to `last` (`whole` of them),
+/// and `partial`, the piece of the oversized event it ends with, if it does.
+fn handed(s: &mut Stream, last: u64, whole: bool, partial: Option<(u64, usize)>) {
     if let Some(sub) = s.sub.as_mut() {
-        sub.cursor = last;
-        sub.has_id = true;
+        if whole {
+            sub.cursor = last;
+            sub.has_id = true;
+        }
+        sub.partial = partial;
     }
     s.sent = s.sent.max(last);
-    // Progress: the stall clock restarts (or stops, once caught up).
-    s.stall_since = (last < s.last_seq).then(Instant::now);
+    // Progress: the stall clock restarts. It stops only when the body is polled again and
+    // finds nothing to send (`idle_step`): until then the frame may sit unflushed in hyper,
+    // which polls again only once it could write most of it. So a client that never takes
+    // its last frame is detached like any other that stopped reading.
+    s.stall_since = Some(Instant::now());
 }
 
 /// What the in-flight reserve needs of the session's streams.
@@ -646,22 +653,26 @@ impl Session {
     ) -> (usize, Option<String>) {
         let mut learned_version = None;
         for (pushed, ev) in events.iter().enumerate() {
-            let mut body = Vec::with_capacity(sse::body_len(ev));
-            let message = sse::encode_body(ev, &mut body);
-            let retained = st.window.retains(body.len());
+            // Room first, then the copy: an event that waits is not encoded at every retry.
+            let len = sse::body_len(ev);
+            let retained = st.window.retains(len);
             let room = if retained {
-                self.make_room(st, body.len(), now)
+                self.make_room(st, len, now)
             } else {
                 // Too large for the window: it waits in the stream's one-slot overflow for
-                // the attached client, which must first be free.
+                // the attached client, which must first be free, and the memory budget must
+                // have room for it (else the reader waits: the sweep wakes it).
                 let Some(s) = st.streams.get_mut(&stream) else {
                     return (pushed, learned_version);
                 };
-                self.free_overflow(s, now)
+                self.free_overflow(s, now) && self.budget.admits_oversized(len)
             };
             if !room {
                 return (pushed, learned_version);
             }
+            let mut body = Vec::with_capacity(len);
+            let message = sse::encode_body(ev, &mut body);
+            debug_assert_eq!(body.len(), len);
             st.last_seq += 1;
             let seq = st.last_seq;
             let Some(s) = st.streams.get_mut(&stream) else {
@@ -695,16 +706,25 @@ impl Session {
     fn free_overflow(&self, s: &mut Stream, now: Instant) -> bool {
         match &s.overflow {
             Some(prev) if s.needs(prev.seq, now, self.cfg.stall_timeout) => false,
-            Some(prev) => {
-                if prev.seq > s.sent {
-                    self.metrics.events_evicted_undelivered.inc();
-                }
-                s.lost_upto = s.lost_upto.max(prev.seq);
-                s.set_overflow(None, &self.budget);
+            Some(_) => {
+                self.drop_overflow(s);
                 true
             }
             None => true,
         }
+    }
+
+    /// Drops the event in `s`'s overflow slot, which no client still needs: it is lost (a
+    /// resume before it is a gap), and counted if it was never written whole to a client.
+    fn drop_overflow(&self, s: &mut Stream) {
+        let Some(prev) = s.overflow.as_ref() else {
+            return;
+        };
+        if prev.seq > s.sent {
+            self.metrics.events_evicted_undelivered.inc();
+        }
+        s.lost_upto = s.lost_upto.max(prev.seq);
+        s.set_overflow(None, &self.budget);
     }
 
     /// Marks the requests of `s` that the event `seq` (with `data`) answers. Returns the
@@ -1051,35 +1071,58 @@ impl Session {
         let Some(sub) = s.sub.as_ref().filter(|sub| sub.generation == generation) else {
             return Step::Finish(Bytes::new(), Outcome::Replaced);
         };
-        let (cursor, has_id) = (sub.cursor, sub.has_id);
+        let (cursor, has_id, partial) = (sub.cursor, sub.has_id, sub.partial);
         if let Some((_, why)) = sub.detach {
             s.sub = None;
             st.last_activity = Instant::now();
+            if partial.is_some() {
+                // Part-way through an event: anything written now would be read as its rest.
+                // The body just ends; the client resumes from its last whole event.
+                return Step::Finish(Bytes::new(), why);
+            }
             let here = self.cursor(stream, cursor);
             let frame = control::resumption_required(&here, why, self.cfg.retry_hint);
             return Step::Finish(frame, why);
         }
         if s.lost_upto > cursor {
+            s.sub = None;
+            if partial.is_some() {
+                return Step::Finish(Bytes::new(), Outcome::Gap);
+            }
             // This client fell behind the window: the same explicit failure as a late resume.
             let ids = s.fail_unanswered(cursor);
-            s.sub = None;
             let frames = control::gap(&self.cursor(stream, cursor), has_id, &ids);
             return Step::Finish(frames, Outcome::Gap);
         }
+        // Polled again after the frame that ended the oversized event: hyper took it, so its
+        // slot's bytes leave the budget now, not when it was handed over.
+        let room = self.hand_over_overflow(s, cursor);
+        let from = match (partial, s.overflow.as_ref()) {
+            (None, _) => 0,
+            (Some((seq, at)), Some(o)) if o.seq == seq => at,
+            // Part-way through an event that is no longer held: it cannot be finished.
+            (Some(_), _) => {
+                s.sub = None;
+                return Step::Finish(Bytes::new(), Outcome::Gap);
+            }
+        };
         let (overflow, limits) = (s.overflow.as_ref(), st.inflight.limits());
         let batch = Batch::collect(
             &self.id_prefix,
             &st.window,
             stream,
             cursor,
-            overflow,
+            overflow.map(|o| (o, from)),
             limits,
         );
-        let room = self.hand_over_overflow(s, batch.last);
         if batch.out.is_empty() {
-            return self.idle_step(s, stream, cursor, has_id, waker);
+            let step = self.idle_step(s, stream, cursor, has_id, waker);
+            if room {
+                wake_readers(&mut st.streams);
+            }
+            return step;
         }
-        handed(s, batch.last);
+        handed(s, batch.last, batch.events > 0, batch.partial);
         let moved = st.inflight.record(
             stream,
             batch.last,
@@ -1094,10 +1137,11 @@ impl Session {
         Step::Data(batch.out.freeze(), batch.events as u64)
     }
 
-    /// Empties the overflow slot of `s` once its event is in a batch up to `last`: from now
-    /// on a resume before it is a gap. Returns whether it did (room was made).
-    fn hand_over_overflow(&self, s: &mut Stream, last: u64) -> bool {
-        let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= last) else {
+    /// Empties the overflow slot of `s` once its client at `cursor` was handed all of its
+    /// event and its body was polled again: from now on a resume before it is a gap. Returns
+    /// whether it did (room was made).
+    fn hand_over_overflow(&self, s: &mut Stream, cursor: u64) -> bool {
+        let Some(o) = s.overflow.as_ref().filter(|o| o.seq <= cursor) else {
             return false;
         };
         s.lost_upto = s.lost_upto.max(o.seq);
@@ -1184,9 +1228,15 @@ impl Session {
             }
             if let Some(sub) = s.sub.as_ref() {
                 let (generation, at, has_id) = (sub.generation, sub.cursor, sub.has_id);
-                let ids = s.fail_unanswered(at);
-                let here = self.cursor(n, at);
-                closing.push((n, generation, control::session_closed(&here, has_id, &ids)));
+                // Part-way through an event, a client can be given nothing more: its body
+                // just ends (see `poll_step`).
+                let last = if sub.partial.is_some() {
+                    Bytes::new()
+                } else {
+                    let ids = s.fail_unanswered(at);
+                    control::session_closed(&self.cursor(n, at), has_id, &ids)
+                };
+                closing.push((n, generation, last));
             }
             if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
                 w.wake();
@@ -1200,15 +1250,22 @@ impl Session {
     }
 
     /// Sweep work for one session: detaches clients that made no progress for the stall
-    /// budget, closes connections stuck writing, and wakes paused upstream readers (a
-    /// guard may have run out). Returns whether the session is idle (no client attached)
-    /// and since when.
+    /// budget, closes connections stuck writing, frees oversized events no client may come
+    /// back for any more, and wakes paused upstream readers (a guard may have run out, or the
+    /// memory budget have room again). Returns whether the session is idle (no client
+    /// attached) and since when.
     fn sweep(&self, now: Instant) -> (bool, Instant) {
         let stall = self.cfg.stall_timeout;
         let mut st = lock(&self.state);
         let mut attached = false;
         for s in st.streams.values_mut() {
             s.wake_reader();
+            if s.overflow
+                .as_ref()
+                .is_some_and(|o| !s.needs(o.seq, now, stall))
+            {
+                self.drop_overflow(s);
+            }
             let stall_since = s.stall_since;
             let Some(sub) = s.sub.as_mut() else { continue };
             attached = true;

@@ -17,10 +17,13 @@ use crate::config::Config;
 pub use crate::metrics::Eviction;
 use crate::metrics::Metrics;
 
-/// The global byte budget shared by all windows (`--memory-budget`).
+/// The global byte budget shared by all windows and the oversized events held for their
+/// clients (`--memory-budget`).
 #[derive(Debug)]
 pub struct Budget {
     used: AtomicUsize,
+    /// The part of `used` held in streams' overflow slots.
+    oversized: AtomicUsize,
     limit: usize,
 }
 
@@ -28,13 +31,33 @@ impl Budget {
     pub fn new(limit: usize) -> Budget {
         Budget {
             used: AtomicUsize::new(0),
+            oversized: AtomicUsize::new(0),
             limit,
         }
     }
 
-    /// Bytes retained by all windows now.
+    /// Bytes retained by all windows and overflow slots now.
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether an oversized event of `len` bytes may enter its stream's overflow slot: while
+    /// it leaves the budget below 90% (the room new sessions are admitted in, so the windows
+    /// of the sessions held keep theirs), or when no other is held anywhere (one always moves,
+    /// whatever its size). Otherwise its reader waits.
+    pub(super) fn admits_oversized(&self, len: usize) -> bool {
+        self.oversized.load(Ordering::Relaxed) == 0
+            || self.used().saturating_add(len) <= self.limit - self.limit / 10
+    }
+
+    /// Applies an overflow slot's size change from `before` to `after`.
+    pub(super) fn adjust_oversized(&self, before: usize, after: usize) {
+        if after >= before {
+            self.oversized.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.oversized.fetch_sub(before - after, Ordering::Relaxed);
+        }
+        self.adjust(before, after);
     }
 
     pub(super) fn over(&self) -> usize {

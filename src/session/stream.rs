@@ -92,6 +92,10 @@ pub(super) struct Subscriber {
     pub kill: Option<Arc<Notify>>,
     /// The client was given an id on this stream (priming, resumed event, or an event).
     pub has_id: bool,
+    /// The client is part-way through the stream's oversized event at this position: it was
+    /// given this many bytes of its wire form. Nothing else may be written to it before the
+    /// rest (its body ends instead).
+    pub partial: Option<(u64, usize)>,
 }
 
 impl Subscriber {
@@ -108,6 +112,7 @@ impl Subscriber {
             detach: None,
             kill,
             has_id,
+            partial: None,
         }
     }
 
@@ -135,8 +140,10 @@ pub(super) struct Stream {
     /// Since when the stream's client has had something to receive and made no progress
     /// (`None`: caught up, or progressing). Runs on while no client is attached.
     pub stall_since: Option<Instant>,
-    /// An event too large for the window, kept for the attached client only. Counted in
-    /// the memory budget: change it only through [`Stream::set_overflow`].
+    /// An event too large for the window, kept for the attached client until its body was
+    /// polled again after the last piece of it (hyper took it), or until no client may come
+    /// back for it. Counted in the memory budget: change it only through
+    /// [`Stream::set_overflow`].
     pub overflow: Option<Entry>,
     pub requests: Vec<PendingRequest>,
     /// The principal of the POST that opened the stream: a retransmission of its requests
@@ -172,7 +179,7 @@ impl Stream {
         let before = self.overflow.as_ref().map_or(0, |o| o.body.len());
         let after = entry.as_ref().map_or(0, |e| e.body.len());
         self.overflow = entry;
-        budget.adjust(before, after);
+        budget.adjust_oversized(before, after);
     }
 
     pub fn new(

@@ -1067,3 +1067,212 @@ async fn events_lost_in_flight_beyond_the_reserve_are_counted_when_a_resume_show
         "counted once"
     );
 }
+
+/// A session whose memory budget is `budget` (shared, so a test can read it).
+fn session_with_budget(c: Arc<Config>, budget: &Arc<Budget>) -> Session {
+    Session::new(
+        "a".into(),
+        c,
+        Arc::default(),
+        budget.clone(),
+        Owner::new(Principal::default(), "/mcp"),
+        false,
+    )
+}
+
+/// A `message` event whose data is a JSON object padded to about `n` bytes.
+fn padded(n: usize) -> Event {
+    msg(&format!("{{\"pad\":\"{}\"}}", "o".repeat(n)))
+}
+
+/// Steps the client until it has nothing more to send now; returns every byte it was given.
+fn drain_client(s: &Session, stream: u32, generation: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        match step(s, stream, generation) {
+            Step::Data(b, _) => out.extend_from_slice(&b),
+            Step::Pending => return out,
+            Step::Finish(b, _) => {
+                out.extend_from_slice(&b);
+                return out;
+            }
+        }
+    }
+}
+
+/// Issue 22 item 5: an event larger than the window is written in pieces (each poll hands
+/// hyper at most one batch of it, so a client that stops reading leaves at most that in
+/// hyper's buffer), and its bytes stay counted in the memory budget until the client's body
+/// is polled again after its last piece (hyper took it), not from the moment it was handed.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_event_is_written_in_pieces_and_counted_until_its_client_took_it() {
+    let budget = Arc::new(Budget::new(usize::MAX));
+    let s = session_with_budget(cfg(|c| c.window_bytes = 8 << 10), &budget);
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let big = padded(300 << 10);
+    assert!(s.push_events(stream, &mut vec![big.clone()], None));
+    let held = budget.used();
+    assert!(held > 300 << 10, "held for its client: {held}");
+    let mut got = Vec::new();
+    let mut pieces = 0;
+    while let Step::Data(b, _) = step(&s, stream, generation) {
+        pieces += 1;
+        assert!(
+            b.len() <= batch::BATCH_BYTES,
+            "piece {pieces} is {} bytes: the event went to the client whole",
+            b.len()
+        );
+        got.extend_from_slice(&b);
+        assert_eq!(
+            budget.used(),
+            held,
+            "still counted after piece {pieces}: the client's body was not polled past it"
+        );
+    }
+    assert!(pieces > 4, "{pieces} pieces");
+    assert_eq!(
+        budget.used(),
+        0,
+        "released once the client was polled past it"
+    );
+    let text = String::from_utf8(got).unwrap();
+    let data = big.data.unwrap();
+    assert!(
+        text.starts_with("id: ") && text.ends_with(&format!("event: message\ndata: {data}\n\n")),
+        "the event, whole and once"
+    );
+}
+
+/// Issue 22 item 5: stall detection runs until the client's body is polled again after a
+/// write, so a client that never takes its last frame (hyper cannot flush it and never polls
+/// again) is detached and its connection closed after --stall-timeout; one that takes it is
+/// left alone.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_takes_its_last_frame_is_closed_after_the_stall_timeout() {
+    for flushed in [false, true] {
+        let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(30)));
+        let kill = Arc::new(Notify::new());
+        let Attachment {
+            stream, generation, ..
+        } = s.open_stream(OpenStream {
+            kill: Some(kill.clone()),
+            ..OpenStream::new(StreamKind::Post, vec!["1".into()])
+        });
+        let answer = msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+        assert!(s.push_events(stream, &mut vec![answer], None));
+        s.end_stream(stream, End::Complete);
+        assert!(matches!(step(&s, stream, generation), Step::Data(..)));
+        if flushed {
+            assert!(matches!(
+                step(&s, stream, generation),
+                Step::Finish(_, Outcome::Completed)
+            ));
+        }
+        tokio::time::advance(Duration::from_secs(31)).await;
+        s.sweep(Instant::now());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        s.sweep(Instant::now());
+        let closed = tokio::time::timeout(Duration::ZERO, kill.notified())
+            .await
+            .is_ok();
+        assert_eq!(closed, !flushed, "flushed: {flushed}");
+    }
+}
+
+/// Issue 22 item 5: an oversized event enters its stream's slot only while the memory budget
+/// has room for it below 90% (like a new session), or when no other is held (so one always
+/// moves); else its reader waits, and the budget never goes over for it.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_event_waits_for_room_in_the_memory_budget() {
+    let budget = Arc::new(Budget::new(1 << 20));
+    let s = session_with_budget(cfg(|c| c.window_bytes = 8 << 10), &budget);
+    let open = |id: &str| s.open_stream(OpenStream::new(StreamKind::Post, vec![id.into()]));
+    let (a, b) = (open("1"), open("2"));
+    assert!(s.push_events(a.stream, &mut vec![padded(600 << 10)], None));
+    let mut second = vec![padded(600 << 10)];
+    assert!(
+        !s.push_events(b.stream, &mut second, None),
+        "no room in the budget: it waits"
+    );
+    assert!(budget.used() <= 1 << 20, "{}", budget.used());
+    // The first one's client takes it: room for the second.
+    drain_client(&s, a.stream, a.generation);
+    assert!(s.push_events(b.stream, &mut second, None));
+    assert!(String::from_utf8(drain_client(&s, b.stream, b.generation))
+        .unwrap()
+        .contains("\"pad\":\"ooo"));
+    assert_eq!(budget.used(), 0);
+    // Alone, an event larger than the whole budget still moves.
+    assert!(s.push_events(a.stream, &mut vec![padded(2 << 20)], None));
+}
+
+/// Issue 22 item 5: a client cut half-way through an oversized event gets it whole when it
+/// resumes within --stall-timeout (its slot keeps it); a client stalled half-way through it
+/// gets no control event glued to the half it has (its body just ends); once no client may
+/// come back for it, the sweep frees it (a later resume is an explicit gap).
+#[tokio::test(start_paused = true)]
+async fn an_oversized_event_cut_half_way_is_resumed_whole_and_freed_once_nobody_may_come_back() {
+    let budget = Arc::new(Budget::new(usize::MAX));
+    let s = session_with_budget(
+        cfg(|c| {
+            c.window_bytes = 8 << 10;
+            c.stall_timeout = Duration::from_secs(30);
+        }),
+        &budget,
+    );
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let big = padded(200 << 10);
+    assert!(s.push_events(stream, &mut vec![big.clone()], None));
+    assert!(matches!(step(&s, stream, generation), Step::Data(..)));
+    s.detach(stream, generation);
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 1,
+    };
+    let Ok(Resume::Attached {
+        attachment: Attachment { generation: g2, .. },
+        replay: 1,
+    }) = s.resume(opening, None)
+    else {
+        panic!("the event is still held")
+    };
+    let text = String::from_utf8(drain_client(&s, stream, g2)).unwrap();
+    assert!(
+        text.ends_with(&format!("data: {}\n\n", big.data.as_deref().unwrap())),
+        "whole after the resume"
+    );
+
+    // Another one, and this client stalls half-way through it.
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["2".into()]));
+    assert!(s.push_events(stream, &mut vec![padded(200 << 10)], None));
+    assert!(matches!(step(&s, stream, generation), Step::Data(..)));
+    tokio::time::advance(Duration::from_secs(31)).await;
+    s.sweep(Instant::now());
+    match step(&s, stream, generation) {
+        Step::Finish(b, Outcome::SlowConsumer) => {
+            assert!(b.is_empty(), "nothing glued to half an event: {b:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nobody may come back for it once the stall budget has passed: the sweep frees it.
+    assert!(budget.used() > 200 << 10);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    s.sweep(Instant::now());
+    assert_eq!(budget.used(), 0, "freed by the sweep");
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: lock(&s.state).streams[&stream].first_seq,
+    };
+    assert!(matches!(
+        s.resume(opening, None),
+        Ok(Resume::GapWithErrors { .. })
+    ));
+}
