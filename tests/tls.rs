@@ -851,3 +851,35 @@ async fn mtls_client_certificate_subject_is_the_resume_principal() {
         vec![progress(2), result(1)]
     );
 }
+
+/// Issue 22 item 3: a TLS connection that completes its handshake and then sends no request
+/// is closed at `--header-read-timeout` like a plain one (the first-request deadline starts
+/// once the handshake is done; the handshake has its own, the same timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tls_connection_after_the_handshake_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let dir = scratch("idle-after-handshake");
+    let ca = ca("test CA");
+    let pair = server_leaf(&ca, "server");
+    let cert = write(&dir, "cert.pem", &pair.cert);
+    let key = write(&dir, "key.pem", &pair.key);
+    let mock = Mock::start().await;
+    let gw = tls_gateway(mock.addr, &cert, &key, None, |c| {
+        c.header_read_timeout = Duration::from_millis(400);
+        c.idle_timeout = Duration::from_millis(400);
+    })
+    .await;
+    let client = client_config(&ca.pem, None, &[b"http/1.1"]);
+    let mut tls = tls_connect(gw.addr, &client).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf))
+        .await
+        .expect("closed by the gateway, not timed out on our side");
+    assert!(matches!(read, Ok(0) | Err(_)), "closed: {read:?}");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
+}
