@@ -46,35 +46,73 @@ impl StreamStats {
     }
 }
 
+/// What the proxy learned of a request while routing it, read when its line is written: its
+/// MCP method and tool, and the upstream's time to the response head (which an upgraded call
+/// learns only after its response started).
+pub trait Learned: Send + Sync + std::fmt::Debug {
+    /// The MCP method label ([`crate::jsonrpc::METHODS`]) and the tool of a `tools/call`.
+    fn call(&self) -> (Option<&'static str>, Option<&str>);
+    /// The upstream's time to the response head, if the request was sent upstream.
+    fn upstream_time(&self) -> Option<std::time::Duration>;
+}
+
+/// What is known of a request when it arrives (cheap clones of its parts).
+#[derive(Debug)]
+pub struct Requested {
+    pub method: Method,
+    pub start: Instant,
+    /// The request target's path and query (the line shows the path only).
+    pub target: Option<http::uri::PathAndQuery>,
+    pub user_agent: Option<http::HeaderValue>,
+    /// The W3C `traceparent` the client sent, whose trace id the line shows.
+    pub traceparent: Option<http::HeaderValue>,
+    /// The client's address (the peer's, or per `--trusted-proxies` X-Forwarded-For's).
+    pub client: std::net::IpAddr,
+}
+
 /// What is known of a request when its response starts.
 #[derive(Debug)]
 pub struct AccessLog {
-    pub method: Method,
+    pub requested: Requested,
     pub status: StatusCode,
-    pub start: Instant,
     /// Hashed session id, if any.
     pub session: Option<String>,
     pub stream: Option<Arc<StreamStats>>,
+    /// The response is a GET's SSE stream: its duration is a stream's lifetime.
+    pub get_stream: bool,
+    /// Why the gateway refused the request (the error's `data.reason`), if it did.
+    pub refused: Option<&'static str>,
+    pub learned: Arc<dyn Learned>,
+    /// The upstream's address (`--upstream`'s authority), shown when the request went there.
+    pub upstream: Arc<str>,
     pub metrics: Arc<Metrics>,
     bytes: u64,
     ended: bool,
 }
 
 impl AccessLog {
+    /// The log of a request whose response has started (`status`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        method: Method,
+        requested: Requested,
         status: StatusCode,
-        start: Instant,
         session: Option<String>,
         stream: Option<Arc<StreamStats>>,
+        get_stream: bool,
+        refused: Option<&'static str>,
+        learned: Arc<dyn Learned>,
+        upstream: Arc<str>,
         metrics: Arc<Metrics>,
     ) -> AccessLog {
         AccessLog {
-            method,
+            requested,
             status,
-            start,
             session,
             stream,
+            get_stream,
+            refused,
+            learned,
+            upstream,
             metrics,
             bytes: 0,
             ended: false,
@@ -82,11 +120,63 @@ impl AccessLog {
     }
 }
 
+/// `v` as it may appear inside a quoted field of either format: visible ASCII and spaces,
+/// anything else (quotes, backslashes, control bytes, non-ASCII) as `_`, at most `max` bytes.
+fn quotable(v: &[u8], max: usize) -> std::borrow::Cow<'_, str> {
+    let v = &v[..v.len().min(max)];
+    if v.iter()
+        .all(|b| (b' '..=b'~').contains(b) && *b != b'"' && *b != b'\\')
+    {
+        // Checked: ASCII.
+        return std::borrow::Cow::Borrowed(std::str::from_utf8(v).unwrap_or("-"));
+    }
+    std::borrow::Cow::Owned(
+        v.iter()
+            .map(|&b| {
+                if (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\' {
+                    b as char
+                } else {
+                    '_'
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if well formed.
+fn trace_id(traceparent: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(traceparent).ok()?;
+    let mut parts = s.trim().split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    (hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && hex(parent, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0'))
+    .then_some(trace)
+}
+
 impl Drop for AccessLog {
     fn drop(&mut self) {
-        let elapsed = self.start.elapsed();
-        self.metrics
-            .request_done(&self.method, self.status, elapsed.as_secs_f64());
+        let r = &self.requested;
+        let elapsed = r.start.elapsed();
+        let seconds = elapsed.as_secs_f64();
+        if self.get_stream {
+            self.metrics.stream_done(seconds);
+        } else {
+            self.metrics.request_done(&r.method, self.status, seconds);
+        }
+        let (call, tool) = self.learned.call();
+        if let Some(m) = call {
+            self.metrics.mcp_request_done(m, tool, self.status, seconds);
+        }
         let outcome = match (&self.stream, self.ended) {
             (Some(s), _) => s.outcome().map_or("detached", Outcome::as_str),
             (None, true) => "completed",
@@ -98,8 +188,16 @@ impl Drop for AccessLog {
                 s.replayed.load(Ordering::Relaxed),
             )
         });
+        let upstream_time = self.learned.upstream_time();
+        let user_agent = r.user_agent.as_ref().map(|v| quotable(v.as_bytes(), 256));
+        let tool = tool.map(|t| quotable(t.as_bytes(), 128));
+        let path = r
+            .target
+            .as_ref()
+            .map(|t| quotable(t.path().as_bytes(), 512));
         let line = Line {
-            method: self.method.as_str(),
+            method: r.method.as_str(),
+            path: path.as_deref().unwrap_or("-"),
             status: self.status.as_u16(),
             duration_ms: elapsed.as_millis() as u64,
             bytes: self.bytes,
@@ -107,28 +205,57 @@ impl Drop for AccessLog {
             replayed,
             outcome,
             session: self.session.as_deref().unwrap_or("-"),
+            client: r.client,
+            user_agent: user_agent.as_deref().unwrap_or("-"),
+            mcp_method: call.unwrap_or("-"),
+            tool: tool.as_deref().unwrap_or("-"),
+            upstream: if upstream_time.is_some() {
+                &self.upstream
+            } else {
+                "-"
+            },
+            upstream_ms: upstream_time.map(|d| d.as_secs_f64() * 1e3),
+            trace_id: r
+                .traceparent
+                .as_ref()
+                .and_then(|t| trace_id(t.as_bytes()))
+                .unwrap_or("-"),
+            error: self.refused.unwrap_or("-"),
         };
         match SINK.get() {
             Some(sink) if tracing::enabled!(tracing::Level::INFO) => sink.write(&line),
             Some(_) => {}
             None => tracing::info!(
-                http.method = line.method,
-                http.status = line.status,
+                http.request.method = line.method,
+                url.path = line.path,
+                http.response.status_code = line.status,
                 duration_ms = line.duration_ms,
                 bytes = line.bytes,
                 events = line.events,
                 replayed = line.replayed,
                 outcome = line.outcome,
-                mcp.session = line.session,
+                mcp.session.id = line.session,
+                mcp.method.name = line.mcp_method,
+                gen_ai.tool.name = line.tool,
+                client.address = %line.client,
+                user_agent.original = line.user_agent,
+                upstream.address = line.upstream,
+                upstream.duration_ms = line.upstream_ms,
+                trace_id = line.trace_id,
+                error.type = line.error,
                 "request finished"
             ),
         }
     }
 }
 
-/// The fields of one access line.
+/// The fields of one access line (names after OpenTelemetry's semantic conventions where
+/// one exists: `http.request.method`, `url.path`, `http.response.status_code`,
+/// `client.address`, `user_agent.original`, `mcp.method.name`, `mcp.session.id`,
+/// `gen_ai.tool.name`, `error.type`, `trace_id`).
 struct Line<'a> {
     method: &'a str,
+    path: &'a str,
     status: u16,
     duration_ms: u64,
     bytes: u64,
@@ -136,6 +263,15 @@ struct Line<'a> {
     replayed: u64,
     outcome: &'static str,
     session: &'a str,
+    client: std::net::IpAddr,
+    user_agent: &'a str,
+    mcp_method: &'a str,
+    tool: &'a str,
+    upstream: &'a str,
+    /// Milliseconds (fractional) to the upstream's response head.
+    upstream_ms: Option<f64>,
+    trace_id: &'a str,
+    error: &'a str,
 }
 
 /// Where the binary writes access lines: the log's own writer, formatted here. One line per
@@ -160,10 +296,11 @@ impl Sink {
         use std::fmt::Write as _;
         use std::io::Write as _;
         let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
-        let mut out = String::with_capacity(256);
+        let mut out = String::with_capacity(512);
         // Writing into a String cannot fail.
         let Line {
             method,
+            path,
             status,
             duration_ms,
             bytes,
@@ -171,21 +308,42 @@ impl Sink {
             replayed,
             outcome,
             session,
+            client,
+            user_agent,
+            mcp_method,
+            tool,
+            upstream,
+            upstream_ms,
+            trace_id,
+            error,
         } = l;
+        let upstream_ms = upstream_ms.map(|ms| format!("{ms:.3}"));
+        let upstream_ms = upstream_ms.as_deref();
         let _ = if self.json {
             writeln!(
                 out,
                 "{{\"timestamp\":\"{now}\",\"level\":\"INFO\",\"message\":\"request finished\",\
-                 \"http.method\":\"{method}\",\"http.status\":{status},\"duration_ms\":{duration_ms},\
+                 \"http.request.method\":\"{method}\",\"url.path\":\"{path}\",\
+                 \"http.response.status_code\":{status},\"duration_ms\":{duration_ms},\
                  \"bytes\":{bytes},\"events\":{events},\"replayed\":{replayed},\
-                 \"outcome\":\"{outcome}\",\"mcp.session\":\"{session}\"}}"
+                 \"outcome\":\"{outcome}\",\"mcp.session.id\":\"{session}\",\
+                 \"mcp.method.name\":\"{mcp_method}\",\"gen_ai.tool.name\":\"{tool}\",\
+                 \"client.address\":\"{client}\",\"user_agent.original\":\"{user_agent}\",\
+                 \"upstream.address\":\"{upstream}\",\"upstream.duration_ms\":{},\
+                 \"trace_id\":\"{trace_id}\",\"error.type\":\"{error}\"}}",
+                upstream_ms.unwrap_or("null")
             )
         } else {
             writeln!(
                 out,
-                "{now}  INFO request finished http.method={method} http.status={status} \
-                 duration_ms={duration_ms} bytes={bytes} events={events} replayed={replayed} \
-                 outcome=\"{outcome}\" mcp.session=\"{session}\""
+                "{now}  INFO request finished http.request.method={method} url.path=\"{path}\" \
+                 http.response.status_code={status} duration_ms={duration_ms} bytes={bytes} \
+                 events={events} replayed={replayed} outcome=\"{outcome}\" \
+                 mcp.session.id=\"{session}\" mcp.method.name=\"{mcp_method}\" \
+                 gen_ai.tool.name=\"{tool}\" client.address=\"{client}\" \
+                 user_agent.original=\"{user_agent}\" upstream.address=\"{upstream}\" \
+                 upstream.duration_ms={} trace_id=\"{trace_id}\" error.type=\"{error}\"",
+                upstream_ms.unwrap_or("-")
             )
         };
         let _ = self.writer.clone().write_all(out.as_bytes());
@@ -251,6 +409,29 @@ impl<B: Body> Body for Observed<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_fields_cannot_break_either_format() {
+        assert_eq!(quotable(b"curl/8.5.0 (x86_64)", 256), "curl/8.5.0 (x86_64)");
+        assert_eq!(quotable(b"a\"b\\c\nd\xffe", 256), "a_b_c_d_e");
+        assert_eq!(quotable(b"abcdef", 3), "abc");
+    }
+
+    #[test]
+    fn trace_ids_come_only_from_well_formed_traceparents() {
+        let good = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(trace_id(good), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        for bad in [
+            &b"00-00000000000000000000000000000000-00f067aa0ba902b7-01"[..],
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736\"-00f067aa0ba902b7-01",
+            b"garbage",
+        ] {
+            assert_eq!(trace_id(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
 
     #[test]
     fn every_outcome_reaches_the_log_as_itself_and_the_first_one_wins() {

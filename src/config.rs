@@ -89,6 +89,7 @@ pub mod defaults {
     pub const TLS_RELOAD_INTERVAL: &str = "5s";
     pub const LOG_FORMAT: LogFormat = LogFormat::Text;
     pub const LOG_LEVEL: &str = "info";
+    pub const METRICS_TOOL_NAMES: u32 = 0;
 }
 
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
@@ -380,6 +381,75 @@ pub struct GatewayArgs {
         default_value = defaults::LOG_LEVEL
     )]
     pub log_level: String,
+
+    /// Addresses of the proxies in front (comma-separated IPs or CIDRs, e.g.
+    /// `10.0.0.0/8,127.0.0.1`): for a connection from one of them, the access line's
+    /// `client.address` and an anonymous caller's share are the right-most X-Forwarded-For
+    /// address that is not one of them; default: none (the connection's peer).
+    #[arg(long, global = true, env = "MCP_REATTACH_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_net)]
+    pub trusted_proxies: Vec<Net>,
+
+    /// Count `tools/call`s per tool name (`mcp_reattach_tool_calls_total{tool}`) for at most
+    /// this many distinct names, the rest as `other`; 0: no per-tool metric (count).
+    #[arg(long, global = true, env = "MCP_REATTACH_METRICS_TOOL_NAMES", default_value_t = defaults::METRICS_TOOL_NAMES)]
+    pub metrics_tool_names: u32,
+}
+
+/// An IP network: an address and a prefix length (a plain address is all of its bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Net {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Net {
+    /// Whether `ip` is in this network (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::{V4, V6};
+        let ip = match ip {
+            V6(v6) => v6.to_ipv4_mapped().map_or(V6(v6), V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (V4(n), V4(a)) => mask_eq(&n.octets(), &a.octets(), self.prefix),
+            (V6(n), V6(a)) => mask_eq(&n.octets(), &a.octets(), self.prefix),
+            _ => false,
+        }
+    }
+}
+
+fn mask_eq(net: &[u8], addr: &[u8], prefix: u8) -> bool {
+    let bits = usize::from(prefix).min(net.len() * 8);
+    let (whole, rest) = (bits / 8, bits % 8);
+    if net[..whole] != addr[..whole] {
+        return false;
+    }
+    rest == 0 || {
+        let mask = 0xffu8 << (8 - rest);
+        net[whole] & mask == addr[whole] & mask
+    }
+}
+
+/// Parses `10.0.0.0/8`, `fd00::/8` or a plain address.
+pub fn parse_net(s: &str) -> Result<Net, String> {
+    let s = s.trim();
+    let (addr, prefix) = match s.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    };
+    let addr: std::net::IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IP address or network (e.g. 10.0.0.0/8)"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => max,
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?,
+    };
+    Ok(Net { addr, prefix })
 }
 
 impl GatewayArgs {
@@ -431,6 +501,8 @@ impl GatewayArgs {
             upstream_ca: None,
             log_format: LOG_FORMAT,
             log_level: LOG_LEVEL.to_owned(),
+            trusted_proxies: Vec::new(),
+            metrics_tool_names: METRICS_TOOL_NAMES,
         }
     }
 }
@@ -483,6 +555,10 @@ pub struct Config {
     /// Empty: any Origin.
     pub allowed_origins: Vec<String>,
     pub principal_source: PrincipalSource,
+    /// The proxies in front whose X-Forwarded-For is believed.
+    pub trusted_proxies: Vec<Net>,
+    /// Distinct tool names counted per tool (0: none).
+    pub metrics_tool_names: usize,
     /// TLS on the proxy listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
     pub tls: Option<crate::tls::ServerTls>,
     /// The client config for an https upstream; `None`: the platform's roots.
@@ -542,6 +618,8 @@ impl Config {
                 .filter(|o| !o.is_empty())
                 .collect(),
             principal_source: args.principal_source,
+            trusted_proxies: args.trusted_proxies.clone(),
+            metrics_tool_names: args.metrics_tool_names as usize,
             tls: None,
             upstream_tls: None,
         }
@@ -747,6 +825,29 @@ mod tests {
                     <= (nofile as usize).saturating_sub(RESERVED_FDS).max(4),
                 "{nofile}"
             );
+        }
+    }
+
+    #[test]
+    fn networks() {
+        let n = parse_net("10.0.0.0/8").unwrap();
+        assert!(n.contains("10.1.2.3".parse().unwrap()));
+        assert!(n.contains("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(!n.contains("11.0.0.1".parse().unwrap()));
+        let n = parse_net("192.168.1.128/25").unwrap();
+        assert!(n.contains("192.168.1.200".parse().unwrap()));
+        assert!(!n.contains("192.168.1.100".parse().unwrap()));
+        let n = parse_net("127.0.0.1").unwrap();
+        assert!(n.contains("127.0.0.1".parse().unwrap()));
+        assert!(!n.contains("127.0.0.2".parse().unwrap()));
+        assert!(parse_net("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+        assert!(parse_net("0.0.0.0/0")
+            .unwrap()
+            .contains("8.8.8.8".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "nope", "10.0.0/8", "::/129", "1.2.3.4/x"] {
+            assert!(parse_net(bad).is_err(), "{bad}");
         }
     }
 

@@ -34,6 +34,10 @@ pub struct PostInfo {
     pub single_id: Option<Value>,
     /// The version named by a `_meta` entry (the modern era's per-request version).
     pub meta_version: Option<String>,
+    /// The MCP method of the body's first message ([`method_label`]), `batch` for several.
+    pub method: Option<&'static str>,
+    /// The tool a single `tools/call` names.
+    pub tool: Option<String>,
 }
 
 impl PostInfo {
@@ -58,6 +62,9 @@ struct Msg {
 struct Params {
     #[serde(default, rename = "protocolVersion")]
     protocol_version: Option<String>,
+    /// A `tools/call`'s tool (and a `prompts/get`'s prompt: only read for `tools/call`).
+    #[serde(default)]
+    name: Option<String>,
     #[serde(default, rename = "_meta")]
     meta: Option<Meta>,
 }
@@ -90,8 +97,19 @@ pub fn inspect_post(body: &[u8]) -> PostInfo {
         return PostInfo::default();
     };
     let mut info = PostInfo::default();
-    for m in msgs {
+    let several = msgs.len() > 1;
+    for mut m in msgs {
         let Some(method) = &m.method else { continue };
+        if info.method.is_none() {
+            info.method = Some(if several {
+                "batch"
+            } else {
+                method_label(method)
+            });
+            if !several && method == "tools/call" {
+                info.tool = m.params.as_mut().and_then(|p| p.name.take());
+            }
+        }
         if method == "notifications/initialized" {
             info.initialized = true;
         }
@@ -118,6 +136,48 @@ pub fn inspect_post(body: &[u8]) -> PostInfo {
         }
     }
     info
+}
+
+/// MCP methods a client sends (requests and notifications, every protocol version so far):
+/// the values of the `method` label of the per-method metrics and the access line's
+/// `mcp.method.name`. Anything else is `other`, so the label's values are bounded.
+pub const METHODS: [&str; 27] = [
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "tasks/get",
+    "tasks/result",
+    "tasks/list",
+    "tasks/cancel",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+    "notifications/tasks/status",
+    "sampling/createMessage",
+    "elicitation/create",
+    "roots/list",
+    "batch",
+    "other",
+];
+
+/// The label for a JSON-RPC method: itself if it is an MCP method ([`METHODS`]), else `other`.
+pub fn method_label(method: &str) -> &'static str {
+    METHODS
+        .iter()
+        .find(|m| **m == method)
+        .copied()
+        .unwrap_or("other")
 }
 
 #[derive(Deserialize)]

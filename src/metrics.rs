@@ -16,6 +16,12 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 type Label = [(&'static str, &'static str); 1];
+
+/// Buckets of the request-latency histograms: 0.5 ms doubling to ~4.4 min (a tool call's
+/// whole stream is one request).
+const REQUEST_BUCKETS: u16 = 20;
+/// Buckets of the stream-lifetime histogram: 1 s doubling to ~36 h.
+const STREAM_BUCKETS: u16 = 18;
 type Labels2 = [(&'static str, &'static str); 2];
 
 /// The values of one label of a counter family, as an enum: a value the code counts is a
@@ -223,6 +229,17 @@ pub struct Metrics {
     upstream_errors: Counters<UpstreamErrorKind>,
     json_upgrades: Counters<UpgradeAnswer>,
     request_duration: Family<Labels2, Histogram>,
+    /// Lifetimes of GET SSE streams (standalone streams, resumes): hours, not milliseconds.
+    stream_duration: Histogram,
+    /// Upstream time to the response head.
+    upstream_response_time: Histogram,
+    /// Per MCP method (`jsonrpc::METHODS`): POSTs by status class, and their durations.
+    mcp_requests: Family<Labels2, Counter>,
+    mcp_request_duration: Family<Label, Histogram>,
+    /// `tools/call`s per tool, for at most `tool_names` distinct names (the rest `other`).
+    tool_calls: Family<Vec<(&'static str, String)>, Counter>,
+    tool_names: std::sync::Mutex<std::collections::HashSet<String>>,
+    tool_names_max: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -274,8 +291,21 @@ impl Metrics {
             upstream_errors: Counters::new(),
             json_upgrades: Counters::new(),
             request_duration: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+                Histogram::new(exponential_buckets(0.0005, 2.0, REQUEST_BUCKETS))
             }),
+            stream_duration: Histogram::new(exponential_buckets(1.0, 2.0, STREAM_BUCKETS)),
+            upstream_response_time: Histogram::new(exponential_buckets(
+                0.0005,
+                2.0,
+                REQUEST_BUCKETS,
+            )),
+            mcp_requests: Family::default(),
+            mcp_request_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0005, 2.0, REQUEST_BUCKETS))
+            }),
+            tool_calls: Family::default(),
+            tool_names: Default::default(),
+            tool_names_max: Default::default(),
         };
         registry.register(
             "build",
@@ -445,8 +475,36 @@ impl Metrics {
             m.json_upgrades.family.clone(),
         );
         registry.register_with_unit(
+            "stream_duration",
+            "Lifetime of GET SSE streams (standalone streams and resumes), from the request to the stream's end or the client leaving",
+            Unit::Seconds,
+            m.stream_duration.clone(),
+        );
+        registry.register_with_unit(
+            "upstream_response_time",
+            "Time from sending a request upstream to the upstream's response head",
+            Unit::Seconds,
+            m.upstream_response_time.clone(),
+        );
+        registry.register(
+            "mcp_requests",
+            "POSTs by MCP method (the first message's; batch for several) and HTTP status class",
+            m.mcp_requests.clone(),
+        );
+        registry.register_with_unit(
+            "mcp_request_duration",
+            "Time from a POST to the end of its response (a call's whole stream), by MCP method",
+            Unit::Seconds,
+            m.mcp_request_duration.clone(),
+        );
+        registry.register(
+            "tool_calls",
+            "tools/call POSTs by tool, for the first --metrics-tool-names names (the rest: other)",
+            m.tool_calls.clone(),
+        );
+        registry.register_with_unit(
             "request_duration",
-            "Time from request to the end of the response (streams included), by method and status class",
+            "Time from request to the end of the response (a POST's SSE answer included; GET streams are in stream_duration), by method and status class",
             Unit::Seconds,
             m.request_duration.clone(),
         );
@@ -501,23 +559,74 @@ impl Metrics {
             http::Method::OPTIONS => "OPTIONS",
             _ => "other",
         };
-        let class = match status.as_u16() {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
-        };
+        let class = status_class(status);
         self.request_duration
             .get_or_create(&[("method", method), ("status_class", class)])
             .observe(seconds);
     }
 
-    /// The OpenMetrics text exposition of every metric.
+    /// A GET SSE stream ended after `seconds`.
+    pub fn stream_done(&self, seconds: f64) {
+        self.stream_duration.observe(seconds);
+    }
+
+    /// The upstream answered a request with its head after `seconds`.
+    pub fn upstream_answered(&self, seconds: f64) {
+        self.upstream_response_time.observe(seconds);
+    }
+
+    /// A POST of MCP method `method` (a [`crate::jsonrpc::METHODS`] label) ended with
+    /// `status` after `seconds`; `tool` is the tool of a `tools/call`.
+    pub fn mcp_request_done(
+        &self,
+        method: &'static str,
+        tool: Option<&str>,
+        status: http::StatusCode,
+        seconds: f64,
+    ) {
+        self.mcp_requests
+            .get_or_create(&[("method", method), ("status_class", status_class(status))])
+            .inc();
+        self.mcp_request_duration
+            .get_or_create(&[("method", method)])
+            .observe(seconds);
+        if let Some(tool) = tool {
+            let max = self
+                .tool_names_max
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if max > 0 {
+                let name = {
+                    let mut seen = self.tool_names.lock().unwrap_or_else(|e| e.into_inner());
+                    if seen.contains(tool) || seen.len() < max {
+                        seen.insert(tool.to_owned());
+                        tool.to_owned()
+                    } else {
+                        "other".to_owned()
+                    }
+                };
+                self.tool_calls.get_or_create(&vec![("tool", name)]).inc();
+            }
+        }
+    }
+
+    /// Counts `tools/call`s per tool for at most `max` distinct tool names (0: not at all).
+    pub fn set_tool_names(&self, max: usize) {
+        self.tool_names_max
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The OpenMetrics text exposition of every metric, the process's own (`process_*`,
+    /// unprefixed, as every Prometheus client library names them) included.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
+        if let Some(body) = out.strip_suffix("# EOF\n") {
+            let mut with = body.to_owned();
+            process_metrics(&mut with);
+            with.push_str("# EOF\n");
+            out = with;
+        }
         out
     }
 
@@ -526,6 +635,115 @@ impl Metrics {
     /// their sample names, `# UNIT` and `# EOF` left out.
     pub fn encode_prometheus(&self) -> String {
         to_prometheus_text(&self.encode())
+    }
+}
+
+/// Appends the standard `process_*` metrics (read from `/proc/self`) in OpenMetrics text:
+/// CPU seconds, resident and virtual memory, open and maximum fds, threads, start time.
+/// Nothing where `/proc` cannot be read (not Linux).
+fn process_metrics(out: &mut String) {
+    use std::fmt::Write as _;
+    // Clock ticks of /proc's times: USER_HZ, 100 on every Linux architecture.
+    const TICKS: f64 = 100.0;
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // The fields after the command (which may hold spaces) in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // Fields 14, 15 (utime, stime) and 22 (starttime), counted from 1 with pid and comm.
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+    };
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    });
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count() as f64)
+        .ok();
+    let max_fds = rlimit::getrlimit(rlimit::Resource::NOFILE)
+        .ok()
+        .map(|(soft, _)| soft as f64);
+    let mut family = |name: &str, kind: &str, unit: Option<&str>, help: &str, v: Option<f64>| {
+        let Some(v) = v else { return };
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        if let Some(u) = unit {
+            let _ = writeln!(out, "# UNIT {name} {u}");
+        }
+        let sample = if kind == "counter" { "_total" } else { "" };
+        let _ = writeln!(out, "{name}{sample} {v}");
+    };
+    let cpu = field(14).zip(field(15)).map(|(u, s)| (u + s) / TICKS);
+    family(
+        "process_cpu_seconds",
+        "counter",
+        Some("seconds"),
+        "Total user and system CPU time spent in seconds.",
+        cpu,
+    );
+    family(
+        "process_resident_memory_bytes",
+        "gauge",
+        Some("bytes"),
+        "Resident memory size in bytes.",
+        kib("VmRSS:").map(|k| k * 1024.0),
+    );
+    family(
+        "process_virtual_memory_bytes",
+        "gauge",
+        Some("bytes"),
+        "Virtual memory size in bytes.",
+        kib("VmSize:").map(|k| k * 1024.0),
+    );
+    family(
+        "process_open_fds",
+        "gauge",
+        None,
+        "Number of open file descriptors.",
+        fds,
+    );
+    family(
+        "process_max_fds",
+        "gauge",
+        None,
+        "Maximum number of open file descriptors.",
+        max_fds,
+    );
+    family(
+        "process_threads",
+        "gauge",
+        None,
+        "Number of OS threads in the process.",
+        kib("Threads:"),
+    );
+    let start = boot.zip(field(22)).map(|(b, t)| b + t / TICKS);
+    family(
+        "process_start_time_seconds",
+        "gauge",
+        Some("seconds"),
+        "Start time of the process since unix epoch in seconds.",
+        start,
+    );
+}
+
+/// The `status_class` label of a status.
+fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
     }
 }
 
@@ -630,15 +848,23 @@ mod tests {
             .expect("the Metrics section")
             .to_owned();
         let classic = Metrics::new().encode_prometheus();
+        let mut process = 0;
         for line in classic.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE mcp_reattach_") {
-                let name = rest.split(' ').next().unwrap();
-                assert!(
-                    table.contains(&format!("| `{name}` |")),
-                    "operations.md's metric table lacks `{name}`"
-                );
-            }
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let name = rest.split(' ').next().unwrap();
+            let name = name.strip_prefix("mcp_reattach_").unwrap_or_else(|| {
+                process += 1;
+                name
+            });
+            assert!(
+                table.contains(&format!("| `{name}` |")),
+                "operations.md's metric tables lack `{name}`"
+            );
         }
+        #[cfg(target_os = "linux")]
+        assert_eq!(process, 7, "the process metrics are exported:\n{classic}");
         for (family, _, values) in labelled() {
             for v in values {
                 assert!(

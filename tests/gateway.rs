@@ -1152,3 +1152,70 @@ fn the_harness_sse_parser_follows_the_spec_at_every_split() {
     let mut p = SseParser::new();
     assert!(p.feed(b"data: \xff\n\n", &mut Vec::new()).is_err());
 }
+
+/// Issue 24: per-method metrics (the MCP method label from the fixed set, `other` beyond it),
+/// per-tool counts behind `--metrics-tool-names` with its cap, the upstream's time to the
+/// response head, and GET streams' lifetimes apart from request latency.
+#[tokio::test]
+async fn per_method_and_per_tool_metrics_and_stream_lifetimes() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.metrics_tool_names = 1;
+        c.hold_standalone = false;
+        c.json_upgrade = false;
+    })
+    .await;
+    init_session(&gw, &mut mock, "s").await;
+    for (id, tool) in [(1, "echo"), (2, "echo"), (3, "other-tool")] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}"}}}}"#
+        );
+        let pending = tokio::spawn(send(gw.addr, post(&body, Some("s"))));
+        mock.next()
+            .await
+            .respond_json(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#));
+        let resp = pending.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+    }
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":9,"method":"x/custom"}"#, Some("s")),
+    ));
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":9,"result":{}}"#);
+    pending.await.unwrap().into_body().collect().await.unwrap();
+    // A GET stream that lives a moment.
+    let pending = tokio::spawn(send(gw.addr, get("s", None)));
+    let writer = mock.next().await.respond_sse(Some("s"));
+    let resp = pending.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop((resp, writer));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let text = loop {
+        let text = gw.gateway.render_metrics();
+        if text.contains("mcp_reattach_stream_duration_seconds_count 1")
+            || tokio::time::Instant::now() > deadline
+        {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    for needle in [
+        "mcp_reattach_mcp_requests_total{method=\"tools/call\",status_class=\"2xx\"} 3",
+        "mcp_reattach_mcp_requests_total{method=\"initialize\",status_class=\"2xx\"} 1",
+        "mcp_reattach_mcp_requests_total{method=\"other\",status_class=\"2xx\"} 1",
+        "mcp_reattach_mcp_request_duration_seconds_count{method=\"tools/call\"} 3",
+        "mcp_reattach_tool_calls_total{tool=\"echo\"} 2",
+        "mcp_reattach_tool_calls_total{tool=\"other\"} 1",
+        "mcp_reattach_upstream_response_time_seconds_count 6",
+        "mcp_reattach_stream_duration_seconds_count 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    assert!(
+        !text.contains("mcp_reattach_request_duration_seconds_count{method=\"GET\""),
+        "GET streams are not request latency:\n{text}"
+    );
+}

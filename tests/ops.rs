@@ -94,6 +94,26 @@ async fn metrics_during_a_resume_pass_promtool() {
     assert!(metric(&text, "mcp_reattach_window_bytes") > 0.0);
     assert!(text.contains("mcp_reattach_request_duration_seconds_bucket"));
     assert!(text.contains("mcp_reattach_build_info{version="));
+    // Every series of the live scrape is in docs/operations.md's metric tables.
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+    )
+    .unwrap();
+    let mut names = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap();
+            let short = name.strip_prefix("mcp_reattach_").unwrap_or(name);
+            assert!(
+                doc.contains(&format!("| `{short}` |")),
+                "docs/operations.md lacks the exported `{name}`"
+            );
+            names += 1;
+        }
+    }
+    assert!(names > 40, "{names} series");
+    assert!(metric(&text, "process_resident_memory_bytes") > 0.0);
+    assert!(metric(&text, "process_open_fds") > 0.0);
     if let Some(out) = promtool_check(&text) {
         assert!(out.0, "promtool check metrics failed:\n{}", out.1);
         eprintln!("promtool check metrics: OK {}", out.1);
@@ -379,53 +399,108 @@ fn admin_endpoints() {
 }
 
 /// The binary formats its access lines itself (not through tracing's formatter): in either
-/// `--log-format` each finished request is one line with the documented fields, the JSON one a
-/// valid object.
+/// `--log-format` each finished request is one line with the documented fields (OpenTelemetry
+/// names), the JSON one a valid object: the client's address, the path without its query, the
+/// user agent, the trace id of its `traceparent`, the MCP method and tool of a POST, and the
+/// reason of a refusal.
 #[test]
 fn access_lines_in_both_log_formats() {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     for format in ["json", "text"] {
         let mut gateway = Binary::start_blocking(free_port(), &["--log-format", format]);
-        // Refused by the gateway itself (a cursor it never issued): no upstream needed.
-        let mut s = TcpStream::connect(gateway.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            s,
-            "GET /mcp HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\nLast-Event-ID: nope\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        s.read_to_string(&mut response).unwrap();
-        let status: u16 = response[9..12].parse().unwrap();
-        let line = gateway
-            .proc
-            .wait_line_blocking(Duration::from_secs(10), |l| l.contains("request finished"))
-            .expect("an access line on stdout");
-        if format == "json" {
-            let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object");
-            assert_eq!(v["level"], "INFO", "{line}");
-            assert_eq!(v["message"], "request finished", "{line}");
-            assert_eq!(v["http.method"], "GET", "{line}");
-            assert_eq!(v["http.status"], status, "{line}");
-            assert_eq!(v["mcp.session"], "-", "{line}");
-            for field in [
-                "timestamp",
-                "duration_ms",
-                "bytes",
-                "events",
-                "replayed",
-                "outcome",
-            ] {
-                assert!(v.get(field).is_some(), "{field} missing: {line}");
-            }
-        } else {
-            for field in [
-                " INFO request finished ".to_string(),
-                "http.method=GET ".to_string(),
-                format!("http.status={status} "),
-                "mcp.session=\"-\"".to_string(),
-                "outcome=\"".to_string(),
-            ] {
-                assert!(line.contains(&field), "{field:?} missing: {line}");
+        // Refused by the gateway itself (a minted session id it does not hold): no upstream.
+        let get = format!(
+            "GET /mcp?x=1 HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\nMcp-Session-Id: mra-{}\r\nUser-Agent: probe/1.0 \"q\"\r\ntraceparent: {traceparent}\r\n\r\n",
+            "0".repeat(32)
+        );
+        // A tool call to an upstream that is not there: 502, but its method and tool logged.
+        let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}"#;
+        let post = format!(
+            "POST /mcp HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{call}",
+            call.len()
+        );
+        for (request, want_status) in [(get, 404u16), (post, 502)] {
+            let mut s = TcpStream::connect(gateway.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            let mut response = String::new();
+            s.read_to_string(&mut response).unwrap();
+            let status: u16 = response[9..12].parse().unwrap();
+            assert_eq!(status, want_status, "{response}");
+            let line = gateway
+                .proc
+                .wait_line_blocking(Duration::from_secs(10), |l| l.contains("request finished"))
+                .expect("an access line on stdout");
+            let get = want_status == 404;
+            let want: Vec<(&str, serde_json::Value)> = vec![
+                (
+                    "http.request.method",
+                    (if get { "GET" } else { "POST" }).into(),
+                ),
+                ("url.path", "/mcp".into()),
+                ("http.response.status_code", status.into()),
+                ("client.address", "127.0.0.1".into()),
+                (
+                    "user_agent.original",
+                    (if get { "probe/1.0 _q_" } else { "-" }).into(),
+                ),
+                (
+                    "trace_id",
+                    (if get {
+                        "4bf92f3577b34da6a3ce929d0e0e4736"
+                    } else {
+                        "-"
+                    })
+                    .into(),
+                ),
+                (
+                    "mcp.method.name",
+                    (if get { "-" } else { "tools/call" }).into(),
+                ),
+                ("gen_ai.tool.name", (if get { "-" } else { "echo" }).into()),
+                (
+                    "error.type",
+                    (if get {
+                        "minted-session-gone"
+                    } else {
+                        "upstream-unavailable"
+                    })
+                    .into(),
+                ),
+                ("upstream.address", "-".into()),
+            ];
+            if format == "json" {
+                let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object");
+                assert_eq!(v["level"], "INFO", "{line}");
+                assert_eq!(v["message"], "request finished", "{line}");
+                for (field, value) in &want {
+                    assert_eq!(&v[*field], value, "{field}: {line}");
+                }
+                assert!(v["upstream.duration_ms"].is_null(), "{line}");
+                for field in [
+                    "timestamp",
+                    "duration_ms",
+                    "bytes",
+                    "events",
+                    "replayed",
+                    "outcome",
+                ] {
+                    assert!(v.get(field).is_some(), "{field} missing: {line}");
+                }
+            } else {
+                assert!(line.contains(" INFO request finished "), "{line}");
+                for (field, value) in &want {
+                    let shown = match value {
+                        serde_json::Value::String(s) if *field == "http.request.method" => {
+                            format!("{field}={s} ")
+                        }
+                        serde_json::Value::String(s) => format!("{field}=\"{s}\""),
+                        other => format!("{field}={other} "),
+                    };
+                    assert!(line.contains(&shown), "{shown:?} missing: {line}");
+                }
+                assert!(line.contains("upstream.duration_ms=- "), "{line}");
+                assert!(line.contains("outcome=\""), "{line}");
             }
         }
     }

@@ -37,13 +37,49 @@ impl Gateway {
         }
         let mut mac = blake3::Hasher::new_keyed(&self.principal_key);
         mac.update(&[3]);
-        match conn.remote.ip() {
+        match self.client_ip(headers, conn.remote.ip()) {
             std::net::IpAddr::V4(a) => mac.update(&a.octets()),
             std::net::IpAddr::V6(a) => mac.update(&a.octets()),
         };
         let mut p = [0u8; 16];
         p.copy_from_slice(&mac.finalize().as_bytes()[..16]);
         (principal, Principal(p))
+    }
+
+    /// The client's address: the connection's `peer`, or for a peer in `--trusted-proxies`
+    /// the right-most `X-Forwarded-For` address that is not a trusted proxy (each hop appends
+    /// the address it saw; only the trusted hops' additions are believed).
+    pub(super) fn client_ip(
+        &self,
+        headers: &HeaderMap,
+        peer: std::net::IpAddr,
+    ) -> std::net::IpAddr {
+        let trusted =
+            |ip: std::net::IpAddr| self.cfg.trusted_proxies.iter().any(|n| n.contains(ip));
+        if self.cfg.trusted_proxies.is_empty() || !trusted(peer) {
+            return peer;
+        }
+        let forwarded = headers
+            .get_all(http::header::HeaderName::from_static("x-forwarded-for"))
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect::<Vec<_>>();
+        let mut client = peer;
+        for hop in forwarded.iter().rev() {
+            match hop.parse::<std::net::IpAddr>() {
+                Ok(ip) => {
+                    client = ip;
+                    if !trusted(ip) {
+                        break;
+                    }
+                }
+                // Not an address (a hostname, garbage): the last believed hop is the client.
+                Err(_) => break,
+            }
+        }
+        client
     }
 
     /// Whether the caller presented a credential its principal is made of.

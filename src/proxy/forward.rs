@@ -268,7 +268,17 @@ impl Gateway {
             .upstream
             .request(method, uri, headers, body, Some(inb.remote));
         let upstream = self.upstream.clone();
-        Box::pin(async move { upstream.send(req).await })
+        let (facts, metrics) = (inb.facts.clone(), self.registry.metrics().clone());
+        Box::pin(async move {
+            let sent = tokio::time::Instant::now();
+            let answer = upstream.send(req).await;
+            if answer.is_ok() {
+                let took = sent.elapsed();
+                facts.upstream_answered(took);
+                metrics.upstream_answered(took.as_secs_f64());
+            }
+            answer
+        })
     }
 
     /// The upstream's 404 for a session ends it at the gateway too, and so does a

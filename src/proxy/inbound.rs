@@ -43,6 +43,8 @@ pub(super) struct Inbound {
     pub share: Principal,
     /// What a POST's body carries (empty for other methods).
     pub info: PostInfo,
+    /// What the route learns of the request for the access line and the metrics.
+    pub facts: Arc<super::Facts>,
     /// The modern era (2026-07-28 and later): passed through, never tagged.
     pub modern: bool,
     /// A POST carrying requests from a client that accepts SSE, with `--json-upgrade`: the
@@ -64,6 +66,7 @@ impl Inbound {
         cfg: &Config,
         conn: &Conn,
         bodies: &Arc<Bodies>,
+        facts: &Arc<super::Facts>,
         principal: impl FnOnce(&http::HeaderMap, bool) -> (Principal, Principal),
     ) -> Result<Inbound, Refusal> {
         let (parts, body) = req.into_parts();
@@ -104,6 +107,7 @@ impl Inbound {
             principal,
             share,
             info,
+            facts: facts.clone(),
             modern,
             upgrade,
             authorized: None,
@@ -352,6 +356,7 @@ mod tests {
             principal: Principal::default(),
             share: Principal::default(),
             info,
+            facts: Arc::default(),
             modern,
             upgrade,
             authorized: None,

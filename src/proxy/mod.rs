@@ -46,7 +46,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use self::inbound::{classify, Inbound, Route};
-use crate::access::{AccessLog, Observed, StreamStats};
+use crate::access::{AccessLog, Learned, Observed, Requested, StreamStats};
 use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 
@@ -60,6 +60,7 @@ pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Per-connection facts the handler needs.
 #[derive(Clone, Debug)]
@@ -82,6 +83,8 @@ pub struct Gateway {
     refused_warn: warn_limit::WarnLimit,
     /// POSTs whose client left before the upstream's head, finishing on their own.
     orphans: Arc<Orphans>,
+    /// `--upstream`'s authority, for the access lines.
+    upstream_address: Arc<str>,
     /// The bytes of all request bodies held at once (`--max-buffered-request-bytes`).
     bodies: Arc<bodies::Bodies>,
 }
@@ -94,6 +97,9 @@ impl Gateway {
         metrics
             .memory_budget_bytes
             .set(i64::try_from(cfg.memory_budget).unwrap_or(i64::MAX));
+        metrics.set_tool_names(cfg.metrics_tool_names);
+        let upstream_address: Arc<str> =
+            cfg.upstream.authority().map_or("-", |a| a.as_str()).into();
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
         registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
@@ -112,6 +118,7 @@ impl Gateway {
             },
             refused_warn: warn_limit::WarnLimit::new(std::time::Duration::from_secs(1)),
             orphans,
+            upstream_address,
         })
     }
 
@@ -148,6 +155,14 @@ impl Gateway {
     ) -> Result<Response<Observed<ResBody>>, Infallible> {
         let start = tokio::time::Instant::now();
         let method = req.method().clone();
+        let requested = Requested {
+            method: method.clone(),
+            start,
+            target: req.uri().path_and_query().cloned(),
+            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+            traceparent: req.headers().get(TRACEPARENT).cloned(),
+            client: self.client_ip(req.headers(), conn.remote.ip()),
+        };
         let session = req
             .headers()
             .get(MCP_SESSION_ID)
@@ -159,6 +174,7 @@ impl Gateway {
             http.method = %method,
             mcp.session = session.as_deref().map(tracing::field::display),
         );
+        let facts = Arc::new(Facts::default());
         let routed = if method == Method::POST {
             // A POST's exchange with the upstream must not hang on the client's connection:
             // dropped with it (a client that goes away or half-closes before the upstream's
@@ -167,23 +183,23 @@ impl Gateway {
             // a task of its own, for at most --session-ttl; a stream it opens is read into the
             // window, where the retransmission finds it. A modern-era POST is cancelled with
             // its client instead (its route says so).
-            let (me, conn) = (self.clone(), conn.clone());
-            let fate = Arc::new(Fate::default());
-            let fate_on_drop = fate.clone();
+            let (me, conn, routed_facts) = (self.clone(), conn.clone(), facts.clone());
             FinishOnDrop::new(
-                async move { me.route(req, &conn, &fate).await }.instrument(span.clone()),
-                fate_on_drop,
+                async move { me.route(req, &conn, &routed_facts).await }.instrument(span.clone()),
+                facts.clone(),
                 self.orphans.clone(),
             )
             .await
         } else {
-            self.route(req, &conn, &Fate::default())
+            self.route(req, &conn, &facts)
                 .instrument(span.clone())
                 .await
         };
+        let mut refused = None;
         let mut resp = match routed {
             Ok(r) => r,
             Err(refusal) => span.in_scope(|| {
+                refused = Some(refusal.error.class().reason);
                 refusal
                     .respond(&method, self.registry.metrics())
                     .map(full_body)
@@ -200,30 +216,37 @@ impl Gateway {
             }
             created
         });
+        let get_stream = method == Method::GET && crate::upstream::is_sse(resp.headers());
         let log = AccessLog::new(
-            method,
+            requested,
             resp.status(),
-            start,
             session,
             stream,
+            get_stream,
+            refused,
+            facts,
+            self.upstream_address.clone(),
             self.registry.metrics().clone(),
         );
         Ok(resp.map(|b| Observed::new(b, log)))
     }
 
     /// Classify, then dispatch: the request read once, the route decided by a pure
-    /// function, one handler per route. `fate` learns what becomes of the request if its
-    /// client leaves before the upstream's head (see [`Fate`]).
+    /// function, one handler per route. `facts` learns what becomes of the request if its
+    /// client leaves before the upstream's head (see [`Facts`]).
     async fn route(
         self: &Arc<Self>,
         req: Request<Incoming>,
         conn: &Conn,
-        fate: &Fate,
+        facts: &Arc<Facts>,
     ) -> Result<Response<ResBody>, Refusal> {
-        let mut inb = Inbound::read(req, &self.cfg, conn, &self.bodies, |h, creates| {
+        let mut inb = Inbound::read(req, &self.cfg, conn, &self.bodies, facts, |h, creates| {
             self.principal_and_share(h, conn, creates)
         })
         .await?;
+        if let Some(m) = inb.info.method {
+            let _ = facts.call.set((m, inb.info.tool.take().map(Into::into)));
+        }
         // A session is only named on its own endpoint: elsewhere its id is just a header.
         let session = inb
             .sid
@@ -232,7 +255,7 @@ impl Gateway {
             .and_then(|sid| self.registry.get(sid))
             .filter(|s| s.endpoint() == inb.parts.uri.path());
         if let Some(s) = &session {
-            let _ = fate.session.set(Arc::downgrade(s));
+            let _ = facts.session.set(Arc::downgrade(s));
         }
         if session.as_ref().is_some_and(|s| s.minted()) {
             // The gateway's own id: the stateless upstream never sees it.
@@ -241,7 +264,7 @@ impl Gateway {
         match classify(&inb, session.as_deref()) {
             Route::Asterisk => Ok(respond::asterisk()),
             Route::PassThrough => {
-                fate.cancel.store(true, Ordering::Relaxed);
+                facts.cancel.store(true, Ordering::Relaxed);
                 self.pass_through(inb).await
             }
             Route::Resume => self.resume(inb, session).await,
@@ -310,13 +333,63 @@ fn is_visible_ascii(b: &[u8]) -> bool {
     !b.is_empty() && b.iter().all(|c| (0x21..=0x7e).contains(c))
 }
 
-/// What becomes of a POST whose client leaves before the upstream's head, as its route
-/// learns it: cancelled with its client (a modern-era request), or else finishing on its own
-/// until its session (if it named one) ends.
+/// What a request's route learns of it, for what comes after: what becomes of a POST whose
+/// client leaves before the upstream's head (cancelled with its client, a modern-era request;
+/// or else finishing on its own until its session, if it named one, ends), and for the access
+/// line and the per-method metrics its MCP method, its tool and the upstream's time to the
+/// response head. One allocation per request, shared by the route and [`Gateway::handle`].
 #[derive(Default)]
-struct Fate {
+pub(crate) struct Facts {
     cancel: AtomicBool,
     session: std::sync::OnceLock<std::sync::Weak<crate::session::Session>>,
+    /// The MCP method label of a POST ([`crate::jsonrpc::method_label`]) and its tool.
+    call: std::sync::OnceLock<(&'static str, Option<Box<str>>)>,
+    /// Microseconds from sending the request upstream to its response head, plus one
+    /// (0: never sent).
+    upstream_us: std::sync::atomic::AtomicU64,
+}
+
+impl Learned for Facts {
+    fn call(&self) -> (Option<&'static str>, Option<&str>) {
+        Facts::call(self)
+    }
+
+    fn upstream_time(&self) -> Option<std::time::Duration> {
+        Facts::upstream_time(self)
+    }
+}
+
+impl std::fmt::Debug for Facts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Facts")
+            .field("call", &self.call.get())
+            .field("upstream_time", &self.upstream_time())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Facts {
+    /// The upstream answered with its head `took` after the request was sent.
+    pub(crate) fn upstream_answered(&self, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);
+        self.upstream_us.store(us + 1, Ordering::Relaxed);
+    }
+
+    /// The upstream's time to the response head, if the request was sent.
+    pub(crate) fn upstream_time(&self) -> Option<std::time::Duration> {
+        match self.upstream_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(std::time::Duration::from_micros(us - 1)),
+        }
+    }
+
+    /// The MCP method label and tool of the request (a POST's), if any.
+    pub(crate) fn call(&self) -> (Option<&'static str>, Option<&str>) {
+        match self.call.get() {
+            Some((m, t)) => (Some(m), t.as_deref()),
+            None => (None, None),
+        }
+    }
 }
 
 /// The bounds of POSTs abandoned before the upstream's head (issue 22): at most `max` at once
@@ -367,7 +440,7 @@ where
     F::Output: Send + 'static,
 {
     fut: Option<Pin<Box<F>>>,
-    fate: Arc<Fate>,
+    facts: Arc<Facts>,
     orphans: Arc<Orphans>,
 }
 
@@ -375,10 +448,10 @@ impl<F: Future + Send + 'static> FinishOnDrop<F>
 where
     F::Output: Send + 'static,
 {
-    fn new(fut: F, fate: Arc<Fate>, orphans: Arc<Orphans>) -> Self {
+    fn new(fut: F, facts: Arc<Facts>, orphans: Arc<Orphans>) -> Self {
         FinishOnDrop {
             fut: Some(Box::pin(fut)),
-            fate,
+            facts,
             orphans,
         }
     }
@@ -407,10 +480,10 @@ where
 {
     fn drop(&mut self) {
         let Some(fut) = self.fut.take() else { return };
-        if self.fate.cancel.load(Ordering::Relaxed) {
+        if self.facts.cancel.load(Ordering::Relaxed) {
             return; // dropped here: cancelled
         }
-        let session = self.fate.session.get().and_then(std::sync::Weak::upgrade);
+        let session = self.facts.session.get().and_then(std::sync::Weak::upgrade);
         let Some(place) = self.orphans.adopt() else {
             tracing::warn!(
                 max = self.orphans.max,
@@ -456,11 +529,41 @@ mod tests {
         F::Output: Send + 'static,
     {
         let orphans = Arc::new(Orphans::new(usize::MAX, limit));
-        let fate = Fate {
+        let facts = Facts {
             cancel: AtomicBool::new(cancel),
-            ..Fate::default()
+            ..Facts::default()
         };
-        FinishOnDrop::new(fut, Arc::new(fate), orphans)
+        FinishOnDrop::new(fut, Arc::new(facts), orphans)
+    }
+
+    #[tokio::test]
+    async fn the_client_address_believes_only_trusted_proxies() {
+        let mut cfg = Config::new("http://127.0.0.1:1".parse().unwrap());
+        cfg.trusted_proxies = vec![crate::config::parse_net("10.0.0.0/8").unwrap()];
+        let gw = Gateway::new(cfg);
+        let xff = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("x-forwarded-for", v.parse().unwrap());
+            h
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let proxy = ip("10.1.1.1");
+        // Through two trusted hops: the right-most untrusted address.
+        assert_eq!(
+            gw.client_ip(&xff("6.6.6.6, 1.2.3.4, 10.2.2.2"), proxy),
+            ip("1.2.3.4")
+        );
+        // An untrusted peer's header is not believed.
+        assert_eq!(gw.client_ip(&xff("1.2.3.4"), ip("8.8.8.8")), ip("8.8.8.8"));
+        // Garbage ends the walk at the last believed hop.
+        assert_eq!(gw.client_ip(&xff("1.2.3.4, junk"), proxy), proxy);
+        assert_eq!(gw.client_ip(&http::HeaderMap::new(), proxy), proxy);
+        let plain = Gateway::new(Config::new("http://127.0.0.1:1".parse().unwrap()));
+        assert_eq!(
+            plain.client_ip(&xff("1.2.3.4"), proxy),
+            proxy,
+            "none trusted by default"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -474,7 +577,7 @@ mod tests {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     r.fetch_add(1, Ordering::SeqCst);
                 },
-                Arc::new(Fate::default()),
+                Arc::new(Facts::default()),
                 orphans.clone(),
             );
             async move {
