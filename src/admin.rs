@@ -1,4 +1,5 @@
-//! The admin listener: `/healthz` (alive), `/readyz` (ready, [`Health`]) and `/metrics` (the
+//! The admin listener: `/healthz` (alive), `/readyz` (ready, [`Health`], and with
+//! `--ready-upstream` the upstream reachable) and `/metrics` (the
 //! gateway's Prometheus exposition, classic text or OpenMetrics as the scraper asks), one
 //! HTTP/1.1 task per connection, until its shutdown future resolves ([`Shutdown::drained`] in
 //! `main`: it outlives the drain, so probes and scrapes see it through).
@@ -49,7 +50,7 @@ pub async fn serve_admin(
             let svc = service_fn(move |req: Request<Incoming>| {
                 let health = health.clone();
                 let gateway = gateway.clone();
-                async move { Ok::<_, Infallible>(admin_response(&req, &health, &gateway)) }
+                async move { Ok::<_, Infallible>(admin_response(&req, &health, &gateway).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -60,7 +61,7 @@ pub async fn serve_admin(
     }
 }
 
-fn admin_response(
+async fn admin_response(
     req: &Request<Incoming>,
     health: &Health,
     gateway: &Gateway,
@@ -69,7 +70,15 @@ fn admin_response(
     let (status, content_type, body) = match req.uri().path() {
         "/healthz" if get => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
         "/readyz" if get && health.is_ready() => {
-            (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
+            if gateway.upstream_ready().await {
+                (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    Bytes::from_static(b"upstream unreachable\n"),
+                )
+            }
         }
         "/readyz" if get => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -90,6 +90,7 @@ pub mod defaults {
     pub const LOG_FORMAT: LogFormat = LogFormat::Text;
     pub const LOG_LEVEL: &str = "info";
     pub const METRICS_TOOL_NAMES: u32 = 0;
+    pub const READY_UPSTREAM: bool = false;
 }
 
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
@@ -389,6 +390,13 @@ pub struct GatewayArgs {
     #[arg(long, global = true, env = "MCP_REATTACH_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_net)]
     pub trusted_proxies: Vec<Net>,
 
+    /// `/readyz` also requires the upstream to accept a TCP connection (within 1 s): a pod
+    /// whose MCP server is down leaves the load balancer. Off by default: for a sidecar whose
+    /// server restarts, or an upstream shared by every replica, it takes replicas out of
+    /// service together (see docs/operations.md).
+    #[arg(long, global = true, env = "MCP_REATTACH_READY_UPSTREAM", default_value_t = defaults::READY_UPSTREAM, action = clap::ArgAction::Set)]
+    pub ready_upstream: bool,
+
     /// Count `tools/call`s per tool name (`mcp_reattach_tool_calls_total{tool}`) for at most
     /// this many distinct names, the rest as `other`; 0: no per-tool metric (count).
     #[arg(long, global = true, env = "MCP_REATTACH_METRICS_TOOL_NAMES", default_value_t = defaults::METRICS_TOOL_NAMES)]
@@ -502,6 +510,7 @@ impl GatewayArgs {
             log_format: LOG_FORMAT,
             log_level: LOG_LEVEL.to_owned(),
             trusted_proxies: Vec::new(),
+            ready_upstream: READY_UPSTREAM,
             metrics_tool_names: METRICS_TOOL_NAMES,
         }
     }
@@ -559,6 +568,8 @@ pub struct Config {
     pub trusted_proxies: Vec<Net>,
     /// Distinct tool names counted per tool (0: none).
     pub metrics_tool_names: usize,
+    /// `/readyz` also checks that the upstream accepts connections.
+    pub ready_upstream: bool,
     /// TLS on the proxy listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
     pub tls: Option<crate::tls::ServerTls>,
     /// The client config for an https upstream; `None`: the platform's roots.
@@ -620,6 +631,7 @@ impl Config {
             principal_source: args.principal_source,
             trusted_proxies: args.trusted_proxies.clone(),
             metrics_tool_names: args.metrics_tool_names as usize,
+            ready_upstream: args.ready_upstream,
             tls: None,
             upstream_tls: None,
         }

@@ -505,3 +505,20 @@ fn access_lines_in_both_log_formats() {
         }
     }
 }
+
+/// Issue 24: with `--ready-upstream true`, `/readyz` is 503 while the upstream refuses
+/// connections and 200 once it accepts them; without it, the upstream is not asked.
+#[test]
+fn readiness_can_follow_the_upstream() {
+    let upstream = free_port();
+    let gateway = Binary::start_blocking(upstream, &["--ready-upstream", "true"]);
+    let (status, body) = http_get(gateway.admin, "/readyz").unwrap();
+    assert_eq!((status, body.as_str()), (503, "upstream unreachable\n"));
+    let plain = Binary::start_blocking(upstream, &[]);
+    assert_eq!(http_get(plain.admin, "/readyz").unwrap().0, 200);
+    let _listening = std::net::TcpListener::bind(upstream).unwrap();
+    assert_eq!(
+        http_get(gateway.admin, "/readyz").unwrap(),
+        (200, "ready\n".into())
+    );
+}

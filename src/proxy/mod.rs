@@ -130,6 +130,16 @@ impl Gateway {
         &self.registry
     }
 
+    /// Whether `/readyz` may answer ready as far as the upstream is concerned: always,
+    /// unless `--ready-upstream` asks that the upstream accept a connection (within 1 s).
+    pub async fn upstream_ready(&self) -> bool {
+        !self.cfg.ready_upstream
+            || self
+                .upstream
+                .reachable(std::time::Duration::from_secs(1))
+                .await
+    }
+
     /// The Prometheus text exposition of the gateway's metrics, gauges refreshed.
     pub fn render_metrics(&self) -> String {
         self.registry.refresh_gauges();

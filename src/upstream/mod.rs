@@ -87,6 +87,27 @@ impl Upstream {
         Upstream { cfg, client, conns }
     }
 
+    /// Whether the upstream accepts a TCP connection within `limit` (its host resolved now).
+    pub(crate) async fn reachable(&self, limit: Duration) -> bool {
+        let Some(authority) = self.cfg.upstream.authority() else {
+            return false;
+        };
+        let port = authority
+            .port_u16()
+            .unwrap_or(match self.cfg.upstream.scheme_str() {
+                Some("https") => 443,
+                _ => 80,
+            });
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        matches!(
+            tokio::time::timeout(limit, tokio::net::TcpStream::connect((host, port))).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// Upstream connections open now (pooled idle ones included) and their bound.
     pub(crate) fn connections(&self) -> (usize, usize) {
         (self.conns.open(), self.conns.max())
