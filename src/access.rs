@@ -68,6 +68,8 @@ pub struct Requested {
     pub traceparent: Option<http::HeaderValue>,
     /// The client's address (the peer's, or per `--trusted-proxies` X-Forwarded-For's).
     pub client: std::net::IpAddr,
+    /// The request's span: it ends with the line, and gets the line's outcome fields.
+    pub span: tracing::Span,
 }
 
 /// What is known of a request when its response starts.
@@ -222,6 +224,22 @@ impl Drop for AccessLog {
                 .unwrap_or("-"),
             error: self.refused.unwrap_or("-"),
         };
+        if !r.span.is_disabled() {
+            let span = &r.span;
+            span.record("http.response.status_code", line.status);
+            span.record("events", line.events);
+            span.record("bytes", line.bytes);
+            span.record("outcome", line.outcome);
+            if let Some(m) = call {
+                span.record("mcp.method.name", m);
+            }
+            if line.tool != "-" {
+                span.record("gen_ai.tool.name", line.tool);
+            }
+            if let Some(e) = self.refused {
+                span.record("error.type", e);
+            }
+        }
         match SINK.get() {
             Some(sink) if tracing::enabled!(tracing::Level::INFO) => sink.write(&line),
             Some(_) => {}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use http::{Method, Response, StatusCode};
 use hyper::body::Incoming;
+use tracing::Instrument;
 
 use super::inbound::Inbound;
 use super::respond::{minted_header, pass_through};
@@ -264,21 +265,42 @@ impl Gateway {
             .take()
             .unwrap_or_else(|| full_body(bytes::Bytes::new()));
         let (method, uri) = (inb.parts.method.clone(), inb.parts.uri.clone());
-        let req = self
+        let span = if crate::telemetry::enabled() {
+            tracing::debug_span!(
+                "upstream",
+                otel.name = %method,
+                otel.kind = "client",
+                http.request.method = %method,
+                server.address = self.upstream_address.as_ref(),
+                http.response.status_code = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let mut req = self
             .upstream
             .request(method, uri, headers, body, Some(inb.remote));
+        if !span.is_disabled() {
+            // The upstream's spans are children of the gateway's exchange with it.
+            crate::telemetry::inject(&span, req.headers_mut());
+        }
         let upstream = self.upstream.clone();
         let (facts, metrics) = (inb.facts.clone(), self.registry.metrics().clone());
-        Box::pin(async move {
-            let sent = tokio::time::Instant::now();
-            let answer = upstream.send(req).await;
-            if answer.is_ok() {
-                let took = sent.elapsed();
-                facts.upstream_answered(took);
-                metrics.upstream_answered(took.as_secs_f64());
+        Box::pin(
+            async move {
+                let sent = tokio::time::Instant::now();
+                let answer = upstream.send(req).await;
+                if let Ok(resp) = &answer {
+                    let took = sent.elapsed();
+                    facts.upstream_answered(took);
+                    metrics.upstream_answered(took.as_secs_f64());
+                    tracing::Span::current()
+                        .record("http.response.status_code", resp.status().as_u16());
+                }
+                answer
             }
-            answer
-        })
+            .instrument(span),
+        )
     }
 
     /// The upstream's 404 for a session ends it at the gateway too, and so does a
@@ -403,6 +425,7 @@ impl Gateway {
             announce: false,
             reattach: reattach.as_ref(),
             kill: Some(inb.kill),
+            trace: crate::telemetry::current(),
         });
         let stream = attachment.stream;
         let (parts, upstream_body) = resp.into_parts();

@@ -172,6 +172,7 @@ impl Gateway {
             user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
             traceparent: req.headers().get(TRACEPARENT).cloned(),
             client: self.client_ip(req.headers(), conn.remote.ip()),
+            span: tracing::Span::none(),
         };
         let session = req
             .headers()
@@ -181,9 +182,25 @@ impl Gateway {
         // can be followed; a session the upstream creates now is recorded once known.
         let span = tracing::debug_span!(
             "request",
-            http.method = %method,
-            mcp.session = session.as_deref().map(tracing::field::display),
+            otel.name = tracing::field::Empty,
+            otel.kind = "server",
+            http.request.method = %method,
+            mcp.session.id = session.as_deref().map(tracing::field::display),
+            url.path = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            mcp.method.name = tracing::field::Empty,
+            gen_ai.tool.name = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            events = tracing::field::Empty,
+            bytes = tracing::field::Empty,
+            outcome = tracing::field::Empty,
         );
+        if crate::telemetry::enabled() && !span.is_disabled() {
+            // The client's trace continues here (its traceparent is replaced upstream).
+            crate::telemetry::continue_from(&span, req.headers());
+            span.record("otel.name", format!("{method} {}", req.uri().path()));
+            span.record("url.path", req.uri().path());
+        }
         let facts = Arc::new(Facts::default());
         let routed = if method == Method::POST {
             // A POST's exchange with the upstream must not hang on the client's connection:
@@ -222,11 +239,14 @@ impl Gateway {
                 .get(MCP_SESSION_ID)
                 .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
             if let Some(h) = &created {
-                span.record("mcp.session", tracing::field::display(h));
+                span.record("mcp.session.id", tracing::field::display(h));
             }
             created
         });
         let get_stream = method == Method::GET && crate::upstream::is_sse(resp.headers());
+        // The request's span lives as long as its response: a stream's whole life.
+        let mut requested = requested;
+        requested.span = span;
         let log = AccessLog::new(
             requested,
             resp.status(),

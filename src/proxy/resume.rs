@@ -39,6 +39,14 @@ impl Gateway {
         }
         let raw = inb.cursor().map(|c| c.as_bytes()).unwrap_or_default();
         let cursor = Cursor::parse(raw).map_err(ProxyError::MalformedCursor)?;
+        if let Some(opened) = crate::telemetry::enabled()
+            .then(|| session.stream_trace(cursor.stream))
+            .flatten()
+        {
+            // The resume belongs to the trace of the call it continues.
+            let own = inb.parts.headers.contains_key("traceparent");
+            crate::telemetry::join(&tracing::Span::current(), opened, own);
+        }
         match session.resume(cursor, Some(inb.kill.clone())) {
             Ok(r) => Ok(self.resumed(session, r, ResumeOutcome::Resumed)),
             Err(e) => match session.standalone_reattach(&cursor, e) {

@@ -92,6 +92,7 @@ impl Gateway {
             announce,
             reattach: None,
             kill: Some(inb.kill),
+            trace: crate::telemetry::current(),
         });
         // The upstream's 404 ends the session only when the request was the session's own.
         let own = !session.minted()

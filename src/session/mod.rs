@@ -139,6 +139,15 @@ pub struct Attachment {
     pub opening: Option<Bytes>,
 }
 
+/// The trace context (W3C ids) of the request that opened a stream, kept so that a resume of
+/// the stream can join its trace. The gateway's tracing fills it; the session only keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace_id: u128,
+    pub span_id: u64,
+    pub sampled: bool,
+}
+
 /// What [`Session::open_stream`] opens, and how its first client is attached.
 #[derive(Debug)]
 pub struct OpenStream<'a> {
@@ -160,6 +169,8 @@ pub struct OpenStream<'a> {
     pub reattach: Option<&'a Reattach>,
     /// Closes the client's connection when its body cannot even be polled.
     pub kill: Option<Arc<Notify>>,
+    /// The trace of the request that opens it (when traces are exported).
+    pub trace: Option<TraceParent>,
 }
 
 impl OpenStream<'_> {
@@ -175,6 +186,7 @@ impl OpenStream<'_> {
             announce: false,
             reattach: None,
             kill: None,
+            trace: None,
         }
     }
 }
@@ -484,6 +496,11 @@ impl Session {
             .count()
     }
 
+    /// The trace of the request that opened `stream`, if it was traced.
+    pub fn stream_trace(&self, stream: u32) -> Option<TraceParent> {
+        lock(&self.state).streams.get(&stream).and_then(|s| s.trace)
+    }
+
     /// Whether the session still holds a live standalone upstream stream.
     pub fn has_standalone(&self) -> bool {
         let st = lock(&self.state);
@@ -526,6 +543,7 @@ impl Session {
             announce,
             reattach,
             kill,
+            trace,
         } = open;
         let announce = announce && !prime && reattach.is_none();
         let mut st = lock(&self.state);
@@ -543,6 +561,7 @@ impl Session {
         );
         let mut opened = Stream::new(kind, seq, requests, initialize, Some(sub));
         opened.principal = principal;
+        opened.trace = trace;
         st.streams.insert(stream, opened);
         if kind == StreamKind::Standalone {
             Self::set_standalone(&mut st, stream);

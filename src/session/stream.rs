@@ -166,6 +166,8 @@ pub(super) struct Stream {
     runs: Vec<(u64, u64)>,
     /// Events written to a client and then lost on the way are counted up to here.
     loss_counted_upto: u64,
+    /// The trace of the request that opened the stream (see [`super::TraceParent`]).
+    pub trace: Option<super::TraceParent>,
 }
 
 /// Runs of positions a stream remembers (see [`Stream::tagged`]): one while it is the only
@@ -215,6 +217,7 @@ impl Stream {
             paused_reader: None,
             runs: Vec::new(),
             loss_counted_upto: seq,
+            trace: None,
         }
     }
 
