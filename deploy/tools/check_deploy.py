@@ -33,8 +33,10 @@ What is checked, and with what:
   `promtool check rules` when promtool is on PATH; every alert has a severity, a summary and a
   runbook link to an existing section of docs/operations.md; the dashboard ConfigMap carries
   exactly deploy/prometheus/mcp-reattach-dashboard.json; the chart's copies in files/ are
-  identical to deploy/prometheus/. (The PrometheusRule CRD's own schema is not available
-  offline; `promtool` and the comparison cover its content.)
+  identical to deploy/prometheus/.
+* Prometheus Operator kinds (PrometheusRule, ServiceMonitor, PodMonitor): the cloudcoil models
+  generated from prometheus-operator v0.80.1's CRDs (patterns, enums, required fields), plus
+  an unknown-field check, as for Istio.
 
 * Envoy Gateway kinds (EnvoyPatchPolicy, BackendTrafficPolicy): the openAPIV3Schema of
   Envoy Gateway v1.9's CRDs (vendored in tools/crds/) with jsonschema, plus an unknown-field
@@ -846,6 +848,36 @@ def rules_well_formed():
     return f"{len(alerts)} alerts, each with a runbook section"
 
 
+def prometheus_operator_validate(obj: dict):
+    """PrometheusRule, ServiceMonitor, PodMonitor against the models generated from the
+    prometheus-operator CRDs; unknown fields are errors."""
+    from cloudcoil.models.prometheus_operator import v1
+
+    if obj["apiVersion"] != "monitoring.coreos.com/v1" or not hasattr(v1, obj["kind"]):
+        raise AssertionError(f"no model for {obj['apiVersion']} {obj['kind']}")
+    strict_roundtrip(getattr(v1, obj["kind"]), obj)
+
+
+def prometheus_operator_rejects(obj: dict, mutate):
+    broken = copy.deepcopy(obj)
+    mutate(broken)
+    try:
+        prometheus_operator_validate(broken)
+    except Exception as e:  # noqa: BLE001 - pydantic's error or the unknown-field check
+        return str(e)
+    raise AssertionError("the broken copy passed")
+
+
+# Broken copies the prometheus-operator models must refuse (shows the validation is strict).
+PO_SCHEMA_BREAKS = {
+    "PrometheusRule": {
+        "`for: 5 minutes` (not a Prometheus duration)":
+            lambda o: o["spec"]["groups"][0]["rules"][0].update({"for": "5 minutes"}),
+        "a misspelt field (`fro`)": lambda o: o["spec"]["groups"][0]["rules"][0].update(fro="5m"),
+    },
+}
+
+
 def prometheus_rule_validate(obj: dict, base_url: str):
     if obj["apiVersion"] != "monitoring.coreos.com/v1" or obj["kind"] != "PrometheusRule":
         raise AssertionError(f"unexpected {obj['apiVersion']} {obj['kind']}")
@@ -945,8 +977,14 @@ def main() -> int:
         label = f"{source}: {obj['kind']} {obj['metadata'].get('name')}"
         group = obj["apiVersion"].split("/")[0]
         if group == "monitoring.coreos.com":
-            check(f"rules == {rel(RULES)}, promtool  {label}", prometheus_rule_validate, obj,
-                  base_url)
+            check(f"prometheus-operator v0.80 CRD strict  {label}", prometheus_operator_validate,
+                  obj)
+            for what, mutate in PO_SCHEMA_BREAKS.get(obj["kind"], {}).items():
+                check(f"prometheus-operator CRD rejects a {obj['kind']} with {what}",
+                      prometheus_operator_rejects, obj, mutate)
+            if obj["kind"] == "PrometheusRule":
+                check(f"rules == {rel(RULES)}, promtool  {label}", prometheus_rule_validate, obj,
+                      base_url)
             continue
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("-dashboard"):
             check(f"dashboard == {rel(DASHBOARD)}  {label}", dashboard_configmap_validate, obj)
