@@ -652,6 +652,16 @@ def check_pod(docs: list[dict]):
         )
     if request > limit:
         raise AssertionError("memory request above the limit")
+    volumes = [v["name"] for v in pod.get("volumes", [])]
+    if len(set(volumes)) != len(volumes):
+        raise AssertionError(f"volume names repeat: {volumes}")
+    for c in pod["containers"]:
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in volumes:
+                raise AssertionError(f"container {c['name']} mounts {m['name']!r}, not a pod volume")
+        paths = [m["mountPath"] for m in c.get("volumeMounts", [])]
+        if len(set(paths)) != len(paths):
+            raise AssertionError(f"container {c['name']}: mount paths repeat: {paths}")
     sc = pod["securityContext"]
     if not sc.get("runAsNonRoot") or sc.get("runAsUser", 0) == 0:
         raise AssertionError("the pod must run as non-root")
@@ -916,11 +926,172 @@ def renders(docs: list[dict], kind: str):
         raise AssertionError(f"no {kind}")
 
 
-def monitoring_off_by_default(docs: list[dict]):
+def options_off_by_default(docs: list[dict]):
+    """The defaults render the Kustomize base's objects and nothing optional."""
     extra = [d["kind"] + " " + d["metadata"]["name"] for d in docs
-             if d["kind"] == "PrometheusRule" or d["kind"] == "ConfigMap"]
+             if d["kind"] not in ("Deployment", "Service", "PodDisruptionBudget")]
     if extra:
         raise AssertionError(f"rendered by default: {extra}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chart options: what a ci/*-values.yaml file sets must land where it belongs in the render
+# ---------------------------------------------------------------------------------------------
+
+
+def only(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    if len(found) != 1:
+        raise AssertionError(f"expected one {kind}, found {len(found)}")
+    return found[0]
+
+
+def pod_parts(docs: list[dict]):
+    """(Deployment, pod template, pod spec, containers by name)."""
+    dep = only(docs, "Deployment")
+    tmpl = dep["spec"]["template"]
+    return dep, tmpl, tmpl["spec"], {c["name"]: c for c in tmpl["spec"]["containers"]}
+
+
+# The pod knobs (values keys) that ci/knobs-values.yaml must set, so that each is checked.
+POD_KNOBS = [
+    "podAnnotations", "podLabels", "imagePullSecrets", "priorityClassName", "nodeSelector",
+    "tolerations", "affinity", "topologySpreadConstraints", "extraVolumes", "serviceAccount",
+    "mcpServer.extraVolumeMounts", "gateway.extraEnv", "gateway.extraVolumeMounts",
+]
+
+
+def value_at(values: dict, dotted: str):
+    v = values
+    for k in dotted.split("."):
+        if not isinstance(v, dict) or k not in v:
+            return None
+        v = v[k]
+    return v
+
+
+def knobs_all_set(values: dict):
+    unset = [k for k in POD_KNOBS if not value_at(values, k)]
+    if unset:
+        raise AssertionError(f"ci/knobs-values.yaml leaves unset (so unchecked): {unset}")
+
+
+def check_knobs(docs: list[dict], values: dict):
+    """Every pod knob in `values` is in the rendered pod (or ServiceAccount), as given."""
+    dep, tmpl, pod, containers = pod_parts(docs)
+    gw, server = containers["mcp-reattach"], containers["mcp-server"]
+    problems = []
+
+    def want(where: str, got, expected):
+        if got != expected:
+            problems.append(f"{where} is {got!r}, the values give {expected!r}")
+
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets", "priorityClassName"):
+        if key in values:
+            want(f"pod .{key}", pod.get(key), values[key])
+    selector = dep["spec"]["selector"]["matchLabels"]
+    if "topologySpreadConstraints" in values:
+        # A constraint without labelSelector gets the pod's selector labels.
+        expected = [{"labelSelector": {"matchLabels": selector}, **c}
+                    for c in values["topologySpreadConstraints"]]
+        want("pod .topologySpreadConstraints", pod.get("topologySpreadConstraints"), expected)
+    labels, annotations = tmpl["metadata"].get("labels", {}), tmpl["metadata"].get("annotations", {})
+    for k, v in selector.items():
+        want(f"pod label {k} (a selector label)", labels.get(k), v)
+    for k, v in values.get("podLabels", {}).items():
+        if k not in selector:
+            want(f"pod label {k}", labels.get(k), v)
+    for k, v in values.get("podAnnotations", {}).items():
+        want(f"pod annotation {k}", annotations.get(k), v)
+
+    sa = values.get("serviceAccount", {})
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount"]
+    automount = sa.get("automount", False)
+    want("pod .automountServiceAccountToken", pod.get("automountServiceAccountToken"), automount)
+    if sa.get("create"):
+        if len(accounts) != 1:
+            problems.append(f"serviceAccount.create: {len(accounts)} ServiceAccounts rendered")
+        else:
+            acc = accounts[0]
+            want("pod .serviceAccountName", pod.get("serviceAccountName"), acc["metadata"]["name"])
+            want("ServiceAccount annotations", acc["metadata"].get("annotations"),
+                 sa.get("annotations") or None)
+            want("ServiceAccount .automountServiceAccountToken",
+                 acc.get("automountServiceAccountToken"), automount)
+    else:
+        if accounts:
+            problems.append("a ServiceAccount rendered without serviceAccount.create")
+        want("pod .serviceAccountName", pod.get("serviceAccountName"), sa.get("name") or None)
+
+    def contains(where: str, items: list, expected: list):
+        for item in expected:
+            if item not in items:
+                problems.append(f"{where} lacks {item!r}")
+
+    contains("pod .volumes", pod.get("volumes", []), values.get("extraVolumes", []))
+    contains("mcp-reattach .env", gw.get("env", []), value_at(values, "gateway.extraEnv") or [])
+    contains("mcp-reattach .volumeMounts", gw.get("volumeMounts", []),
+             value_at(values, "gateway.extraVolumeMounts") or [])
+    contains("mcp-server .volumeMounts", server.get("volumeMounts", []),
+             value_at(values, "mcpServer.extraVolumeMounts") or [])
+    if problems:
+        raise AssertionError("; ".join(problems))
+
+
+def render_rejects(fn, docs: list[dict], mutate, *args):
+    """`fn` (a check of rendered objects) fails on a copy that `mutate` broke."""
+    broken = copy.deepcopy(docs)
+    mutate(broken)
+    try:
+        fn(broken, *args)
+    except AssertionError as e:
+        return str(e)
+    raise AssertionError("the broken copy passed")
+
+
+def _pod(docs):
+    return pod_parts(docs)[2]
+
+
+def _container(docs, name):
+    return pod_parts(docs)[3][name]
+
+
+# A render without each knob: check_knobs must fail on every one.
+KNOB_BREAKS = {
+    **{f"no {k}": (lambda k: lambda d: _pod(d).pop(k))(k) for k in
+       ("nodeSelector", "tolerations", "affinity", "imagePullSecrets", "priorityClassName",
+        "topologySpreadConstraints", "serviceAccountName")},
+    "a topology spread constraint without the selector labels":
+        lambda d: _pod(d)["topologySpreadConstraints"][0].pop("labelSelector"),
+    "no podAnnotations": lambda d: pod_parts(d)[1]["metadata"].update(
+        annotations={k: v for k, v in pod_parts(d)[1]["metadata"]["annotations"].items()
+                     if k.startswith("prometheus.io/")}),
+    "no podLabels": lambda d: pod_parts(d)[1]["metadata"].update(
+        labels=dict(pod_parts(d)[0]["spec"]["selector"]["matchLabels"])),
+    "podLabels overriding a selector label": lambda d: pod_parts(d)[1]["metadata"]["labels"]
+    .update({"app.kubernetes.io/name": "not-the-selector"}),
+    "no ServiceAccount": lambda d: d.remove(only(d, "ServiceAccount")),
+    "no ServiceAccount annotations": lambda d: only(d, "ServiceAccount")["metadata"].pop("annotations"),
+    "the API token mounted": lambda d: _pod(d).update(automountServiceAccountToken=True),
+    "no extraVolumes": lambda d: _pod(d).update(volumes=_pod(d)["volumes"][:1]),
+    "no gateway.extraEnv": lambda d: _container(d, "mcp-reattach").pop("env"),
+    "no gateway.extraVolumeMounts": lambda d: _container(d, "mcp-reattach").pop("volumeMounts"),
+    "no mcpServer.extraVolumeMounts": lambda d: _container(d, "mcp-server").update(
+        volumeMounts=_container(d, "mcp-server")["volumeMounts"][:1]),
+}
+
+
+# Values the chart's schema must refuse (it is strict: a misspelt key is an error).
+SCHEMA_REJECTS = {
+    "an unknown top-level key (nodeselector)": {"nodeselector": {"kubernetes.io/os": "linux"}},
+    "an unknown gateway key (extraArg)": {"gateway": {"extraArg": ["--retry-hint=2s"]}},
+    "an imagePullSecrets entry without name": {"imagePullSecrets": [{"secret": "x"}]},
+    "a gateway.extraEnv entry without name": {"gateway": {"extraEnv": [{"value": "x"}]}},
+    "a volume mount without mountPath": {"gateway": {"extraVolumeMounts": [{"name": "x"}]}},
+    "serviceAccount.automount=\"no\"": {"serviceAccount": {"automount": "no"}},
+    "a podLabels value that is a number": {"podLabels": {"tier": 1}},
+}
 
 
 def main() -> int:
@@ -946,9 +1117,20 @@ def main() -> int:
           {"gateway": {"extraArgs": ["retry-hint=2s"]}})
     check("helm values.schema.json rejects prometheusRule.enabled=\"yes\"", helm_rejects, chart,
           {"prometheusRule": {"enabled": "yes"}})
+    for what, bad in SCHEMA_REJECTS.items():
+        check(f"helm values.schema.json rejects {what}", helm_rejects, chart, bad)
     if sets["helm defaults"]:
-        check("helm defaults render no PrometheusRule or dashboard ConfigMap",
-              monitoring_off_by_default, sets["helm defaults"])
+        check("helm defaults render only a Deployment, a Service and a PDB (no ServiceAccount, "
+              "PrometheusRule, dashboard, monitor)", options_off_by_default, sets["helm defaults"])
+    knob_values = yaml.safe_load((chart / "ci" / "knobs-values.yaml").read_text())
+    check("ci/knobs-values.yaml sets every pod knob", knobs_all_set, knob_values)
+    knobbed = sets.get("helm knobs-values.yaml") or []
+    if knobbed:
+        check("helm knobs-values.yaml: every knob lands in the pod", check_knobs, knobbed,
+              knob_values)
+        for what, mutate in KNOB_BREAKS.items():
+            check(f"knob check rejects a render with {what}", render_rejects, check_knobs,
+                  knobbed, mutate, knob_values)
     check(f"{rel(chart)}/files are copies of {rel(PROM)}", chart_files_match, chart)
     detail = check(f"alerts in {rel(RULES)} have severity, summary, runbook section",
                    rules_well_formed)
