@@ -624,9 +624,13 @@ def check_pod(docs: list[dict]):
         get = gw[probe]["httpGet"]
         if get["path"] != path or get["port"] not in ("admin", ports["admin"]):
             raise AssertionError(f"{probe} must be GET {path} on the admin port")
-    for p in svc["spec"]["ports"]:
-        if p["targetPort"] not in ("mcp", ports["mcp"]):
-            raise AssertionError("the Service must target the sidecar's port, not the server's")
+    # Clients reach the sidecar's port; the admin port may be on the Service too (for a
+    # ServiceMonitor); the MCP server's port never is.
+    targets = [p["targetPort"] for p in svc["spec"]["ports"]]
+    if sum(t in ("mcp", ports["mcp"]) for t in targets) != 1 or any(
+            t not in ("mcp", ports["mcp"], "admin", ports["admin"]) for t in targets):
+        raise AssertionError(f"the Service targets {targets}: the sidecar's port once, the admin "
+                             "port at most, never the server's")
     if any(labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
         raise AssertionError("the Service selector does not match the pod labels")
     drain = parse_duration(f["drain-delay"]) + parse_duration(f["drain-timeout"])
@@ -885,6 +889,20 @@ PO_SCHEMA_BREAKS = {
             lambda o: o["spec"]["groups"][0]["rules"][0].update({"for": "5 minutes"}),
         "a misspelt field (`fro`)": lambda o: o["spec"]["groups"][0]["rules"][0].update(fro="5m"),
     },
+    "ServiceMonitor": {
+        "scheme tcp (not in the enum)": lambda o: o["spec"]["endpoints"][0].update(scheme="tcp"),
+        "interval 30 (no unit)": lambda o: o["spec"]["endpoints"][0].update(interval="30"),
+        "a numeric port (a Service port name is a string)":
+            lambda o: o["spec"]["endpoints"][0].update(port=9090),
+        "no selector (required)": lambda o: o["spec"].pop("selector"),
+        "a misspelt field (`endpoint`)": lambda o: o["spec"].update(endpoint=o["spec"].pop("endpoints")),
+    },
+    "PodMonitor": {
+        "a misspelt field (`podMetricEndpoints`)": lambda o: o["spec"].update(
+            podMetricEndpoints=o["spec"].pop("podMetricsEndpoints")),
+        "scrapeTimeout 5 seconds": lambda o: o["spec"]["podMetricsEndpoints"][0].update(
+            scrapeTimeout="5 seconds"),
+    },
 }
 
 
@@ -1082,6 +1100,161 @@ KNOB_BREAKS = {
 }
 
 
+def chart_values(chart: Path, values: dict | None) -> dict:
+    """values.yaml with `values` merged over it, as Helm does (maps merge, the rest replaces)."""
+    def merge(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            return {k: merge(a.get(k), b[k]) if k in b else a[k] for k in {**a, **b}}
+        return copy.deepcopy(b)
+    return merge(yaml.safe_load((chart / "values.yaml").read_text()), values or {})
+
+
+def admin_listen_port(gw: dict) -> int:
+    host, port = flags(gw["args"])["admin-listen"].rsplit(":", 1)
+    if host != "0.0.0.0":
+        raise AssertionError(f"--admin-listen on {host}: a scrape from another pod cannot reach it")
+    return int(port)
+
+
+def check_admin_port(docs: list[dict], values: dict):
+    """The Service has the `admin` port exactly when service.admin.enabled or
+    serviceMonitor.enabled, on service.admin.port, to the admin container port."""
+    svc = only(docs, "Service")
+    _, _, _, containers = pod_parts(docs)
+    admin = [p for p in svc["spec"]["ports"] if p["name"] == "admin"]
+    wanted = values["service"]["admin"]["enabled"] or values["serviceMonitor"]["enabled"]
+    if not wanted:
+        if admin:
+            raise AssertionError("the Service has an admin port nobody asked for")
+        return "no admin port on the Service"
+    if len(admin) != 1:
+        raise AssertionError("no `admin` port on the Service")
+    port = admin[0]
+    cports = {p["name"]: p["containerPort"] for p in containers["mcp-reattach"]["ports"]}
+    if port["port"] != values["service"]["admin"]["port"]:
+        raise AssertionError(f"Service admin port {port['port']}, service.admin.port is "
+                             f"{values['service']['admin']['port']}")
+    if port["targetPort"] not in ("admin", cports["admin"]):
+        raise AssertionError(f"Service admin port targets {port['targetPort']}, not the admin container port")
+    if cports["admin"] != admin_listen_port(containers["mcp-reattach"]):
+        raise AssertionError("the admin container port is not --admin-listen's")
+    return f"Service port admin {port['port']} -> container port admin {cports['admin']}"
+
+
+def check_monitors(docs: list[dict], values: dict):
+    """A ServiceMonitor / PodMonitor exactly when enabled; it selects this release's Service /
+    pods and scrapes GET /metrics over HTTP on the admin port, with the values' interval,
+    scrapeTimeout and labels."""
+    dep, tmpl, pod, containers = pod_parts(docs)
+    svc = only(docs, "Service")
+    gw = containers["mcp-reattach"]
+    admin_port = admin_listen_port(gw)
+    cports = {p["name"]: p["containerPort"] for p in gw["ports"]}
+    out = []
+    for kind, key, endpoints in (("ServiceMonitor", "serviceMonitor", "endpoints"),
+                                 ("PodMonitor", "podMonitor", "podMetricsEndpoints")):
+        found = [d for d in docs if d["kind"] == kind]
+        v = values[key]
+        if not v["enabled"]:
+            if found:
+                raise AssertionError(f"a {kind} without {key}.enabled")
+            continue
+        if len(found) != 1:
+            raise AssertionError(f"{key}.enabled but {len(found)} {kind}s rendered")
+        mon = found[0]
+        labels = mon["metadata"].get("labels", {})
+        for k, val in v["labels"].items():
+            if labels.get(k) != val:
+                raise AssertionError(f"{kind} label {k}={labels.get(k)!r}, {key}.labels gives {val!r}")
+        sel = mon["spec"]["selector"].get("matchLabels", {})
+        if set(mon["spec"]["selector"]) != {"matchLabels"} or not sel:
+            raise AssertionError(f"{kind} selector {mon['spec']['selector']}: expected matchLabels")
+        target_labels = svc["metadata"].get("labels", {}) if kind == "ServiceMonitor" else tmpl["metadata"]["labels"]
+        if any(target_labels.get(k) != val for k, val in sel.items()):
+            raise AssertionError(f"{kind} selector {sel} does not match the "
+                                 f"{'Service' if kind == 'ServiceMonitor' else 'pod'} labels {target_labels}")
+        if kind == "PodMonitor" and any(dep["spec"]["selector"]["matchLabels"].get(k) != val
+                                        for k, val in sel.items()):
+            raise AssertionError(f"PodMonitor selector {sel} reaches beyond the Deployment's pods")
+        eps = mon["spec"].get(endpoints, [])
+        if len(eps) != 1:
+            raise AssertionError(f"{kind}: expected one entry in {endpoints}")
+        ep = eps[0]
+        if ep.get("path") != "/metrics" or ep.get("scheme", "http") != "http":
+            raise AssertionError(f"{kind} scrapes {ep.get('scheme')}://…{ep.get('path')}: the admin "
+                                 "listener serves /metrics over plain HTTP")
+        if kind == "ServiceMonitor":
+            named = [p for p in svc["spec"]["ports"] if p["name"] == ep.get("port")]
+            if not named:
+                raise AssertionError(f"ServiceMonitor port {ep.get('port')!r} is not a Service port")
+            target = named[0]["targetPort"]
+            if target not in ("admin", cports["admin"]):
+                raise AssertionError(f"ServiceMonitor port {ep['port']!r} leads to {target!r}, not the admin port")
+        elif cports.get(ep.get("port")) != admin_port:
+            raise AssertionError(f"PodMonitor port {ep.get('port')!r} is not the admin container port")
+        for field in ("interval", "scrapeTimeout"):
+            if ep.get(field, "") != v[field]:
+                raise AssertionError(f"{kind} {field} {ep.get(field)!r}, {key}.{field} is {v[field]!r}")
+        if ep.get("interval") and ep.get("scrapeTimeout") and \
+                parse_duration(ep["scrapeTimeout"]) > parse_duration(ep["interval"]):
+            raise AssertionError(f"{kind} scrapeTimeout above its interval (the operator rejects it)")
+        out.append(f"{kind} -> {ep['port']} /metrics every {ep.get('interval') or 'global interval'}")
+    return "; ".join(out) or "no monitors"
+
+
+def _endpoint(docs, kind):
+    mon = only(docs, kind)
+    return mon["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"][0]
+
+
+def _svc_ports(docs):
+    return only(docs, "Service")["spec"]["ports"]
+
+
+# Renders broken in one way each: check_monitors / check_admin_port must fail on every one.
+SERVICE_MONITOR_BREAKS = {
+    "the ServiceMonitor on the client port": lambda d: _endpoint(d, "ServiceMonitor").update(port="http-mcp"),
+    "no admin port on the Service": lambda d: _svc_ports(d).pop(),
+    "the Service admin port to the MCP server's port":
+        lambda d: _svc_ports(d)[-1].update(targetPort=3000),
+    "a ServiceMonitor selecting other Services":
+        lambda d: only(d, "ServiceMonitor")["spec"]["selector"]["matchLabels"].update(app="other"),
+    "the ServiceMonitor scraping /readyz": lambda d: _endpoint(d, "ServiceMonitor").update(path="/readyz"),
+    "the ServiceMonitor scraping over https":
+        lambda d: _endpoint(d, "ServiceMonitor").update(scheme="https"),
+    "no interval": lambda d: _endpoint(d, "ServiceMonitor").pop("interval"),
+    "no serviceMonitor.labels": lambda d: only(d, "ServiceMonitor")["metadata"]["labels"].pop("release"),
+    "no ServiceMonitor": lambda d: d.remove(only(d, "ServiceMonitor")),
+    "the admin listener on 127.0.0.1": lambda d: _container(d, "mcp-reattach").update(args=[
+        a.replace("--admin-listen=0.0.0.0", "--admin-listen=127.0.0.1")
+        for a in _container(d, "mcp-reattach")["args"]]),
+}
+POD_MONITOR_BREAKS = {
+    "the PodMonitor on the client port": lambda d: _endpoint(d, "PodMonitor").update(port="mcp"),
+    "a PodMonitor selecting other pods":
+        lambda d: only(d, "PodMonitor")["spec"]["selector"]["matchLabels"].update(app="other"),
+    "the PodMonitor scraping /healthz": lambda d: _endpoint(d, "PodMonitor").update(path="/healthz"),
+    "an interval other than podMonitor.interval": lambda d: _endpoint(d, "PodMonitor").update(interval="5m"),
+    "no PodMonitor": lambda d: d.remove(only(d, "PodMonitor")),
+    "an admin port on the Service nobody asked for": lambda d: _svc_ports(d).append(
+        {"name": "admin", "port": 9090, "targetPort": "admin", "protocol": "TCP"}),
+}
+
+
+def monitors_checked(docs: list[dict], values: dict):
+    return f"{check_admin_port(docs, values)}; {check_monitors(docs, values)}"
+
+
+def helm_render_fails(chart: Path, values: dict, message: str):
+    try:
+        helm_render(chart, values)
+    except Exception as e:  # noqa: BLE001 - the point is that it fails
+        if message not in str(e):
+            raise AssertionError(f"failed, but not with {message!r}: {e}") from None
+        return
+    raise AssertionError(f"rendered with {values}")
+
+
 # Values the chart's schema must refuse (it is strict: a misspelt key is an error).
 SCHEMA_REJECTS = {
     "an unknown top-level key (nodeselector)": {"nodeselector": {"kubernetes.io/os": "linux"}},
@@ -1091,6 +1264,9 @@ SCHEMA_REJECTS = {
     "a volume mount without mountPath": {"gateway": {"extraVolumeMounts": [{"name": "x"}]}},
     "serviceAccount.automount=\"no\"": {"serviceAccount": {"automount": "no"}},
     "a podLabels value that is a number": {"podLabels": {"tier": 1}},
+    "serviceMonitor.interval=30 (no unit)": {"serviceMonitor": {"interval": "30"}},
+    "podMonitor.enabled=\"yes\"": {"podMonitor": {"enabled": "yes"}},
+    "service.admin.port=0": {"service": {"admin": {"port": 0}}},
 }
 
 
@@ -1131,6 +1307,24 @@ def main() -> int:
         for what, mutate in KNOB_BREAKS.items():
             check(f"knob check rejects a render with {what}", render_rejects, check_knobs,
                   knobbed, mutate, knob_values)
+    for name, docs in sets.items():
+        if name.startswith("helm ") and docs:
+            vf = name.removeprefix("helm ")
+            values = None if vf == "defaults" else yaml.safe_load((chart / "ci" / vf).read_text())
+            detail = check(f"{name}: Service admin port and monitors as the values say",
+                           monitors_checked, docs, chart_values(chart, values))
+            if detail:
+                print(f"       {detail}")
+    for vf, breaks in (("monitoring-values.yaml", SERVICE_MONITOR_BREAKS),
+                       ("podmonitor-values.yaml", POD_MONITOR_BREAKS)):
+        docs = sets.get(f"helm {vf}") or []
+        values = chart_values(chart, yaml.safe_load((chart / "ci" / vf).read_text()))
+        if docs:
+            for what, mutate in breaks.items():
+                check(f"monitor check rejects a render with {what}", render_rejects,
+                      monitors_checked, docs, mutate, values)
+    check("helm refuses serviceMonitor and podMonitor together", helm_render_fails, chart,
+          {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}, "turn on one of them")
     check(f"{rel(chart)}/files are copies of {rel(PROM)}", chart_files_match, chart)
     detail = check(f"alerts in {rel(RULES)} have severity, summary, runbook section",
                    rules_well_formed)
@@ -1161,7 +1355,8 @@ def main() -> int:
         if group == "monitoring.coreos.com":
             check(f"prometheus-operator v0.80 CRD strict  {label}", prometheus_operator_validate,
                   obj)
-            for what, mutate in PO_SCHEMA_BREAKS.get(obj["kind"], {}).items():
+            for what, mutate in PO_SCHEMA_BREAKS.get(obj["kind"], {}).items() if \
+                    source.startswith("helm monitoring") or source.startswith("helm podmonitor") else ():
                 check(f"prometheus-operator CRD rejects a {obj['kind']} with {what}",
                       prometheus_operator_rejects, obj, mutate)
             if obj["kind"] == "PrometheusRule":

@@ -37,3 +37,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The admin port is on the Service when asked for, or when a ServiceMonitor scrapes
+       through it. */}}
+{{- define "mcp-reattach.serviceAdminPort" -}}
+{{- if or .Values.service.admin.enabled .Values.serviceMonitor.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- /* interval and scrapeTimeout of a ServiceMonitor endpoint or PodMonitor podMetricsEndpoint. */}}
+{{- define "mcp-reattach.scrapeTiming" -}}
+{{- with .interval }}
+interval: {{ . }}
+{{- end }}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+{{- end -}}
