@@ -624,6 +624,19 @@ def check_pod(docs: list[dict]):
         get = gw[probe]["httpGet"]
         if get["path"] != path or get["port"] not in ("admin", ports["admin"]):
             raise AssertionError(f"{probe} must be GET {path} on the admin port")
+    # The MCP server listens on 127.0.0.1 (--upstream): the kubelet's httpGet/tcpSocket/grpc
+    # probes connect to the pod IP and would never reach it, so its probes run in the
+    # container, and name the server's port.
+    upstream_port = f["upstream"].rsplit(":", 1)[1].split("/")[0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        pr = server.get(probe)
+        if not pr:
+            raise AssertionError(f"the MCP server container has no {probe}")
+        if set(pr) & {"httpGet", "tcpSocket", "grpc"}:
+            raise AssertionError(f"MCP server {probe}: the kubelet connects to the pod IP, a server "
+                                 "on 127.0.0.1 never answers it; use exec")
+        if not any(re.search(rf"\b{upstream_port}\b", w) for w in pr.get("exec", {}).get("command", [])):
+            raise AssertionError(f"MCP server {probe} does not name the server's port {upstream_port}")
     # Clients reach the sidecar's port; the admin port may be on the Service too (for a
     # ServiceMonitor); the MCP server's port never is.
     targets = [p["targetPort"] for p in svc["spec"]["ports"]]
@@ -1241,6 +1254,26 @@ POD_MONITOR_BREAKS = {
 }
 
 
+def _server_probe(d, probe):
+    return _container(d, "mcp-server")[probe]
+
+
+# Renders whose MCP server probes are broken: check_pod must fail on every one.
+SERVER_PROBE_BREAKS = {
+    "no MCP server readinessProbe": lambda d: _container(d, "mcp-server").pop("readinessProbe"),
+    "no MCP server livenessProbe": lambda d: _container(d, "mcp-server").pop("livenessProbe"),
+    "an httpGet readiness probe on the server's port (the pod IP)":
+        lambda d: _container(d, "mcp-server").update(
+            readinessProbe={"httpGet": {"path": "/", "port": int(_container(d, "mcp-reattach")
+                                                               ["args"][0].rsplit(":", 1)[1])}}),
+    "a tcpSocket liveness probe": lambda d: _container(d, "mcp-server").update(
+        livenessProbe={"tcpSocket": {"port": 3000}}),
+    "a liveness probe on another port than --upstream's": lambda d: _server_probe(d, "livenessProbe")
+    ["exec"].update(command=[re.sub(r"\b3[01]00\b", "3999", w)
+                             for w in _server_probe(d, "livenessProbe")["exec"]["command"]]),
+}
+
+
 def monitors_checked(docs: list[dict], values: dict):
     return f"{check_admin_port(docs, values)}; {check_monitors(docs, values)}"
 
@@ -1404,6 +1437,11 @@ def main() -> int:
             detail = check(f"pod consistency  {name}", check_pod, docs)
             if detail:
                 print(f"       {detail}")
+    for name in ("kustomize base", "helm probes-values.yaml"):
+        for what, mutate in SERVER_PROBE_BREAKS.items():
+            if sets.get(name):
+                check(f"pod check rejects {name} with {what}", render_rejects,
+                      check_pod, sets[name], mutate)
     if sets["kustomize base"] and sets["helm defaults"]:
         check("helm defaults == kustomize base (pod, Service, PDB)", same_pod,
               sets["kustomize base"], sets["helm defaults"])
