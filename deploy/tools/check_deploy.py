@@ -624,6 +624,8 @@ def check_pod(docs: list[dict]):
         get = gw[probe]["httpGet"]
         if get["path"] != path or get["port"] not in ("admin", ports["admin"]):
             raise AssertionError(f"{probe} must be GET {path} on the admin port")
+        if get.get("scheme", "HTTP") != "HTTP":
+            raise AssertionError(f"{probe}: the admin listener speaks plain HTTP, also with TLS")
     # The MCP server listens on 127.0.0.1 (--upstream): the kubelet's httpGet/tcpSocket/grpc
     # probes connect to the pod IP and would never reach it, so its probes run in the
     # container, and name the server's port.
@@ -1254,6 +1256,93 @@ POD_MONITOR_BREAKS = {
 }
 
 
+def check_tls(docs: list[dict], values: dict):
+    """tls.enabled: --tls-cert/--tls-key are tls.crt/tls.key of the tls.secretName Secret,
+    mounted read-only as a directory (a subPath mount never sees a renewed Secret);
+    tls.clientCa: --tls-client-ca likewise; the client port's appProtocol is https. Off: no
+    TLS flag and appProtocol http."""
+    _, _, pod, containers = pod_parts(docs)
+    gw = containers["mcp-reattach"]
+    f = flags(gw["args"])
+    svc_port = [p for p in only(docs, "Service")["spec"]["ports"] if p["targetPort"] == "mcp"][0]
+    tls = values["tls"]
+    if not tls["enabled"]:
+        if any(k.startswith("tls-") for k in f):
+            raise AssertionError(f"TLS flags without tls.enabled: {[k for k in f if k.startswith('tls-')]}")
+        if svc_port.get("appProtocol") != "http":
+            raise AssertionError(f"client port appProtocol {svc_port.get('appProtocol')!r} without TLS")
+        return "no TLS"
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = gw.get("volumeMounts", [])
+
+    def secret_file(flag: str, secret: str, key: str):
+        if flag not in f:
+            raise AssertionError(f"tls: no --{flag}")
+        path = Path(f[flag])
+        found = [m for m in mounts if Path(m["mountPath"]) == path.parent]
+        if len(found) != 1:
+            raise AssertionError(f"--{flag}={path}: no volume mounted at {path.parent}")
+        m = found[0]
+        if not m.get("readOnly") or m.get("subPath") or m.get("subPathExpr"):
+            raise AssertionError(f"--{flag}: mount {m['name']} must be read-only and without "
+                                 "subPath (a subPath mount never sees a renewed Secret)")
+        vol = volumes.get(m["name"], {})
+        if vol.get("secret", {}).get("secretName") != secret:
+            raise AssertionError(f"--{flag}: volume {m['name']} is not the Secret {secret!r}")
+        items = {i["path"]: i["key"] for i in vol["secret"].get("items", [])}
+        if items.get(path.name, path.name) != key:
+            raise AssertionError(f"--{flag}={path}: not the Secret's {key!r}")
+
+    secret_file("tls-cert", tls["secretName"], "tls.crt")
+    secret_file("tls-key", tls["secretName"], "tls.key")
+    ca = tls["clientCa"]
+    if ca["secretName"]:
+        secret_file("tls-client-ca", ca["secretName"], ca["key"])
+    elif "tls-client-ca" in f:
+        raise AssertionError("--tls-client-ca without tls.clientCa.secretName")
+    if svc_port.get("appProtocol") != "https":
+        raise AssertionError(f"client port appProtocol {svc_port.get('appProtocol')!r}: the port speaks TLS")
+    return (f"--tls-cert/--tls-key from Secret {tls['secretName']}"
+            + (f", --tls-client-ca from Secret {ca['secretName']}" if ca["secretName"] else ""))
+
+
+def _tls_mount(d, name):
+    return [m for m in _container(d, "mcp-reattach")["volumeMounts"] if m["name"] == name][0]
+
+
+def _drop_arg(d, prefix):
+    gw = _container(d, "mcp-reattach")
+    gw["args"] = [a for a in gw["args"] if not a.startswith(prefix)]
+
+
+def _replace_arg(d, prefix, new):
+    gw = _container(d, "mcp-reattach")
+    gw["args"] = [new if a.startswith(prefix) else a for a in gw["args"]]
+
+
+# Renders with TLS broken in one way each: check_tls (or check_pod) must fail on every one.
+TLS_BREAKS = {
+    "no --tls-cert": lambda d: _drop_arg(d, "--tls-cert="),
+    "no --tls-client-ca": lambda d: _drop_arg(d, "--tls-client-ca="),
+    "--tls-key pointing at the certificate":
+        lambda d: _replace_arg(d, "--tls-key=", "--tls-key=/etc/mcp-reattach/tls/tls.crt"),
+    "--tls-cert outside the mounted Secret":
+        lambda d: _replace_arg(d, "--tls-cert=", "--tls-cert=/etc/tls/tls.crt"),
+    "a writable Secret mount": lambda d: _tls_mount(d, "tls").pop("readOnly"),
+    "a subPath mount of the key": lambda d: _tls_mount(d, "tls").update(subPath="tls.key"),
+    "another Secret": lambda d: [v for v in _pod(d)["volumes"] if v["name"] == "tls"][0]
+    ["secret"].update(secretName="other"),
+    "the client port still appProtocol http": lambda d: _svc_ports(d)[0].update(appProtocol="http"),
+    "an HTTPS readiness probe": lambda d: _container(d, "mcp-reattach")["readinessProbe"]
+    ["httpGet"].update(scheme="HTTPS"),
+}
+
+
+def tls_and_pod(docs: list[dict], values: dict):
+    check_pod(docs)
+    return check_tls(docs, values)
+
+
 def _server_probe(d, probe):
     return _container(d, "mcp-server")[probe]
 
@@ -1300,6 +1389,9 @@ SCHEMA_REJECTS = {
     "serviceMonitor.interval=30 (no unit)": {"serviceMonitor": {"interval": "30"}},
     "podMonitor.enabled=\"yes\"": {"podMonitor": {"enabled": "yes"}},
     "service.admin.port=0": {"service": {"admin": {"port": 0}}},
+    "tls.enabled without tls.secretName": {"tls": {"enabled": True}},
+    "tls.clientCa without tls.enabled": {"tls": {"clientCa": {"secretName": "clients-ca"}}},
+    "a probe with a misspelt field (periodSecond)": {"mcpServer": {"readinessProbe": {"periodSecond": 5}}},
 }
 
 
@@ -1348,6 +1440,16 @@ def main() -> int:
                            monitors_checked, docs, chart_values(chart, values))
             if detail:
                 print(f"       {detail}")
+            detail = check(f"{name}: TLS as the values say", check_tls, docs,
+                           chart_values(chart, values))
+            if detail:
+                print(f"       {detail}")
+    tls_docs = sets.get("helm tls-values.yaml") or []
+    if tls_docs:
+        tls_values = chart_values(chart, yaml.safe_load((chart / "ci" / "tls-values.yaml").read_text()))
+        for what, mutate in TLS_BREAKS.items():
+            check(f"TLS check rejects a render with {what}", render_rejects, tls_and_pod,
+                  tls_docs, mutate, tls_values)
     for vf, breaks in (("monitoring-values.yaml", SERVICE_MONITOR_BREAKS),
                        ("podmonitor-values.yaml", POD_MONITOR_BREAKS)):
         docs = sets.get(f"helm {vf}") or []
