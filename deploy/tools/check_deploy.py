@@ -991,6 +991,7 @@ POD_KNOBS = [
     "podAnnotations", "podLabels", "imagePullSecrets", "priorityClassName", "nodeSelector",
     "tolerations", "affinity", "topologySpreadConstraints", "extraVolumes", "serviceAccount",
     "mcpServer.extraVolumeMounts", "gateway.extraEnv", "gateway.extraVolumeMounts",
+    "service.sessionAffinity",
 ]
 
 
@@ -1061,6 +1062,13 @@ def check_knobs(docs: list[dict], values: dict):
             if item not in items:
                 problems.append(f"{where} lacks {item!r}")
 
+    svc = only(docs, "Service")["spec"]
+    affinity = value_at(values, "service.sessionAffinity") or "None"
+    want("Service .sessionAffinity", svc.get("sessionAffinity", "None"), affinity)
+    if affinity == "ClientIP":
+        want("Service .sessionAffinityConfig.clientIP.timeoutSeconds",
+             svc.get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds"),
+             value_at(values, "service.sessionAffinityTimeoutSeconds") or 10800)
     contains("pod .volumes", pod.get("volumes", []), values.get("extraVolumes", []))
     contains("mcp-reattach .env", gw.get("env", []), value_at(values, "gateway.extraEnv") or [])
     contains("mcp-reattach .volumeMounts", gw.get("volumeMounts", []),
@@ -1110,6 +1118,9 @@ KNOB_BREAKS = {
     "no extraVolumes": lambda d: _pod(d).update(volumes=_pod(d)["volumes"][:1]),
     "no gateway.extraEnv": lambda d: _container(d, "mcp-reattach").pop("env"),
     "no gateway.extraVolumeMounts": lambda d: _container(d, "mcp-reattach").pop("volumeMounts"),
+    "no Service sessionAffinity": lambda d: only(d, "Service")["spec"].pop("sessionAffinity"),
+    "another sessionAffinity timeout": lambda d: only(d, "Service")["spec"]["sessionAffinityConfig"]
+    ["clientIP"].update(timeoutSeconds=10800),
     "no mcpServer.extraVolumeMounts": lambda d: _container(d, "mcp-server").update(
         volumeMounts=_container(d, "mcp-server")["volumeMounts"][:1]),
 }
@@ -1377,6 +1388,25 @@ def helm_render_fails(chart: Path, values: dict, message: str):
     raise AssertionError(f"rendered with {values}")
 
 
+def replicas_comment_names_stickiness(chart: Path):
+    """values.yaml says, above replicaCount, what several replicas need (issue: a plain
+    Service and no word of it) and where the load-balancer examples are."""
+    lines = (chart / "values.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("replicaCount:"))
+    block = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("#"):
+            break
+        block.insert(0, line)
+    text = " ".join(block)
+    for needed in ("Mcp-Session-Id", "deploy/loadbalancers/README.md", "docs/operations.md",
+                   "sessionAffinity", "initialize"):
+        if needed not in text:
+            raise AssertionError(f"the comment above replicaCount does not mention {needed}")
+    if not (REPO / "deploy" / "loadbalancers" / "README.md").exists():
+        raise AssertionError("deploy/loadbalancers/README.md is gone")
+
+
 # Values the chart's schema must refuse (it is strict: a misspelt key is an error).
 SCHEMA_REJECTS = {
     "an unknown top-level key (nodeselector)": {"nodeselector": {"kubernetes.io/os": "linux"}},
@@ -1389,6 +1419,7 @@ SCHEMA_REJECTS = {
     "serviceMonitor.interval=30 (no unit)": {"serviceMonitor": {"interval": "30"}},
     "podMonitor.enabled=\"yes\"": {"podMonitor": {"enabled": "yes"}},
     "service.admin.port=0": {"service": {"admin": {"port": 0}}},
+    "service.sessionAffinity=Sticky": {"service": {"sessionAffinity": "Sticky"}},
     "tls.enabled without tls.secretName": {"tls": {"enabled": True}},
     "tls.clientCa without tls.enabled": {"tls": {"clientCa": {"secretName": "clients-ca"}}},
     "a probe with a misspelt field (periodSecond)": {"mcpServer": {"readinessProbe": {"periodSecond": 5}}},
@@ -1423,6 +1454,8 @@ def main() -> int:
     if sets["helm defaults"]:
         check("helm defaults render only a Deployment, a Service and a PDB (no ServiceAccount, "
               "PrometheusRule, dashboard, monitor)", options_off_by_default, sets["helm defaults"])
+    check("values.yaml says above replicaCount what stickiness several replicas need",
+          replicas_comment_names_stickiness, chart)
     knob_values = yaml.safe_load((chart / "ci" / "knobs-values.yaml").read_text())
     check("ci/knobs-values.yaml sets every pod knob", knobs_all_set, knob_values)
     knobbed = sets.get("helm knobs-values.yaml") or []
