@@ -21,7 +21,14 @@ What is checked, and with what:
 * Consistency of the pod: probes on the admin port, Service on the sidecar port, grace period
   covering drain-delay + drain-timeout, the MCP server's preStop covering the drain, memory
   limit at least the sizing formula of docs/operations.md for the flags given, non-root.
-* Helm defaults render the same pod, Service and PDB as the Kustomize base.
+* Helm defaults render the same pod, Service and PDB as the Kustomize base, and nothing else.
+* Chart options (ci/*-values.yaml): each pod knob set there is in the rendered pod (or
+  ServiceAccount, or Service); the Service has the admin port exactly when asked for or when a
+  ServiceMonitor needs it; the ServiceMonitor / PodMonitor select this release's Service / pods
+  and scrape GET /metrics over HTTP on the admin port; with TLS the --tls-* flags name files of
+  the named Secrets, mounted read-only without subPath. The MCP server's probes run in its
+  container (it listens on 127.0.0.1). values.yaml says above replicaCount what several
+  replicas need. Broken renders must fail each of these checks.
 * The runtime stage of deploy/Dockerfile and deploy/Dockerfile.scratch are identical.
 * The HAProxy example (deploy/loadbalancers/haproxy/haproxy.cfg; HAProxy itself parses it in
   validate.sh): the stick table learnt from the Mcp-Session-Id response header and matched on
