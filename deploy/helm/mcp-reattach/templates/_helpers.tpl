@@ -21,3 +21,35 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
+
+{{- /* The pod's labels: podLabels, then the selector labels (which podLabels cannot change). */}}
+{{- define "mcp-reattach.podLabels" -}}
+{{- $selector := include "mcp-reattach.selectorLabels" . | fromYaml -}}
+{{- toYaml (merge $selector (deepCopy .Values.podLabels)) -}}
+{{- end -}}
+
+{{- /* The pod's ServiceAccount: the chart's own when it creates one, else the one named
+       (empty: the namespace's `default`). */}}
+{{- define "mcp-reattach.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "mcp-reattach.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The admin port is on the Service when asked for, or when a ServiceMonitor scrapes
+       through it. */}}
+{{- define "mcp-reattach.serviceAdminPort" -}}
+{{- if or .Values.service.admin.enabled .Values.serviceMonitor.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- /* interval and scrapeTimeout of a ServiceMonitor endpoint or PodMonitor podMetricsEndpoint. */}}
+{{- define "mcp-reattach.scrapeTiming" -}}
+{{- with .interval }}
+interval: {{ . }}
+{{- end }}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+{{- end -}}
