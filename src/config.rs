@@ -91,6 +91,21 @@ pub mod defaults {
     pub const LOG_LEVEL: &str = "info";
 }
 
+/// The headings `--help` groups the flags under, in the order shown; every flag has one (a
+/// test of `--help` fails on a flag left in clap's default list).
+pub mod headings {
+    pub const LISTENER: &str = "Listener";
+    pub const UPSTREAM: &str = "Upstream";
+    pub const SESSIONS: &str = "Sessions and windows";
+    pub const STREAMS: &str = "Streams";
+    pub const LIMITS: &str = "Limits";
+    pub const ACCESS: &str = "Access control";
+    pub const TLS: &str = "TLS";
+    pub const SHUTDOWN: &str = "Shutdown";
+    pub const LOGGING: &str = "Logging";
+    pub const ADMIN: &str = "Admin";
+}
+
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
 ///
 /// Durations take a unit (`500ms`, `15s`, `5m`, `1h`); sizes take an optional unit
@@ -119,177 +134,160 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::LISTENER,
         env = "MCP_REATTACH_LISTEN",
         default_value = defaults::LISTEN
     )]
     pub listen: SocketAddr,
 
-    /// Base URL of the MCP server to proxy to (http or https), e.g. http://127.0.0.1:3000.
-    /// Request paths and queries are forwarded as received. Required unless running `demo`.
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
-    pub upstream: Option<http::Uri>,
-
-    /// Address of the admin listener (/healthz, /readyz).
-    #[arg(
-        long,
-        global = true,
-        env = "MCP_REATTACH_ADMIN_LISTEN",
-        default_value = defaults::ADMIN_LISTEN
-    )]
-    pub admin_listen: SocketAddr,
-
-    /// Per-session window: most recent events retained for resumption (count, at least 2: a
-    /// window of one has no room to read ahead of what its client may still need).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(2..))]
-    pub window_events: u32,
-
-    /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_BYTES", default_value = defaults::WINDOW_BYTES, value_parser = parse_size)]
-    pub window_bytes: u64,
-
-    /// Drop a session's state after this long with no client attached and no client request
-    /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_SESSION_TTL", default_value = defaults::SESSION_TTL, value_parser = parse_positive_duration)]
-    pub session_ttl: Duration,
-
-    /// Most sessions held at once. At the cap the least recently used session with no
-    /// attached client is shed; if every session has a client attached, new sessions get 503
-    /// with Retry-After.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_SESSIONS", default_value_t = defaults::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_sessions: u32,
-
-    /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
-    /// 0 disables).
-    #[arg(long, global = true, env = "MCP_REATTACH_KEEPALIVE", default_value = defaults::KEEPALIVE, value_parser = parse_duration)]
-    pub keepalive: Duration,
-
-    /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
-    /// close the gateway initiates (duration; default unset).
-    #[arg(long, global = true, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
-    pub retry_hint: Option<Duration>,
-
-    /// A client that makes no progress for this long while it has events to receive, or that
-    /// never takes its last frame, is detached with a resumption-required signal (and closed
-    /// if it cannot even be written to); a detached client's undelivered events are protected
-    /// (the upstream is paused) this long after its last progress (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = defaults::STALL_TIMEOUT, value_parser = parse_positive_duration)]
-    pub stall_timeout: Duration,
-
-    /// Open each legacy session's standalone GET stream upstream as soon as the session is
-    /// initialized and hold it for the client, so server messages sent before the client's
-    /// GET arrives are delivered when it does (true/false).
-    #[arg(long, global = true, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = defaults::HOLD_STANDALONE, action = clap::ArgAction::Set)]
-    pub hold_standalone: bool,
-
-    /// Answer a legacy POST carrying requests, from a client that accepts SSE, with an SSE
-    /// stream of the gateway's (an id first, keep-alives, then the upstream's answer) even
-    /// when the upstream answers with JSON, so a cut during the call is an ordinary resume
-    /// (true/false).
-    #[arg(long, global = true, env = "MCP_REATTACH_JSON_UPGRADE", default_value_t = defaults::JSON_UPGRADE, action = clap::ArgAction::Set)]
-    pub json_upgrade: bool,
-
-    /// How long an upgraded POST waits for the upstream's response head before the gateway
-    /// commits to its SSE answer: an upstream error within it keeps its HTTP status
-    /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPGRADE_GRACE", default_value = defaults::UPGRADE_GRACE, value_parser = parse_duration)]
-    pub upgrade_grace: Duration,
-
-    /// Priming events: auto (protocol 2025-11-25 or later), always, never.
-    #[arg(
-        long,
-        global = true,
-        env = "MCP_REATTACH_PRIMING",
-        value_enum,
-        default_value_t = defaults::PRIMING
-    )]
-    pub priming: Priming,
-
-    /// Largest single SSE event accepted from the upstream (size); a larger one ends that
-    /// stream with an explicit error.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = defaults::MAX_EVENT_BYTES, value_parser = parse_size)]
-    pub max_event_bytes: u64,
-
-    /// Largest request body, of any method (size); larger gets 413, a larger `Content-Length`
-    /// before the body is read.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
-    pub max_request_bytes: u64,
-
-    /// Most bytes of request bodies held at once, all connections together (size): the
-    /// gateway reads every body whole, so a body that would go over it is refused with 503
-    /// and Retry-After (a declared Content-Length before the body is read).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_BUFFERED_REQUEST_BYTES", default_value = defaults::MAX_BUFFERED_REQUEST_BYTES, value_parser = parse_size)]
-    pub max_buffered_request_bytes: u64,
-
-    /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
-    /// balancers deregister it (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_DELAY", default_value = defaults::DRAIN_DELAY, value_parser = parse_duration)]
-    pub drain_delay: Duration,
-
-    /// Then it stops accepting; in-flight POST streams may finish until this deadline, after
-    /// which remaining SSE streams end with a `retry:` hint (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
-    pub drain_timeout: Duration,
+    /// Most client connections served at once; further connections wait in the listen
+    /// backlog until one closes (count).
+    #[arg(long, global = true, help_heading = headings::LISTENER, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
 
     /// Time a client may take to send a request's headers; slower connections are closed
     /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_positive_duration)]
+    #[arg(long, global = true, help_heading = headings::LISTENER, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
 
     /// Time a client connection may stay open with no request in flight and no response
     /// streaming (HTTP/1.1 keep-alive and HTTP/2 alike) before the gateway closes it; HTTP/2
     /// connections are also pinged every --keepalive and closed when a ping goes unanswered
     /// for 20s (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_IDLE_TIMEOUT", default_value = defaults::IDLE_TIMEOUT, value_parser = parse_positive_duration)]
+    #[arg(long, global = true, help_heading = headings::LISTENER, env = "MCP_REATTACH_IDLE_TIMEOUT", default_value = defaults::IDLE_TIMEOUT, value_parser = parse_positive_duration)]
     pub idle_timeout: Duration,
 
-    /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
-    /// least 8KiB).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_size)]
-    pub max_header_bytes: u64,
+    /// Base URL of the MCP server to proxy to (http or https), e.g. http://127.0.0.1:3000.
+    /// Request paths and queries are forwarded as received. Required unless running `demo`.
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
+    pub upstream: Option<http::Uri>,
 
-    /// Most request headers accepted; more gets 431 (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADERS", default_value_t = defaults::MAX_HEADERS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_headers: u32,
+    /// Time to connect to the upstream (duration).
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = defaults::UPSTREAM_CONNECT_TIMEOUT, value_parser = parse_positive_duration)]
+    pub upstream_connect_timeout: Duration,
 
-    /// Most client connections served at once; further connections wait in the listen
-    /// backlog until one closes (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
+    /// Time to wait for the upstream's response headers on requests that cannot stream
+    /// (DELETE, OPTIONS, POSTs without requests); SSE-capable requests have no timeout
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = defaults::UPSTREAM_HEADER_TIMEOUT, value_parser = parse_positive_duration)]
+    pub upstream_header_timeout: Duration,
 
     /// Most connections to the upstream open at once, pooled idle ones included; held
     /// standalone streams take at most three quarters of them. At the bound, a request that
     /// needs a new connection gets 503 with Retry-After. 0: --max-connections plus
     /// --max-sessions, lowered to fit the open-file limit (which the gateway raises to its hard
     /// limit at startup) beside --max-connections (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_UPSTREAM_CONNECTIONS", default_value_t = defaults::MAX_UPSTREAM_CONNECTIONS)]
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_MAX_UPSTREAM_CONNECTIONS", default_value_t = defaults::MAX_UPSTREAM_CONNECTIONS)]
     pub max_upstream_connections: u32,
+
+    /// Per-session window: most recent events retained for resumption (count, at least 2: a
+    /// window of one has no room to read ahead of what its client may still need).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(2..))]
+    pub window_events: u32,
+
+    /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_WINDOW_BYTES", default_value = defaults::WINDOW_BYTES, value_parser = parse_size)]
+    pub window_bytes: u64,
+
+    /// Drop a session's state after this long with no client attached and no client request
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_SESSION_TTL", default_value = defaults::SESSION_TTL, value_parser = parse_positive_duration)]
+    pub session_ttl: Duration,
+
+    /// Most sessions held at once. At the cap the least recently used session with no
+    /// attached client is shed; if every session has a client attached, new sessions get 503
+    /// with Retry-After.
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_MAX_SESSIONS", default_value_t = defaults::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+
+    /// A client that makes no progress for this long while it has events to receive, or that
+    /// never takes its last frame, is detached with a resumption-required signal (and closed
+    /// if it cannot even be written to); a detached client's undelivered events are protected
+    /// (the upstream is paused) this long after its last progress (duration).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = defaults::STALL_TIMEOUT, value_parser = parse_positive_duration)]
+    pub stall_timeout: Duration,
 
     /// Most calls of one session still running upstream after their clients left (each holds
     /// an upstream connection until it ends or --session-ttl); the session's next call gets
     /// 429 with Retry-After until one ends or is resumed (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_DETACHED_CALLS", default_value_t = defaults::MAX_DETACHED_CALLS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_MAX_DETACHED_CALLS", default_value_t = defaults::MAX_DETACHED_CALLS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_detached_calls: u32,
+
+    /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
+    /// 0 disables).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_KEEPALIVE", default_value = defaults::KEEPALIVE, value_parser = parse_duration)]
+    pub keepalive: Duration,
+
+    /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
+    /// close the gateway initiates (duration; default unset).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
+    pub retry_hint: Option<Duration>,
+
+    /// Priming events: auto (protocol 2025-11-25 or later), always, never.
+    #[arg(
+        long,
+        global = true,
+        help_heading = headings::STREAMS,
+        env = "MCP_REATTACH_PRIMING",
+        value_enum,
+        default_value_t = defaults::PRIMING
+    )]
+    pub priming: Priming,
+
+    /// Open each legacy session's standalone GET stream upstream as soon as the session is
+    /// initialized and hold it for the client, so server messages sent before the client's
+    /// GET arrives are delivered when it does (true/false).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = defaults::HOLD_STANDALONE, action = clap::ArgAction::Set)]
+    pub hold_standalone: bool,
+
+    /// Answer a legacy POST carrying requests, from a client that accepts SSE, with an SSE
+    /// stream of the gateway's (an id first, keep-alives, then the upstream's answer) even
+    /// when the upstream answers with JSON, so a cut during the call is an ordinary resume
+    /// (true/false).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_JSON_UPGRADE", default_value_t = defaults::JSON_UPGRADE, action = clap::ArgAction::Set)]
+    pub json_upgrade: bool,
+
+    /// How long an upgraded POST waits for the upstream's response head before the gateway
+    /// commits to its SSE answer: an upstream error within it keeps its HTTP status
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_UPGRADE_GRACE", default_value = defaults::UPGRADE_GRACE, value_parser = parse_duration)]
+    pub upgrade_grace: Duration,
+
+    /// Largest single SSE event accepted from the upstream (size); a larger one ends that
+    /// stream with an explicit error.
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = defaults::MAX_EVENT_BYTES, value_parser = parse_size)]
+    pub max_event_bytes: u64,
+
+    /// Largest request body, of any method (size); larger gets 413, a larger `Content-Length`
+    /// before the body is read.
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
+    pub max_request_bytes: u64,
+
+    /// Most bytes of request bodies held at once, all connections together (size): the
+    /// gateway reads every body whole, so a body that would go over it is refused with 503
+    /// and Retry-After (a declared Content-Length before the body is read).
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_BUFFERED_REQUEST_BYTES", default_value = defaults::MAX_BUFFERED_REQUEST_BYTES, value_parser = parse_size)]
+    pub max_buffered_request_bytes: u64,
+
+    /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
+    /// least 8KiB).
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_size)]
+    pub max_header_bytes: u64,
+
+    /// Most request headers accepted; more gets 431 (count).
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_HEADERS", default_value_t = defaults::MAX_HEADERS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_headers: u32,
 
     /// Global budget for all session windows together and the events larger than a window
     /// held for their clients (size). Above it, the oldest idle sessions are shed first, then
     /// the filling session's oldest events; above 90%, new sessions get 503 with Retry-After
     /// and an oversized event waits upstream.
-    #[arg(long, global = true, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = defaults::MEMORY_BUDGET, value_parser = parse_size)]
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = defaults::MEMORY_BUDGET, value_parser = parse_size)]
     pub memory_budget: u64,
-
-    /// Time to connect to the upstream (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = defaults::UPSTREAM_CONNECT_TIMEOUT, value_parser = parse_positive_duration)]
-    pub upstream_connect_timeout: Duration,
-
-    /// Time to wait for the upstream's response headers on requests that cannot stream
-    /// (DELETE, OPTIONS, POSTs without requests); SSE-capable requests have no timeout
-    /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = defaults::UPSTREAM_HEADER_TIMEOUT, value_parser = parse_positive_duration)]
-    pub upstream_header_timeout: Duration,
 
     /// Header naming the principal a session is bound to (e.g. one set by an authenticating
     /// ingress); default: Authorization.
-    #[arg(long, global = true, env = "MCP_REATTACH_PRINCIPAL_HEADER")]
+    #[arg(long, global = true, help_heading = headings::ACCESS, env = "MCP_REATTACH_PRINCIPAL_HEADER")]
     pub principal_header: Option<http::HeaderName>,
 
     /// What the principal is: `header` (the value of --principal-header) or `client-cert`
@@ -297,6 +295,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::ACCESS,
         env = "MCP_REATTACH_PRINCIPAL_SOURCE",
         value_enum,
         default_value_t = defaults::PRINCIPAL_SOURCE
@@ -309,6 +308,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::ACCESS,
         env = "MCP_REATTACH_RESUME_AUTH",
         value_enum,
         default_value_t = defaults::RESUME_AUTH
@@ -320,6 +320,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::ACCESS,
         env = "MCP_REATTACH_ALLOWED_ORIGINS",
         value_delimiter = ','
     )]
@@ -330,6 +331,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::TLS,
         env = "MCP_REATTACH_TLS_CERT",
         requires = "tls_key"
     )]
@@ -339,19 +341,21 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::TLS,
         env = "MCP_REATTACH_TLS_KEY",
         requires = "tls_cert"
     )]
     pub tls_key: Option<std::path::PathBuf>,
 
     /// How often the --tls-cert and --tls-key files are checked for changes (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = defaults::TLS_RELOAD_INTERVAL, value_parser = parse_positive_duration)]
+    #[arg(long, global = true, help_heading = headings::TLS, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = defaults::TLS_RELOAD_INTERVAL, value_parser = parse_positive_duration)]
     pub tls_reload_interval: Duration,
 
     /// Require client certificates signed by a CA in this PEM file (mTLS; needs --tls-cert).
     #[arg(
         long,
         global = true,
+        help_heading = headings::TLS,
         env = "MCP_REATTACH_TLS_CLIENT_CA",
         requires = "tls_cert"
     )]
@@ -359,13 +363,24 @@ pub struct GatewayArgs {
 
     /// Trust only the CA certificates in this PEM file for an https --upstream (default: the
     /// platform's roots).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CA")]
+    #[arg(long, global = true, help_heading = headings::TLS, env = "MCP_REATTACH_UPSTREAM_CA")]
     pub upstream_ca: Option<std::path::PathBuf>,
+
+    /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
+    /// balancers deregister it (duration).
+    #[arg(long, global = true, help_heading = headings::SHUTDOWN, env = "MCP_REATTACH_DRAIN_DELAY", default_value = defaults::DRAIN_DELAY, value_parser = parse_duration)]
+    pub drain_delay: Duration,
+
+    /// Then it stops accepting; in-flight POST streams may finish until this deadline, after
+    /// which remaining SSE streams end with a `retry:` hint (duration).
+    #[arg(long, global = true, help_heading = headings::SHUTDOWN, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
+    pub drain_timeout: Duration,
 
     /// Log format: text or json.
     #[arg(
         long,
         global = true,
+        help_heading = headings::LOGGING,
         env = "MCP_REATTACH_LOG_FORMAT",
         value_enum,
         default_value_t = defaults::LOG_FORMAT
@@ -376,10 +391,22 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::LOGGING,
         env = "MCP_REATTACH_LOG_LEVEL",
         default_value = defaults::LOG_LEVEL
     )]
     pub log_level: String,
+
+    /// Address of the admin listener: /healthz (liveness), /readyz (readiness; fails from
+    /// SIGTERM on) and /metrics (Prometheus text format).
+    #[arg(
+        long,
+        global = true,
+        help_heading = headings::ADMIN,
+        env = "MCP_REATTACH_ADMIN_LISTEN",
+        default_value = defaults::ADMIN_LISTEN
+    )]
+    pub admin_listen: SocketAddr,
 }
 
 impl GatewayArgs {

@@ -104,3 +104,80 @@ fn listen_address_in_use_exits_64() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 24: what an operator expects on day one
+// ---------------------------------------------------------------------------------------------
+
+/// The flags of `--help` by heading (the line ending in `:` above them): (heading, flag, its
+/// line and help text up to the next flag).
+fn help_sections(help: &str) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = Vec::new();
+    let mut heading = String::new();
+    for line in help.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            heading = line.trim_end_matches(':').to_owned();
+            continue;
+        }
+        let t = line.trim_start();
+        if t.starts_with('-') && line.len() - t.len() <= 6 {
+            let flag = t
+                .split([' ', ','])
+                .find(|w| w.starts_with("--"))
+                .unwrap_or(t)
+                .to_owned();
+            out.push((heading.clone(), flag, format!("{t} ")));
+        } else if let Some(last) = out.last_mut() {
+            last.2.push_str(t);
+            last.2.push(' ');
+        }
+    }
+    out
+}
+
+#[test]
+fn help_groups_every_flag_under_a_heading() {
+    for arg in ["--help", "-h"] {
+        let out = bin().arg(arg).output().unwrap();
+        assert!(out.status.success());
+        let help = String::from_utf8_lossy(&out.stdout);
+        let sections = help_sections(&help);
+        let headings: Vec<&str> = sections.iter().map(|s| s.0.as_str()).collect();
+        for h in [
+            "Listener",
+            "Upstream",
+            "Sessions and windows",
+            "Streams",
+            "Limits",
+            "Access control",
+            "TLS",
+            "Shutdown",
+            "Logging",
+            "Admin",
+        ] {
+            assert!(headings.contains(&h), "{arg}: no {h:?} heading:\n{help}");
+        }
+        // A flag added without a heading lands in clap's default list: only --help and
+        // --version may be there.
+        for (heading, flag, _) in &sections {
+            if heading == "Options" {
+                assert!(
+                    flag == "--help" || flag == "--version",
+                    "{arg}: {flag} has no help heading:\n{help}"
+                );
+            }
+        }
+        assert!(sections.len() > 30, "{arg}: flags not found:\n{help}");
+        let (heading, _, text) = sections
+            .iter()
+            .find(|s| s.1 == "--admin-listen")
+            .expect("--admin-listen in --help");
+        assert_eq!(heading, "Admin");
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            assert!(
+                text.contains(path),
+                "{arg}: --admin-listen's help lacks {path}: {text}"
+            );
+        }
+    }
+}
