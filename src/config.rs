@@ -3,7 +3,7 @@
 //! Owns parsing (clap, every flag also read from `MCP_REATTACH_<FLAG>`) and the plain
 //! [`Config`] value the rest of the crate reads. Knows nothing of sockets or HTTP.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -130,13 +130,15 @@ pub enum Command {
 /// The gateway's flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
-    /// Address the proxy listens on.
+    /// Address the proxy listens on: IP:PORT, [IPv6]:PORT, :PORT (every IPv4 interface) or
+    /// localhost:PORT (127.0.0.1).
     #[arg(
         long,
         global = true,
         help_heading = headings::LISTENER,
         env = "MCP_REATTACH_LISTEN",
-        default_value = defaults::LISTEN
+        default_value = defaults::LISTEN,
+        value_parser = parse_listen
     )]
     pub listen: SocketAddr,
 
@@ -404,7 +406,8 @@ pub struct GatewayArgs {
         global = true,
         help_heading = headings::ADMIN,
         env = "MCP_REATTACH_ADMIN_LISTEN",
-        default_value = defaults::ADMIN_LISTEN
+        default_value = defaults::ADMIN_LISTEN,
+        value_parser = parse_listen
     )]
     pub admin_listen: SocketAddr,
 }
@@ -656,6 +659,61 @@ pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
     Ok(uri)
 }
 
+/// The spellings [`parse_listen`] accepts, for its errors.
+const LISTEN_FORMS: &str = "expected IP:PORT (0.0.0.0:8080, 127.0.0.1:8080), [IPv6]:PORT \
+([::]:8080, [::1]:8080), :PORT for every IPv4 interface (:8080) or localhost:PORT for \
+127.0.0.1 (localhost:8080)";
+
+/// Parses a listen address (`--listen`, `--admin-listen`): `IP:PORT`, `[IPv6]:PORT`, `:PORT`
+/// or `*:PORT` (every IPv4 interface, `0.0.0.0`, as nginx's `listen *:8080`; the default
+/// `--listen` is that too), or `localhost:PORT` (`127.0.0.1`, without a lookup). Port 0 picks
+/// a free port. A bare port is refused rather than guessed (every interface, or loopback?), and
+/// so is any other host name: a listener binds an address, not a name.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if s.parse::<u16>().is_ok() {
+        return Err(format!(
+            "a bare port is ambiguous: :{s} listens on every IPv4 interface, 127.0.0.1:{s} on loopback only; {LISTEN_FORMS}"
+        ));
+    }
+    let Some((host, port)) = s.rsplit_once(':').filter(|(h, _)| !h.ends_with(':')) else {
+        return Err(format!("no port; {LISTEN_FORMS}"));
+    };
+    let ip: IpAddr = match host {
+        "" | "*" => Ipv4Addr::UNSPECIFIED.into(),
+        h if h.eq_ignore_ascii_case("localhost") => Ipv4Addr::LOCALHOST.into(),
+        h if h.parse::<std::net::Ipv6Addr>().is_ok() => {
+            return Err(format!(
+                "an IPv6 address takes brackets ([{h}]:{port}); {LISTEN_FORMS}"
+            ))
+        }
+        h => match h
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(h)
+            .parse()
+        {
+            // The port is what is wrong: said below.
+            Ok(ip) => ip,
+            Err(_) if h.contains(['/', ':', '[', ']']) => {
+                return Err(format!("not an address with a port; {LISTEN_FORMS}"))
+            }
+            Err(_) => {
+                return Err(format!(
+                "{h:?} is a host name: only localhost is known, give an IP address; {LISTEN_FORMS}"
+            ))
+            }
+        },
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("port {port:?} is not 0 to 65535; {LISTEN_FORMS}"))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
 /// Parses a duration with a unit (`250ms`, `15s`, `5m`); a bare `0` is zero.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
@@ -797,6 +855,49 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert!(parse_duration("15").is_err());
         assert!(parse_positive_duration("0").is_err());
+    }
+
+    #[test]
+    fn listen_spellings() {
+        let ok = |s: &str| {
+            parse_listen(s)
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+                .to_string()
+        };
+        assert_eq!(ok("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(ok("127.0.0.1:0"), "127.0.0.1:0");
+        assert_eq!(ok("[::]:8080"), "[::]:8080");
+        assert_eq!(ok("[::1]:9090"), "[::1]:9090");
+        assert_eq!(ok(":8080"), "0.0.0.0:8080");
+        assert_eq!(ok("*:8080"), "0.0.0.0:8080");
+        assert_eq!(ok("localhost:8080"), "127.0.0.1:8080");
+        assert_eq!(ok("LocalHost:8080"), "127.0.0.1:8080");
+        assert_eq!(ok(" :8080 "), "0.0.0.0:8080");
+        for bad in [
+            "8080",
+            "0.0.0.0",
+            "localhost",
+            "::1",
+            "::1:8080",
+            ":99999",
+            ":",
+            ":http",
+            "example.com:8080",
+            "http://127.0.0.1:8080",
+            "[::1]",
+            "0.0.0.0:99999",
+            "",
+        ] {
+            let e = parse_listen(bad).expect_err(bad);
+            assert!(
+                e.contains("localhost:8080") && e.contains(":8080"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(parse_listen("8080").unwrap_err().contains("127.0.0.1:8080"));
+        assert!(parse_listen("example.com:1")
+            .unwrap_err()
+            .contains("host name"));
     }
 
     #[test]
