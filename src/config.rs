@@ -273,7 +273,7 @@ pub struct GatewayArgs {
 
     /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
     /// least 8KiB).
-    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_size)]
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_header_bytes)]
     pub max_header_bytes: u64,
 
     /// Most request headers accepted; more gets 431 (count).
@@ -496,6 +496,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// A client connection with nothing in flight is closed after this long.
     pub idle_timeout: Duration,
+    /// At least [`MIN_HEADER_BYTES`] (the flag refuses less; the server raises a smaller value
+    /// set here directly to it).
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub max_connections: usize,
@@ -550,9 +552,7 @@ impl Config {
             drain_timeout: args.drain_timeout,
             header_read_timeout: args.header_read_timeout,
             idle_timeout: args.idle_timeout,
-            max_header_bytes: usize::try_from(args.max_header_bytes)
-                .unwrap_or(usize::MAX)
-                .max(8192),
+            max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(usize::MAX),
             max_headers: args.max_headers as usize,
             max_connections: args.max_connections as usize,
             max_upstream_connections: match args.max_upstream_connections {
@@ -714,6 +714,21 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, port))
 }
 
+/// The smallest `--max-header-bytes`: hyper's smallest HTTP/1.1 read buffer.
+pub const MIN_HEADER_BYTES: u64 = 8 << 10;
+
+/// Parses `--max-header-bytes`: a size of at least [`MIN_HEADER_BYTES`], refused (not raised)
+/// below it.
+fn parse_header_bytes(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < MIN_HEADER_BYTES {
+        return Err(format!(
+            "{v} bytes is below the minimum, 8KiB ({MIN_HEADER_BYTES} bytes: the smallest request-head buffer of the HTTP server)"
+        ));
+    }
+    Ok(v)
+}
+
 /// Parses a duration with a unit (`250ms`, `15s`, `5m`); a bare `0` is zero.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
@@ -845,6 +860,9 @@ mod tests {
         assert!(parse_size("1 parsec").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999999GiB").is_err());
+        assert_eq!(parse_header_bytes("8KiB"), Ok(8192));
+        assert!(parse_header_bytes("8191").unwrap_err().contains("8KiB"));
+        assert!(parse_header_bytes("1KiB").is_err());
     }
 
     #[test]

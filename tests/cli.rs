@@ -348,3 +348,30 @@ fn listen_refuses_other_spellings_with_a_hint() {
         }
     }
 }
+#[test]
+fn max_header_bytes_below_the_minimum_is_refused_stating_it() {
+    let (code, err) = refused(
+        &[
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--max-header-bytes",
+            "1KiB",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("--max-header-bytes") && err.contains("8KiB"),
+        "{err}"
+    );
+    let (code, err) = refused(
+        &[
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--max-header-bytes",
+            "8191",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(64), "{err}");
+}
