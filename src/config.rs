@@ -637,6 +637,12 @@ impl Config {
 pub const RESERVED_FDS: usize = 64;
 
 /// Parses an upstream base URL: `http(s)://host[:port]` with an optional trailing `/`.
+///
+/// `http::Uri` is the parser (the one hyper connects with, so what is checked is what is
+/// used), and it is lenient where a base URL must not be: it keeps a port it cannot read as a
+/// `u16` (`:99999`, `:`, `:+80`) and reports none, takes an empty host and user info. Those are
+/// checked here. Credentials (`user:pw@`) are refused, not stripped: clients' `Authorization`
+/// headers are what the upstream sees, and a URL with a secret in it ends up in logs.
 pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
     match uri.scheme_str() {
@@ -648,8 +654,32 @@ pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
         }
         None => return Err("missing scheme (expected http://host:port or https://…)".into()),
     }
-    if uri.authority().is_none() {
+    let Some(authority) = uri.authority().map(|a| a.as_str()) else {
         return Err("missing host".into());
+    };
+    if authority.contains('@') {
+        return Err(
+            "credentials in the URL (user:password@) are not accepted; the upstream gets \
+                    each client's own Authorization header"
+                .into(),
+        );
+    }
+    let host = uri.host().unwrap_or("");
+    if host.is_empty() {
+        return Err("missing host".into());
+    }
+    match authority.strip_prefix(host).unwrap_or(authority) {
+        "" => {}
+        port => {
+            let digits = port.strip_prefix(':').unwrap_or(port);
+            let valid = !digits.is_empty()
+                && digits.len() <= 5
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && matches!(digits.parse::<u32>(), Ok(1..=65535));
+            if !valid {
+                return Err(format!("port {digits:?} is not 1 to 65535"));
+            }
+        }
     }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return Err(
@@ -657,6 +687,49 @@ pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
         );
     }
     Ok(uri)
+}
+
+/// `value` with the user info of its URL authority, if any, replaced by `***`
+/// (`http://user:pw@host/` → `http://***@host/`); anything else unchanged.
+pub fn redact_userinfo(value: &str) -> std::borrow::Cow<'_, str> {
+    let start = value.find("://").map_or(0, |i| i + 3);
+    let end = value[start..]
+        .find(['/', '?', '#'])
+        .map_or(value.len(), |i| start + i);
+    match value[start..end].rfind('@') {
+        Some(at) => format!("{}***{}", &value[..start], &value[start + at..]).into(),
+        None => value.into(),
+    }
+}
+
+/// Renders clap's `err` about the command line `argv` (`env` reads the environment) for
+/// printing: the credentials of an upstream URL (`--upstream`'s value, `MCP_REATTACH_UPSTREAM`,
+/// any argument that is a URL) never appear, whatever the error quotes.
+pub fn explain_error(
+    err: &clap::Error,
+    argv: &[std::ffi::OsString],
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> String {
+    let mut text = err.render().to_string();
+    let mut urls: Vec<String> = Vec::new();
+    let mut after_upstream = false;
+    for arg in argv.iter().skip(1).map(|a| a.to_string_lossy()) {
+        let value = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => value,
+            _ => &arg,
+        };
+        if after_upstream || arg.starts_with("--upstream=") || value.contains("://") {
+            urls.push(value.to_owned());
+        }
+        after_upstream = arg == "--upstream";
+    }
+    urls.extend(env("MCP_REATTACH_UPSTREAM").map(|v| v.to_string_lossy().into_owned()));
+    for url in urls {
+        if let std::borrow::Cow::Owned(redacted) = redact_userinfo(&url) {
+            text = text.replace(&url, &redacted);
+        }
+    }
+    text
 }
 
 /// The spellings [`parse_listen`] accepts, for its errors.
@@ -920,11 +993,68 @@ mod tests {
 
     #[test]
     fn upstreams() {
-        assert!(parse_upstream("http://127.0.0.1:3000").is_ok());
-        assert!(parse_upstream("http://127.0.0.1:3000/").is_ok());
-        assert!(parse_upstream("https://x").is_ok());
-        assert!(parse_upstream("ftp://x").is_err());
-        assert!(parse_upstream("127.0.0.1:3000").is_err());
-        assert!(parse_upstream("http://h/mcp").is_err());
+        for ok in [
+            "http://127.0.0.1:3000",
+            "http://127.0.0.1:3000/",
+            "https://x",
+            "http://[::1]:3000",
+            "http://h:1",
+            "http://h:65535",
+            "HTTP://H:80",
+        ] {
+            assert!(parse_upstream(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("ftp://x", "scheme"),
+            ("127.0.0.1:3000", "scheme"),
+            ("mailto:pw@example.com", "scheme"),
+            ("http://h/mcp", "path"),
+            ("http://h?q", "path"),
+            ("http://h:99999", "port"),
+            ("http://h:0", "port"),
+            ("http://h:", "port"),
+            ("http://h:+80", "port"),
+            ("http://h:99999999999999999999", "port"),
+            ("http://:3000", "host"),
+            ("http://user:pw@h:3000", "credentials"),
+            ("http://user@h", "credentials"),
+            ("http://@h", "credentials"),
+        ] {
+            let e = parse_upstream(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(!e.contains("pw"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_redacted() {
+        assert_eq!(redact_userinfo("http://u:pw@h:1/x@y"), "http://***@h:1/x@y");
+        assert_eq!(redact_userinfo("u:pw@h"), "***@h");
+        assert_eq!(redact_userinfo("http://h:1/x@y"), "http://h:1/x@y");
+        assert_eq!(redact_userinfo("x"), "x");
+        let argv = |args: &[&str]| {
+            std::iter::once("mcp-reattach")
+                .chain(args.iter().copied())
+                .map(std::ffi::OsString::from)
+                .collect::<Vec<_>>()
+        };
+        for args in [
+            &["--upstream", "http://u:pw@h:99999"][..],
+            &["--upstream=http://u:pw@h:99999"],
+            &["--upstream", "u:pw@h"],
+            &["https://u:pw@h"],
+        ] {
+            let argv = argv(args);
+            let err = Cli::try_parse_from(&argv).expect_err("refused");
+            let text = explain_error(&err, &argv, |_| None);
+            assert!(!text.contains("pw"), "{args:?}: {text}");
+            assert!(text.contains("***@h"), "{args:?}: {text}");
+        }
+        let argv = argv(&["--window-events", "0"]);
+        let err = Cli::try_parse_from(&argv).expect_err("refused");
+        assert_eq!(
+            explain_error(&err, &argv, |_| None),
+            err.render().to_string()
+        );
     }
 }

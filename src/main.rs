@@ -4,19 +4,29 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mcp_reattach::config::{Cli, Command, Config, GatewayArgs, LogFormat};
+use mcp_reattach::config::{self, Cli, Command, Config, GatewayArgs, LogFormat};
 use mcp_reattach::shutdown::{Mode, Shutdown};
 use tokio::net::TcpListener;
 
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+        // --help, --version.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let explained = config::explain_error(&e, &argv, |var| std::env::var_os(var));
+            if explained == e.render().to_string() {
+                let _ = e.print(); // in colour on a terminal
+            } else {
+                eprint!("{explained}");
+            }
+            return ExitCode::from(EX_USAGE);
         }
     };
     let filter = match tracing_subscriber::EnvFilter::try_new(&cli.gateway.log_level) {

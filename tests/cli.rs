@@ -375,3 +375,31 @@ fn max_header_bytes_below_the_minimum_is_refused_stating_it() {
     );
     assert_eq!(code, Some(64), "{err}");
 }
+#[test]
+fn upstream_urls_are_checked_and_credentials_never_shown() {
+    for (url, reason) in [
+        ("http://127.0.0.1:99999", "port"),
+        ("http://127.0.0.1:0", "port"),
+        ("http://127.0.0.1:", "port"),
+        ("http://:3000", "host"),
+        ("http://user:s3cret@127.0.0.1:3000", "credentials"),
+        ("http://s3cret@127.0.0.1:3000", "credentials"),
+        ("https://user:s3cret@127.0.0.1:99999/mcp", "credentials"),
+        ("mailto:s3cret@example.com", "scheme"),
+    ] {
+        for (args, envs) in [
+            (vec!["--upstream", url], vec![]),
+            (vec![], vec![("MCP_REATTACH_UPSTREAM", url)]),
+        ] {
+            let (code, err) = refused(&args, &envs);
+            assert_eq!(code, Some(64), "{url} {envs:?}: {err}");
+            assert!(err.contains("--upstream"), "{url}: {err}");
+            assert!(err.contains(reason), "{url}: no {reason:?} in {err}");
+            assert!(!err.contains("s3cret"), "{url}: credentials shown: {err}");
+        }
+    }
+    // Forgetting the flag does not show them either.
+    let (code, err) = refused(&["http://user:s3cret@127.0.0.1:3000"], &[]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(!err.contains("s3cret"), "credentials shown: {err}");
+}
