@@ -702,15 +702,52 @@ pub fn redact_userinfo(value: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// The environment variable the value of the flag `long` (`--max-sessions`) came from, if it
+/// came from one: the flag is not on the command line `argv` (a flag there wins) and its
+/// variable (`MCP_REATTACH_MAX_SESSIONS`) is set in `env`.
+pub fn value_from_env(
+    long: &str,
+    argv: &[std::ffi::OsString],
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<String> {
+    use clap::CommandFactory;
+    let name = long.strip_prefix("--")?;
+    let cmd = Cli::command();
+    let var = cmd
+        .get_arguments()
+        .find(|a| a.get_long() == Some(name))?
+        .get_env()?
+        .to_string_lossy()
+        .into_owned();
+    let on_command_line = argv.iter().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == long
+            || a.strip_prefix(long)
+                .is_some_and(|rest| rest.starts_with('='))
+    });
+    (!on_command_line && env(&var).is_some()).then_some(var)
+}
+
 /// Renders clap's `err` about the command line `argv` (`env` reads the environment) for
-/// printing: the credentials of an upstream URL (`--upstream`'s value, `MCP_REATTACH_UPSTREAM`,
-/// any argument that is a URL) never appear, whatever the error quotes.
+/// printing: a refused value that came from an environment variable names it (`invalid value
+/// 'x' for '--max-sessions <MAX_SESSIONS>' (from MCP_REATTACH_MAX_SESSIONS)`; clap names only
+/// the flag), and the credentials of an upstream URL (`--upstream`'s value,
+/// `MCP_REATTACH_UPSTREAM`, any argument that is a URL) never appear, whatever the error quotes.
 pub fn explain_error(
     err: &clap::Error,
     argv: &[std::ffi::OsString],
     env: impl Fn(&str) -> Option<std::ffi::OsString>,
 ) -> String {
+    use clap::error::{ContextKind, ContextValue};
     let mut text = err.render().to_string();
+    if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
+        // `--max-sessions <MAX_SESSIONS>`, quoted in the message.
+        let long = arg.split_whitespace().next().unwrap_or(arg);
+        if let Some(var) = value_from_env(long, argv, &env) {
+            let quoted = format!("'{arg}'");
+            text = text.replacen(&quoted, &format!("{quoted} (from {var})"), 1);
+        }
+    }
     let mut urls: Vec<String> = Vec::new();
     let mut after_upstream = false;
     for arg in argv.iter().skip(1).map(|a| a.to_string_lossy()) {
@@ -1056,5 +1093,38 @@ mod tests {
             explain_error(&err, &argv, |_| None),
             err.render().to_string()
         );
+    }
+
+    #[test]
+    fn errors_name_the_variable_a_value_came_from() {
+        let env = |var: &str| (var == "MCP_REATTACH_MAX_SESSIONS").then(|| "x".into());
+        // The error clap gives for MCP_REATTACH_MAX_SESSIONS=x is the one for `--max-sessions x`
+        // (made so here: the process's environment is shared by the tests), explained for a
+        // command line without the flag.
+        let err =
+            Cli::try_parse_from(["mcp-reattach", "--max-sessions", "x"]).expect_err("refused");
+        let argv: Vec<std::ffi::OsString> = vec!["mcp-reattach".into()];
+        let text = explain_error(&err, &argv, env);
+        assert!(
+            text.contains("for '--max-sessions <MAX_SESSIONS>' (from MCP_REATTACH_MAX_SESSIONS):"),
+            "{text}"
+        );
+        // On the command line, the flag wins: its error is the flag's alone.
+        for argv in [
+            vec!["mcp-reattach", "--max-sessions", "y"],
+            vec!["mcp-reattach", "--max-sessions=y"],
+        ] {
+            let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+            assert_eq!(value_from_env("--max-sessions", &argv, env), None);
+            let err = Cli::try_parse_from(&argv).expect_err("refused");
+            assert!(!explain_error(&err, &argv, env).contains("MCP_REATTACH"));
+        }
+        let argv: Vec<std::ffi::OsString> = vec!["mcp-reattach".into(), "--max-sessions-x".into()];
+        assert_eq!(
+            value_from_env("--max-sessions", &argv, env).as_deref(),
+            Some("MCP_REATTACH_MAX_SESSIONS")
+        );
+        assert_eq!(value_from_env("--window-bytes", &argv, env), None);
+        assert_eq!(value_from_env("--no-such-flag", &argv, env), None);
     }
 }

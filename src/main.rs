@@ -33,8 +33,9 @@ fn main() -> ExitCode {
         Ok(f) => f,
         Err(e) => {
             eprintln!(
-                "error: invalid value '{}' for '--log-level <LOG_LEVEL>': {e}",
-                cli.gateway.log_level
+                "error: invalid value '{}' for '--log-level <LOG_LEVEL>'{}: {e}",
+                cli.gateway.log_level,
+                from_env("--log-level", &argv)
             );
             return ExitCode::from(EX_USAGE);
         }
@@ -75,15 +76,29 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            let mut message = e.to_string();
+            if let Some(flag) = e.flag() {
+                let quoted = format!("'{flag}'");
+                let named = format!("{quoted}{}", from_env(flag, &argv));
+                message = message.replacen(&quoted, &named, 1);
+            }
+            eprintln!("error: {message}");
             ExitCode::from(e.exit_code())
         }
     }
 }
 
+/// ` (from MCP_REATTACH_X)` when the value of `flag` came from its environment variable, for
+/// an error that names the flag; empty otherwise.
+fn from_env(flag: &str, argv: &[std::ffi::OsString]) -> String {
+    config::value_from_env(flag, argv, |var| std::env::var_os(var))
+        .map(|var| format!(" (from {var})"))
+        .unwrap_or_default()
+}
+
 #[derive(Debug, thiserror::Error)]
 enum StartError {
-    #[error("cannot listen on {addr} ({flag}): {source}")]
+    #[error("cannot listen on {addr} for '{flag}': {source}")]
     Bind {
         flag: &'static str,
         addr: std::net::SocketAddr,
@@ -96,6 +111,15 @@ enum StartError {
 }
 
 impl StartError {
+    /// The flag whose value could not be used, quoted in the message.
+    fn flag(&self) -> Option<&'static str> {
+        match self {
+            StartError::Bind { flag, .. } => Some(flag),
+            StartError::Tls(e) => Some(e.flag),
+            StartError::Io(_) => None,
+        }
+    }
+
     fn exit_code(&self) -> u8 {
         match self {
             StartError::Bind { .. } | StartError::Tls(_) => EX_USAGE,

@@ -403,3 +403,56 @@ fn upstream_urls_are_checked_and_credentials_never_shown() {
     assert_eq!(code, Some(64), "{err}");
     assert!(!err.contains("s3cret"), "credentials shown: {err}");
 }
+#[test]
+fn a_value_from_the_environment_is_named_by_its_variable() {
+    for (var, value, flag) in [
+        ("MCP_REATTACH_MAX_SESSIONS", "x", "--max-sessions"),
+        ("MCP_REATTACH_WINDOW_BYTES", "lots", "--window-bytes"),
+        ("MCP_REATTACH_PRIMING", "sometimes", "--priming"),
+        ("MCP_REATTACH_LISTEN", "nowhere", "--listen"),
+        ("MCP_REATTACH_LOG_LEVEL", "[[[", "--log-level"),
+    ] {
+        let (code, err) = refused(&["--upstream", "http://127.0.0.1:9"], &[(var, value)]);
+        assert_eq!(code, Some(64), "{var}={value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(&format!("(from {var})")),
+            "{var}={value}: {err}"
+        );
+    }
+    // The same value on the command line is the flag's alone; a valid variable beside it
+    // does not count.
+    let (code, err) = refused(
+        &["--upstream", "http://127.0.0.1:9", "--max-sessions", "x"],
+        &[("MCP_REATTACH_MAX_SESSIONS", "5")],
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("--max-sessions") && !err.contains("MCP_REATTACH_MAX_SESSIONS"),
+        "{err}"
+    );
+    // A file that cannot be used, named by its variable.
+    let (code, err) = refused(
+        &["--upstream", "http://127.0.0.1:9"],
+        &[
+            ("MCP_REATTACH_TLS_CERT", "/nonexistent/tls.crt"),
+            ("MCP_REATTACH_TLS_KEY", "/nonexistent/tls.key"),
+        ],
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("--tls-cert") && err.contains("(from MCP_REATTACH_TLS_CERT)"),
+        "{err}"
+    );
+    // An address in use, too.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, err) = refused(
+        &["--upstream", "http://127.0.0.1:9"],
+        &[("MCP_REATTACH_ADMIN_LISTEN", &addr)],
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("--admin-listen") && err.contains("(from MCP_REATTACH_ADMIN_LISTEN)"),
+        "{err}"
+    );
+}
