@@ -156,7 +156,8 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     let shutdown = Shutdown::new();
     // Before anything is served: a signal with no handler yet takes its default action, which
     // for SIGHUP and SIGINT is to end the process on the spot.
-    let signals = forward_signals(shutdown.clone(), config.tls.clone())?;
+    let signals = forward_signals(shutdown.clone(), config.tls.clone())
+        .map_err(|e| std::io::Error::other(format!("cannot install the signal handlers: {e}")))?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, max_connections = config.max_connections, max_upstream_connections = config.max_upstream_connections, "mcp-reattach started");
     let gateway = mcp_reattach::Gateway::new(config);
     let health = mcp_reattach::Health::new();
