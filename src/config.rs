@@ -3,7 +3,7 @@
 //! Owns parsing (clap, every flag also read from `MCP_REATTACH_<FLAG>`) and the plain
 //! [`Config`] value the rest of the crate reads. Knows nothing of sockets or HTTP.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -93,6 +93,21 @@ pub mod defaults {
     pub const READY_UPSTREAM: bool = false;
 }
 
+/// The headings `--help` groups the flags under, in the order shown; every flag has one (a
+/// test of `--help` fails on a flag left in clap's default list).
+pub mod headings {
+    pub const LISTENER: &str = "Listener";
+    pub const UPSTREAM: &str = "Upstream";
+    pub const SESSIONS: &str = "Sessions and windows";
+    pub const STREAMS: &str = "Streams";
+    pub const LIMITS: &str = "Limits";
+    pub const ACCESS: &str = "Access control";
+    pub const TLS: &str = "TLS";
+    pub const SHUTDOWN: &str = "Shutdown";
+    pub const LOGGING: &str = "Logging";
+    pub const ADMIN: &str = "Admin";
+}
+
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
 ///
 /// Durations take a unit (`500ms`, `15s`, `5m`, `1h`); sizes take an optional unit
@@ -117,181 +132,166 @@ pub enum Command {
 /// The gateway's flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
-    /// Address the proxy listens on.
+    /// Address the proxy listens on: IP:PORT, [IPv6]:PORT, :PORT (every IPv4 interface) or
+    /// localhost:PORT (127.0.0.1).
     #[arg(
         long,
         global = true,
+        help_heading = headings::LISTENER,
         env = "MCP_REATTACH_LISTEN",
-        default_value = defaults::LISTEN
+        default_value = defaults::LISTEN,
+        value_parser = parse_listen
     )]
     pub listen: SocketAddr,
 
-    /// Base URL of the MCP server to proxy to (http or https), e.g. http://127.0.0.1:3000.
-    /// Request paths and queries are forwarded as received. Required unless running `demo`.
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
-    pub upstream: Option<http::Uri>,
-
-    /// Address of the admin listener (/healthz, /readyz).
-    #[arg(
-        long,
-        global = true,
-        env = "MCP_REATTACH_ADMIN_LISTEN",
-        default_value = defaults::ADMIN_LISTEN
-    )]
-    pub admin_listen: SocketAddr,
-
-    /// Per-session window: most recent events retained for resumption (count, at least 2: a
-    /// window of one has no room to read ahead of what its client may still need).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(2..))]
-    pub window_events: u32,
-
-    /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
-    #[arg(long, global = true, env = "MCP_REATTACH_WINDOW_BYTES", default_value = defaults::WINDOW_BYTES, value_parser = parse_size)]
-    pub window_bytes: u64,
-
-    /// Drop a session's state after this long with no client attached and no client request
-    /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_SESSION_TTL", default_value = defaults::SESSION_TTL, value_parser = parse_positive_duration)]
-    pub session_ttl: Duration,
-
-    /// Most sessions held at once. At the cap the least recently used session with no
-    /// attached client is shed; if every session has a client attached, new sessions get 503
-    /// with Retry-After.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_SESSIONS", default_value_t = defaults::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_sessions: u32,
-
-    /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
-    /// 0 disables).
-    #[arg(long, global = true, env = "MCP_REATTACH_KEEPALIVE", default_value = defaults::KEEPALIVE, value_parser = parse_duration)]
-    pub keepalive: Duration,
-
-    /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
-    /// close the gateway initiates (duration; default unset).
-    #[arg(long, global = true, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
-    pub retry_hint: Option<Duration>,
-
-    /// A client that makes no progress for this long while it has events to receive, or that
-    /// never takes its last frame, is detached with a resumption-required signal (and closed
-    /// if it cannot even be written to); a detached client's undelivered events are protected
-    /// (the upstream is paused) this long after its last progress (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = defaults::STALL_TIMEOUT, value_parser = parse_positive_duration)]
-    pub stall_timeout: Duration,
-
-    /// Open each legacy session's standalone GET stream upstream as soon as the session is
-    /// initialized and hold it for the client, so server messages sent before the client's
-    /// GET arrives are delivered when it does (true/false).
-    #[arg(long, global = true, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = defaults::HOLD_STANDALONE, action = clap::ArgAction::Set)]
-    pub hold_standalone: bool,
-
-    /// Answer a legacy POST carrying requests, from a client that accepts SSE, with an SSE
-    /// stream of the gateway's (an id first, keep-alives, then the upstream's answer) even
-    /// when the upstream answers with JSON, so a cut during the call is an ordinary resume
-    /// (true/false).
-    #[arg(long, global = true, env = "MCP_REATTACH_JSON_UPGRADE", default_value_t = defaults::JSON_UPGRADE, action = clap::ArgAction::Set)]
-    pub json_upgrade: bool,
-
-    /// How long an upgraded POST waits for the upstream's response head before the gateway
-    /// commits to its SSE answer: an upstream error within it keeps its HTTP status
-    /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPGRADE_GRACE", default_value = defaults::UPGRADE_GRACE, value_parser = parse_duration)]
-    pub upgrade_grace: Duration,
-
-    /// Priming events: auto (protocol 2025-11-25 or later), always, never.
-    #[arg(
-        long,
-        global = true,
-        env = "MCP_REATTACH_PRIMING",
-        value_enum,
-        default_value_t = defaults::PRIMING
-    )]
-    pub priming: Priming,
-
-    /// Largest single SSE event accepted from the upstream (size); a larger one ends that
-    /// stream with an explicit error.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = defaults::MAX_EVENT_BYTES, value_parser = parse_size)]
-    pub max_event_bytes: u64,
-
-    /// Largest request body, of any method (size); larger gets 413, a larger `Content-Length`
-    /// before the body is read.
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
-    pub max_request_bytes: u64,
-
-    /// Most bytes of request bodies held at once, all connections together (size): the
-    /// gateway reads every body whole, so a body that would go over it is refused with 503
-    /// and Retry-After (a declared Content-Length before the body is read).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_BUFFERED_REQUEST_BYTES", default_value = defaults::MAX_BUFFERED_REQUEST_BYTES, value_parser = parse_size)]
-    pub max_buffered_request_bytes: u64,
-
-    /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
-    /// balancers deregister it (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_DELAY", default_value = defaults::DRAIN_DELAY, value_parser = parse_duration)]
-    pub drain_delay: Duration,
-
-    /// Then it stops accepting; in-flight POST streams may finish until this deadline, after
-    /// which remaining SSE streams end with a `retry:` hint (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
-    pub drain_timeout: Duration,
+    /// Most client connections served at once; further connections wait in the listen
+    /// backlog until one closes (count).
+    #[arg(long, global = true, help_heading = headings::LISTENER, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
 
     /// Time a client may take to send a request's headers; slower connections are closed
     /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_positive_duration)]
+    #[arg(long, global = true, help_heading = headings::LISTENER, env = "MCP_REATTACH_HEADER_READ_TIMEOUT", default_value = defaults::HEADER_READ_TIMEOUT, value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
 
     /// Time a client connection may stay open with no request in flight and no response
     /// streaming (HTTP/1.1 keep-alive and HTTP/2 alike) before the gateway closes it; HTTP/2
     /// connections are also pinged every --keepalive and closed when a ping goes unanswered
     /// for 20s (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_IDLE_TIMEOUT", default_value = defaults::IDLE_TIMEOUT, value_parser = parse_positive_duration)]
+    #[arg(long, global = true, help_heading = headings::LISTENER, env = "MCP_REATTACH_IDLE_TIMEOUT", default_value = defaults::IDLE_TIMEOUT, value_parser = parse_positive_duration)]
     pub idle_timeout: Duration,
 
-    /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
-    /// least 8KiB).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_size)]
-    pub max_header_bytes: u64,
+    /// Base URL of the MCP server to proxy to (http or https), e.g. http://127.0.0.1:3000.
+    /// Request paths and queries are forwarded as received. Required unless running `demo`.
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_UPSTREAM", value_parser = parse_upstream)]
+    pub upstream: Option<http::Uri>,
 
-    /// Most request headers accepted; more gets 431 (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_HEADERS", default_value_t = defaults::MAX_HEADERS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_headers: u32,
+    /// Time to connect to the upstream (duration).
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = defaults::UPSTREAM_CONNECT_TIMEOUT, value_parser = parse_positive_duration)]
+    pub upstream_connect_timeout: Duration,
 
-    /// Most client connections served at once; further connections wait in the listen
-    /// backlog until one closes (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
+    /// Time to wait for the upstream's response headers on requests that cannot stream
+    /// (DELETE, OPTIONS, POSTs without requests); SSE-capable requests have no timeout
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = defaults::UPSTREAM_HEADER_TIMEOUT, value_parser = parse_positive_duration)]
+    pub upstream_header_timeout: Duration,
 
     /// Most connections to the upstream open at once, pooled idle ones included; held
     /// standalone streams take at most three quarters of them. At the bound, a request that
     /// needs a new connection gets 503 with Retry-After. 0: --max-connections plus
     /// --max-sessions, lowered to fit the open-file limit (which the gateway raises to its hard
     /// limit at startup) beside --max-connections (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_UPSTREAM_CONNECTIONS", default_value_t = defaults::MAX_UPSTREAM_CONNECTIONS)]
+    #[arg(long, global = true, help_heading = headings::UPSTREAM, env = "MCP_REATTACH_MAX_UPSTREAM_CONNECTIONS", default_value_t = defaults::MAX_UPSTREAM_CONNECTIONS)]
     pub max_upstream_connections: u32,
+
+    /// Per-session window: most recent events retained for resumption (count, at least 2: a
+    /// window of one has no room to read ahead of what its client may still need).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_WINDOW_EVENTS", default_value_t = defaults::WINDOW_EVENTS, value_parser = clap::value_parser!(u32).range(2..))]
+    pub window_events: u32,
+
+    /// Per-session window: most recent bytes retained for resumption (size, e.g. 1MiB).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_WINDOW_BYTES", default_value = defaults::WINDOW_BYTES, value_parser = parse_size)]
+    pub window_bytes: u64,
+
+    /// Drop a session's state after this long with no client attached and no client request
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_SESSION_TTL", default_value = defaults::SESSION_TTL, value_parser = parse_positive_duration)]
+    pub session_ttl: Duration,
+
+    /// Most sessions held at once. At the cap the least recently used session with no
+    /// attached client is shed; if every session has a client attached, new sessions get 503
+    /// with Retry-After.
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_MAX_SESSIONS", default_value_t = defaults::MAX_SESSIONS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+
+    /// A client that makes no progress for this long while it has events to receive, or that
+    /// never takes its last frame, is detached with a resumption-required signal (and closed
+    /// if it cannot even be written to); a detached client's undelivered events are protected
+    /// (the upstream is paused) this long after its last progress (duration).
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_STALL_TIMEOUT", default_value = defaults::STALL_TIMEOUT, value_parser = parse_positive_duration)]
+    pub stall_timeout: Duration,
 
     /// Most calls of one session still running upstream after their clients left (each holds
     /// an upstream connection until it ends or --session-ttl); the session's next call gets
     /// 429 with Retry-After until one ends or is resumed (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_MAX_DETACHED_CALLS", default_value_t = defaults::MAX_DETACHED_CALLS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, help_heading = headings::SESSIONS, env = "MCP_REATTACH_MAX_DETACHED_CALLS", default_value_t = defaults::MAX_DETACHED_CALLS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_detached_calls: u32,
+
+    /// Interval of `: keepalive` comments on every SSE stream the gateway serves (duration,
+    /// 0 disables).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_KEEPALIVE", default_value = defaults::KEEPALIVE, value_parser = parse_duration)]
+    pub keepalive: Duration,
+
+    /// When set, sent as `retry:` (milliseconds on the wire) on priming events and before any
+    /// close the gateway initiates (duration; default unset).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_RETRY_HINT", value_parser = parse_duration)]
+    pub retry_hint: Option<Duration>,
+
+    /// Priming events: auto (protocol 2025-11-25 or later), always, never.
+    #[arg(
+        long,
+        global = true,
+        help_heading = headings::STREAMS,
+        env = "MCP_REATTACH_PRIMING",
+        value_enum,
+        default_value_t = defaults::PRIMING
+    )]
+    pub priming: Priming,
+
+    /// Open each legacy session's standalone GET stream upstream as soon as the session is
+    /// initialized and hold it for the client, so server messages sent before the client's
+    /// GET arrives are delivered when it does (true/false).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_HOLD_STANDALONE", default_value_t = defaults::HOLD_STANDALONE, action = clap::ArgAction::Set)]
+    pub hold_standalone: bool,
+
+    /// Answer a legacy POST carrying requests, from a client that accepts SSE, with an SSE
+    /// stream of the gateway's (an id first, keep-alives, then the upstream's answer) even
+    /// when the upstream answers with JSON, so a cut during the call is an ordinary resume
+    /// (true/false).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_JSON_UPGRADE", default_value_t = defaults::JSON_UPGRADE, action = clap::ArgAction::Set)]
+    pub json_upgrade: bool,
+
+    /// How long an upgraded POST waits for the upstream's response head before the gateway
+    /// commits to its SSE answer: an upstream error within it keeps its HTTP status
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::STREAMS, env = "MCP_REATTACH_UPGRADE_GRACE", default_value = defaults::UPGRADE_GRACE, value_parser = parse_duration)]
+    pub upgrade_grace: Duration,
+
+    /// Largest single SSE event accepted from the upstream (size); a larger one ends that
+    /// stream with an explicit error.
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_EVENT_BYTES", default_value = defaults::MAX_EVENT_BYTES, value_parser = parse_size)]
+    pub max_event_bytes: u64,
+
+    /// Largest request body, of any method (size); larger gets 413, a larger `Content-Length`
+    /// before the body is read.
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_REQUEST_BYTES", default_value = defaults::MAX_REQUEST_BYTES, value_parser = parse_size)]
+    pub max_request_bytes: u64,
+
+    /// Most bytes of request bodies held at once, all connections together (size): the
+    /// gateway reads every body whole, so a body that would go over it is refused with 503
+    /// and Retry-After (a declared Content-Length before the body is read).
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_BUFFERED_REQUEST_BYTES", default_value = defaults::MAX_BUFFERED_REQUEST_BYTES, value_parser = parse_size)]
+    pub max_buffered_request_bytes: u64,
+
+    /// Largest request head (request line and headers) accepted; larger gets 431 (size, at
+    /// least 8KiB).
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_HEADER_BYTES", default_value = defaults::MAX_HEADER_BYTES, value_parser = parse_header_bytes)]
+    pub max_header_bytes: u64,
+
+    /// Most request headers accepted; more gets 431 (count).
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MAX_HEADERS", default_value_t = defaults::MAX_HEADERS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_headers: u32,
 
     /// Global budget for all session windows together and the events larger than a window
     /// held for their clients (size). Above it, the oldest idle sessions are shed first, then
     /// the filling session's oldest events; above 90%, new sessions get 503 with Retry-After
     /// and an oversized event waits upstream.
-    #[arg(long, global = true, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = defaults::MEMORY_BUDGET, value_parser = parse_size)]
+    #[arg(long, global = true, help_heading = headings::LIMITS, env = "MCP_REATTACH_MEMORY_BUDGET", default_value = defaults::MEMORY_BUDGET, value_parser = parse_size)]
     pub memory_budget: u64,
-
-    /// Time to connect to the upstream (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CONNECT_TIMEOUT", default_value = defaults::UPSTREAM_CONNECT_TIMEOUT, value_parser = parse_positive_duration)]
-    pub upstream_connect_timeout: Duration,
-
-    /// Time to wait for the upstream's response headers on requests that cannot stream
-    /// (DELETE, OPTIONS, POSTs without requests); SSE-capable requests have no timeout
-    /// (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_HEADER_TIMEOUT", default_value = defaults::UPSTREAM_HEADER_TIMEOUT, value_parser = parse_positive_duration)]
-    pub upstream_header_timeout: Duration,
 
     /// Header naming the principal a session is bound to (e.g. one set by an authenticating
     /// ingress); default: Authorization.
-    #[arg(long, global = true, env = "MCP_REATTACH_PRINCIPAL_HEADER")]
+    #[arg(long, global = true, help_heading = headings::ACCESS, env = "MCP_REATTACH_PRINCIPAL_HEADER")]
     pub principal_header: Option<http::HeaderName>,
 
     /// What the principal is: `header` (the value of --principal-header) or `client-cert`
@@ -299,6 +299,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::ACCESS,
         env = "MCP_REATTACH_PRINCIPAL_SOURCE",
         value_enum,
         default_value_t = defaults::PRINCIPAL_SOURCE
@@ -311,6 +312,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::ACCESS,
         env = "MCP_REATTACH_RESUME_AUTH",
         value_enum,
         default_value_t = defaults::RESUME_AUTH
@@ -322,6 +324,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::ACCESS,
         env = "MCP_REATTACH_ALLOWED_ORIGINS",
         value_delimiter = ','
     )]
@@ -332,6 +335,7 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::TLS,
         env = "MCP_REATTACH_TLS_CERT",
         requires = "tls_key"
     )]
@@ -341,19 +345,21 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::TLS,
         env = "MCP_REATTACH_TLS_KEY",
         requires = "tls_cert"
     )]
     pub tls_key: Option<std::path::PathBuf>,
 
     /// How often the --tls-cert and --tls-key files are checked for changes (duration).
-    #[arg(long, global = true, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = defaults::TLS_RELOAD_INTERVAL, value_parser = parse_positive_duration)]
+    #[arg(long, global = true, help_heading = headings::TLS, env = "MCP_REATTACH_TLS_RELOAD_INTERVAL", default_value = defaults::TLS_RELOAD_INTERVAL, value_parser = parse_positive_duration)]
     pub tls_reload_interval: Duration,
 
     /// Require client certificates signed by a CA in this PEM file (mTLS; needs --tls-cert).
     #[arg(
         long,
         global = true,
+        help_heading = headings::TLS,
         env = "MCP_REATTACH_TLS_CLIENT_CA",
         requires = "tls_cert"
     )]
@@ -361,13 +367,24 @@ pub struct GatewayArgs {
 
     /// Trust only the CA certificates in this PEM file for an https --upstream (default: the
     /// platform's roots).
-    #[arg(long, global = true, env = "MCP_REATTACH_UPSTREAM_CA")]
+    #[arg(long, global = true, help_heading = headings::TLS, env = "MCP_REATTACH_UPSTREAM_CA")]
     pub upstream_ca: Option<std::path::PathBuf>,
+
+    /// After SIGTERM, /readyz fails at once and the gateway keeps accepting this long so load
+    /// balancers deregister it (duration).
+    #[arg(long, global = true, help_heading = headings::SHUTDOWN, env = "MCP_REATTACH_DRAIN_DELAY", default_value = defaults::DRAIN_DELAY, value_parser = parse_duration)]
+    pub drain_delay: Duration,
+
+    /// Then it stops accepting; in-flight POST streams may finish until this deadline, after
+    /// which remaining SSE streams end with a `retry:` hint (duration).
+    #[arg(long, global = true, help_heading = headings::SHUTDOWN, env = "MCP_REATTACH_DRAIN_TIMEOUT", default_value = defaults::DRAIN_TIMEOUT, value_parser = parse_duration)]
+    pub drain_timeout: Duration,
 
     /// Log format: text or json.
     #[arg(
         long,
         global = true,
+        help_heading = headings::LOGGING,
         env = "MCP_REATTACH_LOG_FORMAT",
         value_enum,
         default_value_t = defaults::LOG_FORMAT
@@ -378,28 +395,41 @@ pub struct GatewayArgs {
     #[arg(
         long,
         global = true,
+        help_heading = headings::LOGGING,
         env = "MCP_REATTACH_LOG_LEVEL",
         default_value = defaults::LOG_LEVEL
     )]
     pub log_level: String,
 
+    /// Address of the admin listener: /healthz (liveness), /readyz (readiness; fails from
+    /// SIGTERM on) and /metrics (Prometheus text format).
+    #[arg(
+        long,
+        global = true,
+        help_heading = headings::ADMIN,
+        env = "MCP_REATTACH_ADMIN_LISTEN",
+        default_value = defaults::ADMIN_LISTEN,
+        value_parser = parse_listen
+    )]
+    pub admin_listen: SocketAddr,
+
     /// Addresses of the proxies in front (comma-separated IPs or CIDRs, e.g.
     /// `10.0.0.0/8,127.0.0.1`): for a connection from one of them, the access line's
     /// `client.address` and an anonymous caller's share are the right-most X-Forwarded-For
     /// address that is not one of them; default: none (the connection's peer).
-    #[arg(long, global = true, env = "MCP_REATTACH_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_net)]
+    #[arg(long, global = true, help_heading = headings::ACCESS, env = "MCP_REATTACH_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_net)]
     pub trusted_proxies: Vec<Net>,
 
     /// `/readyz` also requires the upstream to accept a TCP connection (within 1 s): a pod
     /// whose MCP server is down leaves the load balancer. Off by default: for a sidecar whose
     /// server restarts, or an upstream shared by every replica, it takes replicas out of
     /// service together (see docs/operations.md).
-    #[arg(long, global = true, env = "MCP_REATTACH_READY_UPSTREAM", default_value_t = defaults::READY_UPSTREAM, action = clap::ArgAction::Set)]
+    #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_READY_UPSTREAM", default_value_t = defaults::READY_UPSTREAM, action = clap::ArgAction::Set)]
     pub ready_upstream: bool,
 
     /// Count `tools/call`s per tool name (`mcp_reattach_tool_calls_total{tool}`) for at most
     /// this many distinct names, the rest as `other`; 0: no per-tool metric (count).
-    #[arg(long, global = true, env = "MCP_REATTACH_METRICS_TOOL_NAMES", default_value_t = defaults::METRICS_TOOL_NAMES)]
+    #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_METRICS_TOOL_NAMES", default_value_t = defaults::METRICS_TOOL_NAMES)]
     pub metrics_tool_names: u32,
 }
 
@@ -547,6 +577,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// A client connection with nothing in flight is closed after this long.
     pub idle_timeout: Duration,
+    /// At least [`MIN_HEADER_BYTES`] (the flag refuses less; the server raises a smaller value
+    /// set here directly to it).
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub max_connections: usize,
@@ -607,9 +639,7 @@ impl Config {
             drain_timeout: args.drain_timeout,
             header_read_timeout: args.header_read_timeout,
             idle_timeout: args.idle_timeout,
-            max_header_bytes: usize::try_from(args.max_header_bytes)
-                .unwrap_or(usize::MAX)
-                .max(8192),
+            max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(usize::MAX),
             max_headers: args.max_headers as usize,
             max_connections: args.max_connections as usize,
             max_upstream_connections: match args.max_upstream_connections {
@@ -697,6 +727,12 @@ impl Config {
 pub const RESERVED_FDS: usize = 64;
 
 /// Parses an upstream base URL: `http(s)://host[:port]` with an optional trailing `/`.
+///
+/// `http::Uri` is the parser (the one hyper connects with, so what is checked is what is
+/// used), and it is lenient where a base URL must not be: it keeps a port it cannot read as a
+/// `u16` (`:99999`, `:`, `:+80`) and reports none, takes an empty host and user info. Those are
+/// checked here. Credentials (`user:pw@`) are refused, not stripped: clients' `Authorization`
+/// headers are what the upstream sees, and a URL with a secret in it ends up in logs.
 pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
     match uri.scheme_str() {
@@ -708,8 +744,32 @@ pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
         }
         None => return Err("missing scheme (expected http://host:port or https://…)".into()),
     }
-    if uri.authority().is_none() {
+    let Some(authority) = uri.authority().map(|a| a.as_str()) else {
         return Err("missing host".into());
+    };
+    if authority.contains('@') {
+        return Err(
+            "credentials in the URL (user:password@) are not accepted; the upstream gets \
+                    each client's own Authorization header"
+                .into(),
+        );
+    }
+    let host = uri.host().unwrap_or("");
+    if host.is_empty() {
+        return Err("missing host".into());
+    }
+    match authority.strip_prefix(host).unwrap_or(authority) {
+        "" => {}
+        port => {
+            let digits = port.strip_prefix(':').unwrap_or(port);
+            let valid = !digits.is_empty()
+                && digits.len() <= 5
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && matches!(digits.parse::<u32>(), Ok(1..=65535));
+            if !valid {
+                return Err(format!("port {digits:?} is not 1 to 65535"));
+            }
+        }
     }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return Err(
@@ -717,6 +777,156 @@ pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
         );
     }
     Ok(uri)
+}
+
+/// `value` with the user info of its URL authority, if any, replaced by `***`
+/// (`http://user:pw@host/` → `http://***@host/`); anything else unchanged.
+pub fn redact_userinfo(value: &str) -> std::borrow::Cow<'_, str> {
+    let start = value.find("://").map_or(0, |i| i + 3);
+    let end = value[start..]
+        .find(['/', '?', '#'])
+        .map_or(value.len(), |i| start + i);
+    match value[start..end].rfind('@') {
+        Some(at) => format!("{}***{}", &value[..start], &value[start + at..]).into(),
+        None => value.into(),
+    }
+}
+
+/// The environment variable the value of the flag `long` (`--max-sessions`) came from, if it
+/// came from one: the flag is not on the command line `argv` (a flag there wins) and its
+/// variable (`MCP_REATTACH_MAX_SESSIONS`) is set in `env`.
+pub fn value_from_env(
+    long: &str,
+    argv: &[std::ffi::OsString],
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<String> {
+    use clap::CommandFactory;
+    let name = long.strip_prefix("--")?;
+    let cmd = Cli::command();
+    let var = cmd
+        .get_arguments()
+        .find(|a| a.get_long() == Some(name))?
+        .get_env()?
+        .to_string_lossy()
+        .into_owned();
+    let on_command_line = argv.iter().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == long
+            || a.strip_prefix(long)
+                .is_some_and(|rest| rest.starts_with('='))
+    });
+    (!on_command_line && env(&var).is_some()).then_some(var)
+}
+
+/// Renders clap's `err` about the command line `argv` (`env` reads the environment) for
+/// printing: a refused value that came from an environment variable names it (`invalid value
+/// 'x' for '--max-sessions <MAX_SESSIONS>' (from MCP_REATTACH_MAX_SESSIONS)`; clap names only
+/// the flag), and the credentials of an upstream URL (`--upstream`'s value,
+/// `MCP_REATTACH_UPSTREAM`, any argument that is a URL) never appear, whatever the error quotes.
+pub fn explain_error(
+    err: &clap::Error,
+    argv: &[std::ffi::OsString],
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let mut text = err.render().to_string();
+    if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
+        // `--max-sessions <MAX_SESSIONS>`, quoted in the message.
+        let long = arg.split_whitespace().next().unwrap_or(arg);
+        if let Some(var) = value_from_env(long, argv, &env) {
+            let quoted = format!("'{arg}'");
+            text = text.replacen(&quoted, &format!("{quoted} (from {var})"), 1);
+        }
+    }
+    let mut urls: Vec<String> = Vec::new();
+    let mut after_upstream = false;
+    for arg in argv.iter().skip(1).map(|a| a.to_string_lossy()) {
+        let value = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => value,
+            _ => &arg,
+        };
+        if after_upstream || arg.starts_with("--upstream=") || value.contains("://") {
+            urls.push(value.to_owned());
+        }
+        after_upstream = arg == "--upstream";
+    }
+    urls.extend(env("MCP_REATTACH_UPSTREAM").map(|v| v.to_string_lossy().into_owned()));
+    for url in urls {
+        if let std::borrow::Cow::Owned(redacted) = redact_userinfo(&url) {
+            text = text.replace(&url, &redacted);
+        }
+    }
+    text
+}
+
+/// The spellings [`parse_listen`] accepts, for its errors.
+const LISTEN_FORMS: &str = "expected IP:PORT (0.0.0.0:8080, 127.0.0.1:8080), [IPv6]:PORT \
+([::]:8080, [::1]:8080), :PORT for every IPv4 interface (:8080) or localhost:PORT for \
+127.0.0.1 (localhost:8080)";
+
+/// Parses a listen address (`--listen`, `--admin-listen`): `IP:PORT`, `[IPv6]:PORT`, `:PORT`
+/// or `*:PORT` (every IPv4 interface, `0.0.0.0`, as nginx's `listen *:8080`; the default
+/// `--listen` is that too), or `localhost:PORT` (`127.0.0.1`, without a lookup). Port 0 picks
+/// a free port. A bare port is refused rather than guessed (every interface, or loopback?), and
+/// so is any other host name: a listener binds an address, not a name.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if s.parse::<u16>().is_ok() {
+        return Err(format!(
+            "a bare port is ambiguous: :{s} listens on every IPv4 interface, 127.0.0.1:{s} on loopback only; {LISTEN_FORMS}"
+        ));
+    }
+    let Some((host, port)) = s.rsplit_once(':').filter(|(h, _)| !h.ends_with(':')) else {
+        return Err(format!("no port; {LISTEN_FORMS}"));
+    };
+    let ip: IpAddr = match host {
+        "" | "*" => Ipv4Addr::UNSPECIFIED.into(),
+        h if h.eq_ignore_ascii_case("localhost") => Ipv4Addr::LOCALHOST.into(),
+        h if h.parse::<std::net::Ipv6Addr>().is_ok() => {
+            return Err(format!(
+                "an IPv6 address takes brackets ([{h}]:{port}); {LISTEN_FORMS}"
+            ))
+        }
+        h => match h
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(h)
+            .parse()
+        {
+            // The port is what is wrong: said below.
+            Ok(ip) => ip,
+            Err(_) if h.contains(['/', ':', '[', ']']) => {
+                return Err(format!("not an address with a port; {LISTEN_FORMS}"))
+            }
+            Err(_) => {
+                return Err(format!(
+                "{h:?} is a host name: only localhost is known, give an IP address; {LISTEN_FORMS}"
+            ))
+            }
+        },
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("port {port:?} is not 0 to 65535; {LISTEN_FORMS}"))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// The smallest `--max-header-bytes`: hyper's smallest HTTP/1.1 read buffer.
+pub const MIN_HEADER_BYTES: u64 = 8 << 10;
+
+/// Parses `--max-header-bytes`: a size of at least [`MIN_HEADER_BYTES`], refused (not raised)
+/// below it.
+fn parse_header_bytes(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < MIN_HEADER_BYTES {
+        return Err(format!(
+            "{v} bytes is below the minimum, 8KiB ({MIN_HEADER_BYTES} bytes: the smallest request-head buffer of the HTTP server)"
+        ));
+    }
+    Ok(v)
 }
 
 /// Parses a duration with a unit (`250ms`, `15s`, `5m`); a bare `0` is zero.
@@ -873,6 +1083,9 @@ mod tests {
         assert!(parse_size("1 parsec").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999999GiB").is_err());
+        assert_eq!(parse_header_bytes("8KiB"), Ok(8192));
+        assert!(parse_header_bytes("8191").unwrap_err().contains("8KiB"));
+        assert!(parse_header_bytes("1KiB").is_err());
     }
 
     #[test]
@@ -886,12 +1099,145 @@ mod tests {
     }
 
     #[test]
+    fn listen_spellings() {
+        let ok = |s: &str| {
+            parse_listen(s)
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+                .to_string()
+        };
+        assert_eq!(ok("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(ok("127.0.0.1:0"), "127.0.0.1:0");
+        assert_eq!(ok("[::]:8080"), "[::]:8080");
+        assert_eq!(ok("[::1]:9090"), "[::1]:9090");
+        assert_eq!(ok(":8080"), "0.0.0.0:8080");
+        assert_eq!(ok("*:8080"), "0.0.0.0:8080");
+        assert_eq!(ok("localhost:8080"), "127.0.0.1:8080");
+        assert_eq!(ok("LocalHost:8080"), "127.0.0.1:8080");
+        assert_eq!(ok(" :8080 "), "0.0.0.0:8080");
+        for bad in [
+            "8080",
+            "0.0.0.0",
+            "localhost",
+            "::1",
+            "::1:8080",
+            ":99999",
+            ":",
+            ":http",
+            "example.com:8080",
+            "http://127.0.0.1:8080",
+            "[::1]",
+            "0.0.0.0:99999",
+            "",
+        ] {
+            let e = parse_listen(bad).expect_err(bad);
+            assert!(
+                e.contains("localhost:8080") && e.contains(":8080"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(parse_listen("8080").unwrap_err().contains("127.0.0.1:8080"));
+        assert!(parse_listen("example.com:1")
+            .unwrap_err()
+            .contains("host name"));
+    }
+
+    #[test]
     fn upstreams() {
-        assert!(parse_upstream("http://127.0.0.1:3000").is_ok());
-        assert!(parse_upstream("http://127.0.0.1:3000/").is_ok());
-        assert!(parse_upstream("https://x").is_ok());
-        assert!(parse_upstream("ftp://x").is_err());
-        assert!(parse_upstream("127.0.0.1:3000").is_err());
-        assert!(parse_upstream("http://h/mcp").is_err());
+        for ok in [
+            "http://127.0.0.1:3000",
+            "http://127.0.0.1:3000/",
+            "https://x",
+            "http://[::1]:3000",
+            "http://h:1",
+            "http://h:65535",
+            "HTTP://H:80",
+        ] {
+            assert!(parse_upstream(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("ftp://x", "scheme"),
+            ("127.0.0.1:3000", "scheme"),
+            ("mailto:pw@example.com", "scheme"),
+            ("http://h/mcp", "path"),
+            ("http://h?q", "path"),
+            ("http://h:99999", "port"),
+            ("http://h:0", "port"),
+            ("http://h:", "port"),
+            ("http://h:+80", "port"),
+            ("http://h:99999999999999999999", "port"),
+            ("http://:3000", "host"),
+            ("http://user:pw@h:3000", "credentials"),
+            ("http://user@h", "credentials"),
+            ("http://@h", "credentials"),
+        ] {
+            let e = parse_upstream(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(!e.contains("pw"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_redacted() {
+        assert_eq!(redact_userinfo("http://u:pw@h:1/x@y"), "http://***@h:1/x@y");
+        assert_eq!(redact_userinfo("u:pw@h"), "***@h");
+        assert_eq!(redact_userinfo("http://h:1/x@y"), "http://h:1/x@y");
+        assert_eq!(redact_userinfo("x"), "x");
+        let argv = |args: &[&str]| {
+            std::iter::once("mcp-reattach")
+                .chain(args.iter().copied())
+                .map(std::ffi::OsString::from)
+                .collect::<Vec<_>>()
+        };
+        for args in [
+            &["--upstream", "http://u:pw@h:99999"][..],
+            &["--upstream=http://u:pw@h:99999"],
+            &["--upstream", "u:pw@h"],
+            &["https://u:pw@h"],
+        ] {
+            let argv = argv(args);
+            let err = Cli::try_parse_from(&argv).expect_err("refused");
+            let text = explain_error(&err, &argv, |_| None);
+            assert!(!text.contains("pw"), "{args:?}: {text}");
+            assert!(text.contains("***@h"), "{args:?}: {text}");
+        }
+        let argv = argv(&["--window-events", "0"]);
+        let err = Cli::try_parse_from(&argv).expect_err("refused");
+        assert_eq!(
+            explain_error(&err, &argv, |_| None),
+            err.render().to_string()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_variable_a_value_came_from() {
+        let env = |var: &str| (var == "MCP_REATTACH_MAX_SESSIONS").then(|| "x".into());
+        // The error clap gives for MCP_REATTACH_MAX_SESSIONS=x is the one for `--max-sessions x`
+        // (made so here: the process's environment is shared by the tests), explained for a
+        // command line without the flag.
+        let err =
+            Cli::try_parse_from(["mcp-reattach", "--max-sessions", "x"]).expect_err("refused");
+        let argv: Vec<std::ffi::OsString> = vec!["mcp-reattach".into()];
+        let text = explain_error(&err, &argv, env);
+        assert!(
+            text.contains("for '--max-sessions <MAX_SESSIONS>' (from MCP_REATTACH_MAX_SESSIONS):"),
+            "{text}"
+        );
+        // On the command line, the flag wins: its error is the flag's alone.
+        for argv in [
+            vec!["mcp-reattach", "--max-sessions", "y"],
+            vec!["mcp-reattach", "--max-sessions=y"],
+        ] {
+            let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+            assert_eq!(value_from_env("--max-sessions", &argv, env), None);
+            let err = Cli::try_parse_from(&argv).expect_err("refused");
+            assert!(!explain_error(&err, &argv, env).contains("MCP_REATTACH"));
+        }
+        let argv: Vec<std::ffi::OsString> = vec!["mcp-reattach".into(), "--max-sessions-x".into()];
+        assert_eq!(
+            value_from_env("--max-sessions", &argv, env).as_deref(),
+            Some("MCP_REATTACH_MAX_SESSIONS")
+        );
+        assert_eq!(value_from_env("--window-bytes", &argv, env), None);
+        assert_eq!(value_from_env("--no-such-flag", &argv, env), None);
     }
 }

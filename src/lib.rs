@@ -21,11 +21,12 @@
 //! | [`admin`] | the admin listener: `/healthz`, `/readyz`, `/metrics` | the proxy listener, sessions, the drain's phases |
 //! | [`shutdown`] | a leaf the servers consume: the drain phases (not ready, drain delay, stop accepting, deadline, end streams) and all shutdown state: the [`shutdown::Shutdown`] trigger, [`Health`], the hurry signal and the admin listener's stop ([`shutdown::Draining`]) | the gateway, listeners, signals |
 //! | [`telemetry`] | OpenTelemetry traces: the OTLP/HTTP exporter (on with the standard `OTEL_EXPORTER_OTLP_*` variables), the W3C trace context continued from clients, injected upstream, and kept by streams for their resumes | sessions' internals, routes |
-//! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
+//! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change, or at once on request), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
 //! `main.rs` only parses flags, installs logging, maps SIGTERM / SIGINT to a graceful / quick
-//! [`shutdown::Shutdown`], binds, and calls [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
+//! [`shutdown::Shutdown`] and SIGHUP to [`tls::ServerTls::reload_now`], binds, and calls
+//! [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 
 // The public surface: what `main.rs`, the integration tests, the fuzz targets and the bench
 // use (config, the pure core, the demo, TLS setup, shutdown, the access sink, and the session

@@ -1,30 +1,43 @@
-//! The `mcp-reattach` binary: parses flags, installs logging and signal handling, binds the
-//! listeners and runs the library. Exit code 64 for bad configuration.
+//! The `mcp-reattach` binary: parses flags, installs logging and signal handling (SIGTERM
+//! graceful, SIGINT quick, SIGHUP reloads the TLS pair), binds the listeners and runs the
+//! library. Exit code 64 for bad configuration.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use mcp_reattach::config::{Cli, Command, Config, GatewayArgs, LogFormat};
+use mcp_reattach::config::{self, Cli, Command, Config, GatewayArgs, LogFormat};
 use mcp_reattach::shutdown::{Mode, Shutdown};
+use mcp_reattach::tls::{Reload, ServerTls};
 use tokio::net::TcpListener;
 
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+        // --help, --version.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let explained = config::explain_error(&e, &argv, |var| std::env::var_os(var));
+            if explained == e.render().to_string() {
+                let _ = e.print(); // in colour on a terminal
+            } else {
+                eprint!("{explained}");
+            }
+            return ExitCode::from(EX_USAGE);
         }
     };
     let filter = match tracing_subscriber::EnvFilter::try_new(&cli.gateway.log_level) {
         Ok(f) => f,
         Err(e) => {
             eprintln!(
-                "error: invalid value '{}' for '--log-level <LOG_LEVEL>': {e}",
-                cli.gateway.log_level
+                "error: invalid value '{}' for '--log-level <LOG_LEVEL>'{}: {e}",
+                cli.gateway.log_level,
+                from_env("--log-level", &argv)
             );
             return ExitCode::from(EX_USAGE);
         }
@@ -65,15 +78,29 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            let mut message = e.to_string();
+            if let Some(flag) = e.flag() {
+                let quoted = format!("'{flag}'");
+                let named = format!("{quoted}{}", from_env(flag, &argv));
+                message = message.replacen(&quoted, &named, 1);
+            }
+            eprintln!("error: {message}");
             ExitCode::from(e.exit_code())
         }
     }
 }
 
+/// ` (from MCP_REATTACH_X)` when the value of `flag` came from its environment variable, for
+/// an error that names the flag; empty otherwise.
+fn from_env(flag: &str, argv: &[std::ffi::OsString]) -> String {
+    config::value_from_env(flag, argv, |var| std::env::var_os(var))
+        .map(|var| format!(" (from {var})"))
+        .unwrap_or_default()
+}
+
 #[derive(Debug, thiserror::Error)]
 enum StartError {
-    #[error("cannot listen on {addr} ({flag}): {source}")]
+    #[error("cannot listen on {addr} for '{flag}': {source}")]
     Bind {
         flag: &'static str,
         addr: std::net::SocketAddr,
@@ -86,6 +113,15 @@ enum StartError {
 }
 
 impl StartError {
+    /// The flag whose value could not be used, quoted in the message.
+    fn flag(&self) -> Option<&'static str> {
+        match self {
+            StartError::Bind { flag, .. } => Some(flag),
+            StartError::Tls(e) => Some(e.flag),
+            StartError::Io(_) => None,
+        }
+    }
+
     fn exit_code(&self) -> u8 {
         match self {
             StartError::Bind { .. } | StartError::Tls(_) => EX_USAGE,
@@ -117,10 +153,14 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     }
     let listener = bind("--listen", args.listen).await?;
     let admin = bind("--admin-listen", args.admin_listen).await?;
+    let shutdown = Shutdown::new();
+    // Before anything is served: a signal with no handler yet takes its default action, which
+    // for SIGHUP and SIGINT is to end the process on the spot.
+    let signals = forward_signals(shutdown.clone(), config.tls.clone())
+        .map_err(|e| std::io::Error::other(format!("cannot install the signal handlers: {e}")))?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, upstream = %config.upstream, max_connections = config.max_connections, max_upstream_connections = config.max_upstream_connections, "mcp-reattach started");
     let gateway = mcp_reattach::Gateway::new(config);
     let health = mcp_reattach::Health::new();
-    let shutdown = Shutdown::new();
     // The admin listener answers until the drain is over.
     let admin_task = tokio::spawn(mcp_reattach::serve_admin(
         admin,
@@ -128,7 +168,7 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
         gateway.clone(),
         shutdown.drained(),
     ));
-    tokio::spawn(forward_signals(shutdown.clone()));
+    tokio::spawn(signals);
     let stop = shutdown.stop_accepting(health, args.drain_delay);
     mcp_reattach::serve_gateway(listener, gateway, stop).await?;
     let _ = admin_task.await;
@@ -136,29 +176,67 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     Ok(())
 }
 
-/// SIGTERM asks for a graceful shutdown, SIGINT for a quick one (also during a graceful one).
-async fn forward_signals(shutdown: Shutdown) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            loop {
-                tokio::select! {
-                    Some(()) = term.recv() => {
-                        tracing::info!("SIGTERM: draining gracefully");
-                        shutdown.request(Mode::Graceful);
-                    }
-                    Ok(()) = tokio::signal::ctrl_c() => {
-                        tracing::info!("SIGINT: shutting down quickly");
-                        shutdown.request(Mode::Quick);
-                    }
-                    else => return,
+/// Installs the signal handlers and returns the task that acts on them: SIGTERM asks for a
+/// graceful shutdown, SIGINT for a quick one (also during a graceful one), and SIGHUP re-reads
+/// the TLS certificate and key at once (the one thing that can be reloaded; everything else
+/// needs a restart) and never stops the gateway: SIGHUP's default action would end the process
+/// with every session, as an nginx or HAProxy habit of sending it to reload would.
+#[cfg(unix)]
+fn forward_signals(
+    shutdown: Shutdown,
+    tls: Option<ServerTls>,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        loop {
+            tokio::select! {
+                Some(()) = term.recv() => {
+                    tracing::info!("SIGTERM: draining gracefully");
+                    shutdown.request(Mode::Graceful);
                 }
+                Some(()) = int.recv() => {
+                    tracing::info!("SIGINT: shutting down quickly");
+                    shutdown.request(Mode::Quick);
+                }
+                Some(()) = hup.recv() => reload_on_sighup(tls.as_ref()),
+                else => return,
             }
         }
-    }
-    if tokio::signal::ctrl_c().await.is_ok() {
-        shutdown.request(Mode::Quick);
+    })
+}
+
+/// Ctrl-C asks for a quick shutdown.
+#[cfg(not(unix))]
+fn forward_signals(
+    shutdown: Shutdown,
+    _tls: Option<ServerTls>,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            shutdown.request(Mode::Quick);
+        }
+    })
+}
+
+/// SIGHUP: the TLS pair re-read now ([`ServerTls::reload_now`], whose own line gives the
+/// reason for a refusal) and one line saying what came of it.
+#[cfg(unix)]
+fn reload_on_sighup(tls: Option<&ServerTls>) {
+    let Some(tls) = tls else {
+        tracing::info!("SIGHUP: nothing to reload (no --tls-cert; other settings need a restart); still serving");
+        return;
+    };
+    match tls.reload_now() {
+        Reload::Loaded => tracing::info!("SIGHUP: TLS certificate reloaded"),
+        Reload::Unchanged => {
+            tracing::info!("SIGHUP: TLS certificate and key unchanged; still serving them")
+        }
+        Reload::Refused => {
+            tracing::info!("SIGHUP: new TLS certificate refused; still serving the previous one")
+        }
     }
 }
 

@@ -259,7 +259,11 @@ fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExe
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
         .max_headers(cfg.max_headers)
-        .max_buf_size(cfg.max_header_bytes.max(8192));
+        // hyper panics below its minimum; a Config built in code may hold less than the flag.
+        .max_buf_size(
+            cfg.max_header_bytes
+                .max(crate::config::MIN_HEADER_BYTES as usize),
+        );
     builder
         .http2()
         .timer(TokioTimer::new())

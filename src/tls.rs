@@ -1,8 +1,8 @@
 //! TLS on both sides, with rustls (ring provider): the proxy listener's certificate and key
-//! (PEM files, re-read when they change, a bad new pair refused and the old one kept), the
-//! optional client-certificate check (`--tls-client-ca`) and the subject it yields, the
-//! listener's stream type (plain or TLS), and the upstream client's roots (the platform's,
-//! or `--upstream-ca`).
+//! (PEM files, re-read when they change or when asked (SIGHUP), a bad new pair refused and the
+//! old one kept), the optional client-certificate check (`--tls-client-ca`) and the subject it
+//! yields, the listener's stream type (plain or TLS), and the upstream client's roots (the
+//! platform's, or `--upstream-ca`).
 //!
 //! Knows files, certificates and rustls; nothing of HTTP requests or sessions.
 
@@ -132,7 +132,8 @@ fn certified_key(
     Ok(Arc::new(ck))
 }
 
-/// Serves the current certificate; [`ServerTls::reload`] swaps it when the files change.
+/// Serves the current certificate; [`ServerTls::reload`] (and [`ServerTls::reload_now`]) swaps
+/// it when the files change.
 #[derive(Debug)]
 struct Resolver {
     current: RwLock<Arc<CertifiedKey>>,
@@ -158,7 +159,7 @@ pub struct ServerTls {
     cert_path: PathBuf,
     key_path: PathBuf,
     /// The file contents last looked at (loaded, or refused), so a change is acted on once.
-    seen: Arc<std::sync::Mutex<(Vec<u8>, Vec<u8>)>>,
+    seen: Arc<std::sync::Mutex<Seen>>,
     /// Whether clients must present a certificate signed by `--tls-client-ca`.
     pub client_auth: bool,
     pub reload_interval: Duration,
@@ -172,6 +173,15 @@ impl std::fmt::Debug for ServerTls {
             .field("client_auth", &self.client_auth)
             .finish()
     }
+}
+
+/// The certificate and key files as last looked at.
+#[derive(Debug)]
+struct Seen {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    /// They were refused (or unreadable, then both empty): not what is served.
+    refused: bool,
 }
 
 /// What a reload did.
@@ -221,7 +231,11 @@ impl ServerTls {
             resolver,
             cert_path: cert.to_owned(),
             key_path: key.to_owned(),
-            seen: Arc::new(std::sync::Mutex::new((cert_pem, key_pem))),
+            seen: Arc::new(std::sync::Mutex::new(Seen {
+                cert: cert_pem,
+                key: key_pem,
+                refused: false,
+            })),
             client_auth: client_ca.is_some(),
             reload_interval: RELOAD_INTERVAL,
         })
@@ -233,8 +247,20 @@ impl ServerTls {
 
     /// Re-reads the certificate and key files; when they changed and form a valid pair, new
     /// connections get the new certificate (connections already open keep theirs). A bad
-    /// pair is refused with a log line and the old certificate kept.
+    /// pair is refused with a log line and the old certificate kept; files refused once are not
+    /// looked at again (or logged) until they change.
     pub fn reload(&self) -> Reload {
+        self.reload_files(false)
+    }
+
+    /// [`ServerTls::reload`] now, on request (SIGHUP): the same, except that files refused
+    /// before are checked and their refusal logged again, so whoever asked sees why. Unchanged
+    /// means the files are the pair being served.
+    pub fn reload_now(&self) -> Reload {
+        self.reload_files(true)
+    }
+
+    fn reload_files(&self, asked: bool) -> Reload {
         let files = std::fs::read(&self.cert_path)
             .map_err(|e| ("--tls-cert", e))
             .and_then(|c| {
@@ -248,8 +274,12 @@ impl ServerTls {
             Err((flag, e)) => {
                 // Mid-rotation a file may be briefly missing: say so once, keep serving.
                 let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-                if !seen.0.is_empty() || !seen.1.is_empty() {
-                    *seen = (Vec::new(), Vec::new());
+                if asked || !seen.cert.is_empty() || !seen.key.is_empty() {
+                    *seen = Seen {
+                        cert: Vec::new(),
+                        key: Vec::new(),
+                        refused: true,
+                    };
                     tracing::warn!(flag, error = %e, "TLS files not readable; still serving the previous certificate");
                 }
                 return Reload::Refused;
@@ -257,10 +287,14 @@ impl ServerTls {
         };
         {
             let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            if seen.0 == cert_pem && seen.1 == key_pem {
+            if seen.cert == cert_pem && seen.key == key_pem && !(asked && seen.refused) {
                 return Reload::Unchanged;
             }
-            *seen = (cert_pem.clone(), key_pem.clone());
+            *seen = Seen {
+                cert: cert_pem.clone(),
+                key: key_pem.clone(),
+                refused: true,
+            };
         }
         match certified_key(&self.cert_path, &cert_pem, &self.key_path, &key_pem) {
             Ok(ck) => {
@@ -269,6 +303,7 @@ impl ServerTls {
                     .current
                     .write()
                     .unwrap_or_else(|e| e.into_inner()) = ck;
+                self.seen.lock().unwrap_or_else(|e| e.into_inner()).refused = false;
                 tracing::info!(cert = %self.cert_path.display(), "TLS certificate reloaded");
                 Reload::Loaded
             }
@@ -513,6 +548,36 @@ mod tests {
         std::fs::write(&key, &k2).unwrap();
         assert_eq!(tls.reload(), Reload::Loaded);
         assert_ne!(current(), first);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn reload_now_says_again_what_it_refused() {
+        let dir = std::env::temp_dir().join(format!("mcp-reattach-tls-now-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let (c1, k1) = pair("one");
+        let (c2, k2) = pair("two");
+        std::fs::write(&cert, &c1).unwrap();
+        std::fs::write(&key, &k1).unwrap();
+        let tls = ServerTls::load(&cert, &key, None).unwrap();
+        let current = || tls.resolver.current.read().unwrap().cert[0].to_vec();
+        let first = current();
+        assert_eq!(tls.reload_now(), Reload::Unchanged);
+        std::fs::write(&cert, &c2).unwrap();
+        assert_eq!(tls.reload(), Reload::Refused);
+        assert_eq!(tls.reload(), Reload::Unchanged, "the periodic look: once");
+        assert_eq!(tls.reload_now(), Reload::Refused, "asked: again");
+        assert_eq!(tls.reload_now(), Reload::Refused);
+        assert_eq!(current(), first);
+        std::fs::write(&key, &k2).unwrap();
+        assert_eq!(tls.reload_now(), Reload::Loaded);
+        assert_ne!(current(), first);
+        assert_eq!(tls.reload_now(), Reload::Unchanged);
+        assert_eq!(tls.reload(), Reload::Unchanged);
+        std::fs::remove_file(&key).unwrap();
+        assert_eq!(tls.reload(), Reload::Refused);
+        assert_eq!(tls.reload_now(), Reload::Refused);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

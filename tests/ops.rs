@@ -1,5 +1,5 @@
 //! Operating the real binary: admin endpoints, metrics (checked with `promtool` when it is
-//! installed, as CI does), and the graceful drain on SIGTERM.
+//! installed, as CI does), the graceful drain on SIGTERM, and SIGHUP logged and survived.
 
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -381,6 +381,48 @@ async fn drain_deadline_ends_streams_that_do_not_finish() {
         .expect("gateway did not exit");
     assert_eq!(status.code(), Some(0));
     drop(call_writer);
+}
+
+/// SIGHUP, which operators used to nginx or HAProxy send to reload, neither kills the gateway
+/// (its default action) nor drains it: it is logged, the TLS certificate is re-read
+/// (tests/tls.rs), and the gateway keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_logged_and_the_gateway_keeps_serving() {
+    let mut mock = Mock::start().await;
+    let mut gw = Binary::start(mock.addr, &[]).await;
+    init_session(&gw.addr, &mut mock, "s1").await;
+    for _ in 0..2 {
+        gw.proc.signal("HUP");
+        let line = loop {
+            match gw.proc.next_line(Duration::from_secs(10)).await {
+                NextLine::Line(l) if l.contains("SIGHUP") => break l,
+                NextLine::Line(_) => {}
+                other => panic!("no SIGHUP line: {other:?}"),
+            }
+        };
+        assert!(line.contains("INFO"), "{line}");
+    }
+    // Still up, still ready (no drain began), still serving: the session goes on, and a new
+    // one starts.
+    assert!(gw
+        .proc
+        .wait_exit(Duration::from_millis(200))
+        .await
+        .is_none());
+    let admin = gw.admin;
+    let readyz = tokio::task::spawn_blocking(move || http_get(admin, "/readyz").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(readyz, (200, "ready\n".into()));
+    let pending = tokio::spawn(send(
+        gw.addr,
+        post(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#, Some("s1")),
+    ));
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    init_session(&gw.addr, &mut mock, "s2").await;
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //!   the test CA through `NODE_EXTRA_CA_CERTS`);
 //! - the certificate files are rotated under an attached stream: new connections get the new
 //!   certificate, the attached stream keeps flowing; a bad new pair (mismatched, expired) is
-//!   refused with a log line and the old certificate kept (the real binary);
+//!   refused with a log line and the old certificate kept (the real binary); SIGHUP re-reads
+//!   them at once;
 //! - bad certificate, key and CA files at startup exit 64 naming the flag;
 //! - a plaintext request on the TLS port is answered 400 at once; a silent client is closed
 //!   after `--header-read-timeout`; ALPN offers h2;
@@ -400,6 +401,56 @@ fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
     replace(&cert, &two.cert);
     wait_log(&mut gw, "TLS certificate reloaded", "");
     assert_eq!(served_now(), two.der);
+}
+
+/// SIGHUP re-reads the pair at once, without waiting for `--tls-reload-interval` (an hour here),
+/// and says what it found: unchanged, reloaded, or refused with the reason (each time it is
+/// asked, not only the first), the served certificate kept.
+#[test]
+fn sighup_reloads_the_certificate_at_once() {
+    let dir = scratch("sighup");
+    let ca = ca("test CA");
+    let (one, two) = (
+        server_leaf(&ca, "server one"),
+        server_leaf(&ca, "server two"),
+    );
+    let cert = write(&dir, "tls.crt", &one.cert);
+    let key = write(&dir, "tls.key", &one.key);
+    let mut gw = Binary::start_blocking(
+        free_port(),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls-reload-interval",
+            "1h",
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = client_config(&ca.pem, None, &[b"http/1.1"]);
+    let addr = gw.addr;
+    let served_now = || rt.block_on(async { served(&tls_connect(addr, &client).await.unwrap()) });
+    assert_eq!(served_now(), one.der);
+
+    gw.proc.signal("HUP");
+    wait_log(&mut gw, "SIGHUP", "unchanged");
+    assert_eq!(served_now(), one.der);
+
+    replace(&cert, &two.cert);
+    replace(&key, &two.key);
+    gw.proc.signal("HUP");
+    wait_log(&mut gw, "SIGHUP", "reloaded");
+    assert_eq!(served_now(), two.der, "served at once after SIGHUP");
+
+    // The certificate of one with the key of two: refused, twice, the served one kept.
+    replace(&cert, &one.cert);
+    for _ in 0..2 {
+        gw.proc.signal("HUP");
+        wait_log(&mut gw, "refused", "does not match the certificate");
+        wait_log(&mut gw, "SIGHUP", "refused");
+        assert_eq!(served_now(), two.der);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

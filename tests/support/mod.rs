@@ -24,7 +24,7 @@
 //!
 //! Real processes:
 //! - [`process`]: [`ChildProc`], a spawned process whose stdout is read line by line with
-//!   timeouts (stderr forwarded and kept; SIGTERM at will; killed on drop); [`free_port`];
+//!   timeouts (stderr forwarded and kept; SIGTERM or any signal at will; killed on drop); [`free_port`];
 //!   [`http_client`], the reqwest client for real processes.
 //! - [`binary`]: [`Binary`], the one launcher of the real `mcp-reattach` binary: spawned with
 //!   the test's flags on free loopback ports, ready once its admin listener answers (or

@@ -215,13 +215,19 @@ impl ChildProc {
 
     /// Sends SIGTERM (`kill -TERM <pid>`); panics if `kill` fails.
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`HUP`, `TERM`, ...: `kill -<name> <pid>`); panics if `kill`
+    /// fails.
+    pub fn signal(&self, name: &str) {
         let id = self.child.id();
         let ok = Command::new("kill")
-            .args(["-TERM", &id.to_string()])
+            .args([&format!("-{name}"), &id.to_string()])
             .status()
             .expect("running kill")
             .success();
-        assert!(ok, "kill -TERM {id}");
+        assert!(ok, "kill -{name} {id}");
     }
 
     /// Blocking: reads stdout lines until one satisfies `want` and returns it; Err with the
