@@ -91,6 +91,7 @@ pub mod defaults {
     pub const LOG_LEVEL: &str = "info";
     pub const METRICS_TOOL_NAMES: u32 = 0;
     pub const READY_UPSTREAM: bool = false;
+    pub const OTLP_TRACES: bool = false;
 }
 
 /// The headings `--help` groups the flags under, in the order shown; every flag has one (a
@@ -401,6 +402,12 @@ pub struct GatewayArgs {
     )]
     pub log_level: String,
 
+    /// Export traces over OTLP/HTTP (protobuf). Also on whenever the standard
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set; without them
+    /// the endpoint is http://localhost:4318/v1/traces. The other OTEL_* variables apply.
+    #[arg(long, global = true, help_heading = headings::LOGGING, env = "MCP_REATTACH_OTLP_TRACES", default_value_t = defaults::OTLP_TRACES, action = clap::ArgAction::Set)]
+    pub otlp_traces: bool,
+
     /// Address of the admin listener: /healthz (liveness), /readyz (readiness; fails from
     /// SIGTERM on) and /metrics (Prometheus text format).
     #[arg(
@@ -541,6 +548,7 @@ impl GatewayArgs {
             log_level: LOG_LEVEL.to_owned(),
             trusted_proxies: Vec::new(),
             ready_upstream: READY_UPSTREAM,
+            otlp_traces: OTLP_TRACES,
             metrics_tool_names: METRICS_TOOL_NAMES,
         }
     }

@@ -9,6 +9,7 @@ use mcp_reattach::config::{self, Cli, Command, Config, GatewayArgs, LogFormat};
 use mcp_reattach::shutdown::{Mode, Shutdown};
 use mcp_reattach::tls::{Reload, ServerTls};
 use tokio::net::TcpListener;
+use tracing_subscriber::prelude::*;
 
 const EX_USAGE: u8 = 64;
 
@@ -46,15 +47,29 @@ fn main() -> ExitCode {
     // request a write syscall); colours only on a terminal.
     let (writer, _log_flush) = tracing_appender::non_blocking(std::io::stdout());
     mcp_reattach::access::set_sink(writer.clone(), cli.gateway.log_format == LogFormat::Json);
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_writer(writer);
-    match cli.gateway.log_format {
-        LogFormat::Text => fmt.init(),
-        LogFormat::Json => fmt.json().flatten_event(true).init(),
+    let fmt = match cli.gateway.log_format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     }
+    .with_filter(filter);
+    // Traces: only when asked for (the standard OTLP endpoint variables, or the flag).
+    let traces = if cli.gateway.otlp_traces || mcp_reattach::telemetry::wanted_by_env() {
+        match mcp_reattach::telemetry::layer() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+        }
+    } else {
+        None
+    };
+    let (traces, _exporter) = traces.unzip();
+    tracing_subscriber::registry().with(fmt).with(traces).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

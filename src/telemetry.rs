@@ -101,7 +101,9 @@ where
     ON.store(true, Ordering::Relaxed);
     let filter = tracing_subscriber::filter::filter_fn(|m| {
         if m.is_span() {
-            m.target().starts_with("mcp_reattach")
+            // Not the connection's span: a keep-alive connection is no trace of its own, and
+            // a request without a traceparent starts a new trace.
+            m.target().starts_with("mcp_reattach") && m.name() != "connection"
         } else {
             *m.level() <= tracing::Level::WARN
         }
@@ -110,6 +112,9 @@ where
         .with_tracer(tracer)
         .with_threads(false)
         .with_location(false)
+        // Entering a span does not start it: a resume sets its parent (the call's span)
+        // inside its request's span, before anything needs its context.
+        .with_context_activation(false)
         .with_filter(filter);
     Ok((layer, Exporter { provider }))
 }

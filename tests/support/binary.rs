@@ -62,18 +62,38 @@ impl Binary {
         extra: &[&str],
         ready_path: &str,
     ) -> Result<Binary, NotStarted> {
-        Binary::try_start_via(name, &[], upstream, extra, ready_path).await
+        Binary::try_start_via(name, &[], upstream, extra, &[], ready_path).await
+    }
+
+    /// [`Binary::start`] with extra environment variables.
+    pub async fn start_with_env(
+        upstream: SocketAddr,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Binary {
+        Binary::try_start_via("gateway", &[], upstream, extra, envs, "/healthz")
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the gateway (flags {extra:?}, env {envs:?}) did not start: {e}")
+            })
     }
 
     /// [`Binary::start`] with its open-file limit (soft and hard) set to `nofile` by
     /// `prlimit` (util-linux), which then runs the binary in its own place.
     pub async fn start_with_nofile(upstream: SocketAddr, nofile: u32, extra: &[&str]) -> Binary {
         let limit = format!("--nofile={nofile}:{nofile}");
-        Binary::try_start_via("gateway", &["prlimit", &limit], upstream, extra, "/healthz")
-            .await
-            .unwrap_or_else(|e| {
-                panic!("the gateway (nofile {nofile}, flags {extra:?}) did not start: {e}")
-            })
+        Binary::try_start_via(
+            "gateway",
+            &["prlimit", &limit],
+            upstream,
+            extra,
+            &[],
+            "/healthz",
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!("the gateway (nofile {nofile}, flags {extra:?}) did not start: {e}")
+        })
     }
 
     /// [`Binary::try_start`] run as `launcher… mcp-reattach …` (an empty launcher: directly).
@@ -82,6 +102,7 @@ impl Binary {
         launcher: &[&str],
         upstream: SocketAddr,
         extra: &[&str],
+        envs: &[(&str, &str)],
         ready_path: &str,
     ) -> Result<Binary, NotStarted> {
         let (addr, admin) = (free_port(), free_port());
@@ -98,12 +119,12 @@ impl Binary {
         args.extend_from_slice(extra);
         let bin = env!("CARGO_BIN_EXE_mcp-reattach");
         let mut proc = match launcher.split_first() {
-            None => ChildProc::spawn(name, bin, &args, &repo_dir()),
+            None => ChildProc::spawn_env(name, bin, &args, &repo_dir(), envs),
             Some((program, pre)) => {
                 let mut full = pre.to_vec();
                 full.push(bin);
                 full.extend_from_slice(&args);
-                ChildProc::spawn(name, program, &full, &repo_dir())
+                ChildProc::spawn_env(name, program, &full, &repo_dir(), envs)
             }
         };
         match poll_http_ok(
