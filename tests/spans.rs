@@ -1,4 +1,5 @@
-//! Tracing spans: one per connection and one per request (`http.method`, `mcp.session`), so
+//! Tracing spans: one per connection and one per request (`http.request.method`,
+//! `mcp.session.id`, OpenTelemetry's names: the same spans are exported as traces), so
 //! a debug log of one session can be followed.
 
 mod support;
@@ -58,7 +59,9 @@ async fn log_lines_carry_the_connection_and_request_spans() {
         "{refused}"
     );
     assert!(
-        refused.contains(&format!("request{{http.method=GET mcp.session={hashed}}}")),
+        refused.contains(&format!(
+            "request{{otel.kind=\"server\" http.request.method=GET mcp.session.id={hashed}}}"
+        )),
         "{refused}"
     );
     // The session the upstream created during initialize is recorded on its request span.
@@ -66,5 +69,8 @@ async fn log_lines_carry_the_connection_and_request_spans() {
         .lines()
         .find(|l| l.contains("session created"))
         .unwrap_or_else(|| panic!("a session-created line in:\n{text}"));
-    assert!(created.contains("request{http.method=POST"), "{created}");
+    assert!(
+        created.contains("request{otel.kind=\"server\" http.request.method=POST"),
+        "{created}"
+    );
 }
