@@ -159,7 +159,15 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
         Ok(nofile) => {
             let explicit = args.max_upstream_connections != 0;
             if let Some(lowered) = config.fit_to_fds(nofile, explicit) {
-                tracing::warn!("{lowered}");
+                // Lowering what an operator asked for is worth a warning; fitting the
+                // defaults to the machine is what the defaults are for.
+                if explicit
+                    || args.max_connections != mcp_reattach::config::defaults::MAX_CONNECTIONS
+                {
+                    tracing::warn!("{lowered}");
+                } else {
+                    tracing::info!("{lowered}");
+                }
             }
         }
         Err(e) => {

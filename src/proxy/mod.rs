@@ -218,9 +218,7 @@ impl Gateway {
             )
             .await
         } else {
-            self.route(req, &conn, &facts)
-                .instrument(span.clone())
-                .await
+            Box::pin(self.route(req, &conn, &facts).instrument(span.clone())).await
         };
         let mut refused = None;
         let mut resp = match routed {
@@ -297,15 +295,17 @@ impl Gateway {
                 facts.cancel.store(true, Ordering::Relaxed);
                 self.pass_through(inb).await
             }
-            Route::Resume => self.resume(inb, session).await,
-            Route::Attach => self.attach(inb, session, None).await,
+            // Boxed: the stream routes' futures are the largest, and a future is as large as
+            // its largest route (see `handle`).
+            Route::Resume => Box::pin(self.resume(inb, session)).await,
+            Route::Attach => Box::pin(self.attach(inb, session, None)).await,
             Route::Retransmission => match session {
-                Some(s) => self.retransmission(inb, s).await,
+                Some(s) => Box::pin(self.retransmission(inb, s)).await,
                 None => self.forward(inb, None, None).await,
             },
             Route::Upgrade => self.upgrade(inb, session).await,
             Route::EndMinted => match session {
-                Some(s) => self.end_minted(inb, s).await,
+                Some(s) => Box::pin(self.end_minted(inb, s)).await,
                 None => Err(ProxyError::MintedSessionGone.into()),
             },
             Route::MintedGone => Err(ProxyError::MintedSessionGone.into()),

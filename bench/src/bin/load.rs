@@ -639,13 +639,14 @@ async fn json_saturate(
         tasks.push(tokio::task::spawn_local(async move {
             let mut n = 0u64;
             let mut errors = 0u64;
-            let body = rpc("ping", json!({}));
-            let req = http::request("POST", &path, &target, Some(&sid), &[], &body);
             loop {
                 let t0 = now_ns();
                 if t0 >= end || (requests > 0 && n >= requests) {
                     break;
                 }
+                // A fresh id each time, as every client sends: one id sent again is a
+                // retransmission, which the gateway answers from its window.
+                let req = http::request("POST", &path, &target, Some(&sid), &[], &rpc("ping", json!({})));
                 match c.roundtrip(&req).await {
                     Ok((h, b)) if h.status == 200 && is_answer(&b) => {
                         let t1 = now_ns();
@@ -712,7 +713,6 @@ fn json_paced(
             );
             let (head, _) = blocking_roundtrip(&mut s, &http::request("POST", &path, &target, None, &[], &body))?;
             let sid = head_header(&head, "mcp-session-id").ok_or("no session id")?;
-            let req = http::request("POST", &path, &target, Some(&sid), &[], &rpc("ping", json!({})));
             let mut h = hist();
             let mut late = 0u64;
             let mut errors = 0u64;
@@ -723,6 +723,8 @@ fn json_paced(
                     break;
                 }
                 k += 1;
+                // A fresh id each time (see json_saturate), built before the wait.
+                let req = http::request("POST", &path, &target, Some(&sid), &[], &rpc("ping", json!({})));
                 let now = now_ns();
                 if due > now {
                     std::thread::sleep(Duration::from_nanos(due - now));
