@@ -17,8 +17,8 @@ failed); `#` starts a comment.
 import datetime
 import sys
 
-ORDER = ["json", "sse-200", "sse-200-burst", "sse-16k", "storm"]
-UNIT = {"json": "request", "storm": "resume"}
+ORDER = ["json", "call", "sse-200", "sse-200-burst", "sse-16k", "storm"]
+UNIT = {"json": "request", "call": "call", "storm": "resume"}
 
 
 def read(path):
@@ -86,9 +86,11 @@ def update(baseline, measured, commit):
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     with open(baseline, "w") as f:
         f.write("# bench/callgrind baseline: instructions (callgrind Ir) per unit of work of the proxy\n"
-                "# process (request for json, resume for storm, event otherwise). `bench/callgrind\n"
-                "# --check` fails when a row grows by more than 10 %; `bench/callgrind --update`\n"
-                f"# rewrites the rows it measures (last: commit {commit}, {date}).\n"
+                "# process (request for json, call for call, resume for storm, event otherwise; json\n"
+                "# sends a fresh id per request since 2026-12-02, before it was one id, answered as\n"
+                "# retransmissions). `bench/callgrind --check` fails when a row grows by more than\n"
+                "# 10 %; `bench/callgrind --update` rewrites the rows it measures (last: commit\n"
+                f"# {commit}, {date}).\n"
                 "# arm          workload      Ir/unit\n")
         for k in sorted(base, key=key):
             arm, work = k

@@ -522,16 +522,41 @@ mod tests {
         (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
     }
 
-    #[test]
-    fn reload_takes_good_pairs_refuses_bad_ones_once_and_keeps_the_old() {
-        let dir = std::env::temp_dir().join(format!("mcp-reattach-tls-{}", std::process::id()));
+    /// A loaded pair "one" in a folder of its own (`tag`), and a second pair "two" to write.
+    struct Reloading {
+        dir: std::path::PathBuf,
+        cert: std::path::PathBuf,
+        key: std::path::PathBuf,
+        next: (String, String),
+        tls: ServerTls,
+    }
+
+    fn reloading(tag: &str) -> Reloading {
+        let dir = std::env::temp_dir().join(format!("mcp-reattach-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
         let (c1, k1) = pair("one");
-        let (c2, k2) = pair("two");
         std::fs::write(&cert, &c1).unwrap();
         std::fs::write(&key, &k1).unwrap();
         let tls = ServerTls::load(&cert, &key, None).unwrap();
+        Reloading {
+            dir,
+            cert,
+            key,
+            next: pair("two"),
+            tls,
+        }
+    }
+
+    #[test]
+    fn reload_takes_good_pairs_refuses_bad_ones_once_and_keeps_the_old() {
+        let Reloading {
+            dir,
+            cert,
+            key,
+            next: (c2, k2),
+            tls,
+        } = reloading("tls");
         let current = || tls.resolver.current.read().unwrap().cert[0].to_vec();
         let first = current();
         assert_eq!(tls.reload(), Reload::Unchanged);
@@ -553,14 +578,13 @@ mod tests {
 
     #[test]
     fn reload_now_says_again_what_it_refused() {
-        let dir = std::env::temp_dir().join(format!("mcp-reattach-tls-now-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-        let (c1, k1) = pair("one");
-        let (c2, k2) = pair("two");
-        std::fs::write(&cert, &c1).unwrap();
-        std::fs::write(&key, &k1).unwrap();
-        let tls = ServerTls::load(&cert, &key, None).unwrap();
+        let Reloading {
+            dir,
+            cert,
+            key,
+            next: (c2, k2),
+            tls,
+        } = reloading("tls-now");
         let current = || tls.resolver.current.read().unwrap().cert[0].to_vec();
         let first = current();
         assert_eq!(tls.reload_now(), Reload::Unchanged);

@@ -116,17 +116,25 @@ impl Window {
         Some(e)
     }
 
-    /// Removes every entry of `stream` (its state is being forgotten).
-    pub fn remove_stream(&mut self, stream: u32) {
-        let mut bytes = self.bytes;
-        self.entries.retain(|e| {
-            let keep = e.stream != stream;
-            if !keep {
-                bytes -= e.len();
+    /// Removes every entry of `stream`, whose positions all lie in `seqs` (its state is being
+    /// forgotten). Only that range is looked at: the stream forgotten is an old one, and the
+    /// whole window behind it would be scanned for nothing (per call, `bench/callgrind` call:
+    /// 7.2 k of 165 k instructions went to a `retain` over the window).
+    pub fn remove_stream(&mut self, stream: u32, seqs: std::ops::RangeInclusive<u64>) {
+        let lo = self.entries.partition_point(|e| e.seq < *seqs.start());
+        let hi = self.entries.partition_point(|e| e.seq <= *seqs.end());
+        // Stable compaction of [lo, hi): the entries kept move forward in order, the removed
+        // ones end up in [keep, hi).
+        let mut keep = lo;
+        for i in lo..hi {
+            if self.entries[i].stream == stream {
+                self.bytes -= self.entries[i].len();
+            } else {
+                self.entries.swap(keep, i);
+                keep += 1;
             }
-            keep
-        });
-        self.bytes = bytes;
+        }
+        self.entries.drain(keep..hi);
     }
 
     pub fn len(&self) -> usize {
@@ -207,9 +215,40 @@ mod tests {
         assert_eq!(seqs(0, 0), vec![1, 3, 5]);
         assert_eq!(seqs(1, 2), vec![4]);
         assert_eq!(seqs(1, 4), Vec::<u64>::new());
-        w.remove_stream(0);
+        w.remove_stream(0, 1..=5);
         assert_eq!(w.len(), 2);
         assert_eq!(w.bytes(), 2);
+    }
+
+    proptest! {
+        /// Removing a stream over the range of its positions leaves exactly what removing it
+        /// from the whole window would, in order, with the bytes counted.
+        #[test]
+        fn remove_stream_over_its_range_is_a_whole_removal(
+            streams in proptest::collection::vec((0u32..4, 1usize..9), 1..80),
+            gone in 0u32..4,
+            evicted in 0usize..20,
+        ) {
+            let mut w = Window::new(1000, 1 << 20);
+            for (i, &(stream, len)) in streams.iter().enumerate() {
+                w.push(entry(i as u64 + 1, stream, len), |_| {}).unwrap();
+            }
+            for _ in 0..evicted.min(streams.len()) {
+                w.evict_oldest();
+            }
+            let seqs: Vec<u64> = (1..=streams.len() as u64).filter(|&q| streams[q as usize - 1].0 == gone).collect();
+            // A stream with no event: its opening position alone (nothing to remove).
+            let range = match (seqs.first(), seqs.last()) {
+                (Some(&a), Some(&b)) => a..=b,
+                _ => 0..=0,
+            };
+            let mut want: Vec<Entry> = w.entries.iter().filter(|e| e.stream != gone).cloned().collect();
+            let want_bytes: usize = want.iter().map(Entry::len).sum();
+            w.remove_stream(gone, range);
+            let got: Vec<Entry> = w.entries.iter().cloned().collect();
+            prop_assert_eq!(got, std::mem::take(&mut want));
+            prop_assert_eq!(w.bytes(), want_bytes);
+        }
     }
 
     proptest! {

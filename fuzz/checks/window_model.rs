@@ -84,12 +84,17 @@ fn check_case(case: Case) {
         max_bytes,
     };
     let mut seq = 0u64;
+    // Every position issued to each stream, evicted or not, as the session knows them: a
+    // stream is removed over the range of its positions.
+    let mut issued: [Option<(u64, u64)>; 5] = [None; 5];
     for op in case.ops.iter().take(512) {
         match *op {
             Op::Push { stream, len, gap } => {
                 seq += 1 + gap as u64;
                 let stream = stream as u32 % 4;
                 let len = len as usize % 2048;
+                let range = &mut issued[stream as usize];
+                *range = Some((range.map_or(seq, |r| r.0), seq));
                 let entry = Entry {
                     seq,
                     stream,
@@ -136,7 +141,8 @@ fn check_case(case: Case) {
             }
             Op::RemoveStream { stream } => {
                 let stream = stream as u32 % 5;
-                w.remove_stream(stream);
+                let (first, last) = issued[stream as usize].unwrap_or((seq, seq));
+                w.remove_stream(stream, first..=last);
                 m.entries.retain(|e| e.1 != stream);
             }
         }

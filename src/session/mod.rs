@@ -819,12 +819,13 @@ impl Session {
                 st.ended.push_back(old);
                 break;
             }
-            if let Some(mut gone) = st.streams.remove(&old) {
-                gone.set_overflow(None, &self.budget);
-                st.retired.retire(&gone);
-            }
+            let Some(mut gone) = st.streams.remove(&old) else {
+                continue;
+            };
+            gone.set_overflow(None, &self.budget);
+            st.retired.retire(&gone);
             let before = st.window.bytes();
-            st.window.remove_stream(old);
+            st.window.remove_stream(old, gone.first_seq..=gone.last_seq);
             self.budget.adjust(before, st.window.bytes());
             // Its events no longer hold anything back.
             wake_readers(&mut st.streams);

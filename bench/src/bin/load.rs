@@ -5,7 +5,9 @@
 //! Modes:
 //!   sse     K sessions, one POST-started stream each, saturating or paced; throughput and
 //!           per-event latency (receive time − the mock's send stamp, one clock)
-//!   json    small JSON POSTs (`ping`) on C keep-alive connections, saturating or paced
+//!   json    small JSON POSTs (`ping`) on C keep-alive connections, saturating or paced; with
+//!           `--tool-events N` short tool calls instead: each a `tools/call` the mock answers
+//!           with an SSE stream of N progress events and the result
 //!   idle    N sessions each holding a standalone GET stream; prints READY and holds until
 //!           stdin closes
 //!   window  N sessions each receive E events of S bytes on a POST stream; prints READY and
@@ -87,6 +89,10 @@ enum Mode {
         /// Requests per connection instead of a duration (saturating mode only).
         #[arg(long, default_value_t = 0)]
         requests: u64,
+        /// Short tool calls instead of pings: each a `tools/call` answered by an SSE stream of
+        /// this many 200 B progress events and the result.
+        #[arg(long)]
+        tool_events: Option<u64>,
     },
     Idle {
         #[arg(long)]
@@ -149,8 +155,13 @@ fn main() {
             rate,
             duration_ms,
             warmup_ms,
+            tool_events,
             ..
-        } if rate > 0.0 => json_paced(&cli.target, &cli.path, conns, rate, duration_ms, warmup_ms),
+        } if rate > 0.0 => match tool_events {
+            // The paced client reads Content-Length answers only.
+            Some(_) => json!({"error": "--tool-events is saturating only (no --rate)"}),
+            None => json_paced(&cli.target, &cli.path, conns, rate, duration_ms, warmup_ms),
+        },
         _ => local.block_on(&rt, run(cli)),
     };
     // Why a run failed, on stderr (the orchestrator forwards it), besides the JSON.
@@ -203,8 +214,9 @@ async fn run(cli: Cli) -> Value {
             duration_ms,
             warmup_ms,
             requests,
+            tool_events,
             ..
-        } => json_saturate(t, p, conns, duration_ms, warmup_ms, requests).await,
+        } => json_saturate(t, p, conns, duration_ms, warmup_ms, requests, tool_events).await,
         Mode::Idle {
             sessions,
             concurrency,
@@ -601,11 +613,45 @@ impl Agg {
     }
 }
 
+/// An SSE event carrying a JSON-RPC message.
+const MESSAGE_EVENT: &[u8] = b"data: {\"jsonrpc\"";
+
 /// A JSON-RPC answer: a JSON body, or (the gateway's `--json-upgrade`) an SSE stream that
 /// carries it as an event.
 fn is_answer(body: &[u8]) -> bool {
-    const EVENT: &[u8] = b"data: {\"jsonrpc\"";
-    body.starts_with(b"{\"jsonrpc\"") || body.windows(EVENT.len()).any(|w| w == EVENT)
+    body.starts_with(b"{\"jsonrpc\"")
+        || body
+            .windows(MESSAGE_EVENT.len())
+            .any(|w| w == MESSAGE_EVENT)
+}
+
+/// One request of the json mode, with a fresh id (as every client sends: one id sent again
+/// is a retransmission, which the gateway answers from its window): a `ping`, or with
+/// `tool_events` a short tool call.
+fn json_request(path: &str, target: &SocketAddr, sid: &str, tool_events: Option<u64>) -> Vec<u8> {
+    let body = match tool_events {
+        None => rpc("ping", json!({})),
+        Some(n) => rpc(
+            "tools/call",
+            json!({"name": "stream", "arguments": {"events": n, "size": 200}}),
+        ),
+    };
+    http::request("POST", path, target, Some(sid), &[], &body)
+}
+
+/// Whether `body` answers a request of the json mode whole: the answer, after exactly the
+/// `tool_events` progress events of a tool call.
+fn answered(body: &[u8], tool_events: Option<u64>) -> bool {
+    match tool_events {
+        None => is_answer(body),
+        Some(n) => {
+            let messages = body
+                .windows(MESSAGE_EVENT.len())
+                .filter(|w| *w == MESSAGE_EVENT)
+                .count();
+            messages as u64 == n + 1 && body.windows(7).any(|w| w == b"\"result")
+        }
+    }
 }
 
 async fn json_saturate(
@@ -615,6 +661,7 @@ async fn json_saturate(
     duration_ms: u64,
     warmup_ms: u64,
     requests: u64,
+    tool_events: Option<u64>,
 ) -> Value {
     let (duration_ms, warmup_ms) = if requests > 0 {
         (u64::MAX / 4_000_000, 0)
@@ -644,11 +691,9 @@ async fn json_saturate(
                 if t0 >= end || (requests > 0 && n >= requests) {
                     break;
                 }
-                // A fresh id each time, as every client sends: one id sent again is a
-                // retransmission, which the gateway answers from its window.
-                let req = http::request("POST", &path, &target, Some(&sid), &[], &rpc("ping", json!({})));
+                let req = json_request(&path, &target, &sid, tool_events);
                 match c.roundtrip(&req).await {
-                    Ok((h, b)) if h.status == 200 && is_answer(&b) => {
+                    Ok((h, b)) if h.status == 200 && answered(&b, tool_events) => {
                         let t1 = now_ns();
                         if t0 >= measure_from {
                             n += 1;
@@ -723,8 +768,8 @@ fn json_paced(
                     break;
                 }
                 k += 1;
-                // A fresh id each time (see json_saturate), built before the wait.
-                let req = http::request("POST", &path, &target, Some(&sid), &[], &rpc("ping", json!({})));
+                // Built before the wait.
+                let req = json_request(&path, &target, &sid, None);
                 let now = now_ns();
                 if due > now {
                     std::thread::sleep(Duration::from_nanos(due - now));
