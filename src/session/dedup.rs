@@ -1,5 +1,5 @@
 //! POST de-duplication: the request ids of POSTs being forwarded right now ([`Forwarded`]),
-//! which retained stream of the session already carried one of a POST's ids ([`carrier`]),
+//! which retained stream of the session already carried one of a POST's ids ([`Carried`]),
 //! so that a retransmission is answered from that stream and never forwarded, and the ids of
 //! requests whose streams the session no longer retains ([`Retired`]), so that their
 //! retransmission is refused as a duplicate instead. Every id is its principal's: another
@@ -120,8 +120,92 @@ pub(super) struct Carrier<'a> {
     pub id: &'a str,
 }
 
+/// Which retained streams carried each request id, by a keyed hash of the id. Every POST asks
+/// whether one of its ids was sent before, and a session retains up to
+/// `MAX_ENDED_STREAMS` ended streams besides the running ones: scanning them all cost ~5 k
+/// instructions a call (`bench/callgrind` call). Kept beside the session's streams: a stream
+/// is added when it is opened with requests and removed when it is forgotten.
+#[derive(Debug, Default)]
+pub(super) struct Carried {
+    streams: HashMap<u64, Vec<u32>>,
+    key: std::collections::hash_map::RandomState,
+}
+
+impl Carried {
+    fn hash(&self, id: &str) -> u64 {
+        self.key.hash_one(id)
+    }
+
+    /// `s`, stream `stream`, carries its requests' ids.
+    pub fn add(&mut self, stream: u32, s: &Stream) {
+        for r in &s.requests {
+            let carriers = self
+                .streams
+                .entry(self.key.hash_one(r.id.as_str()))
+                .or_default();
+            if !carriers.contains(&stream) {
+                carriers.push(stream);
+            }
+        }
+    }
+
+    /// `s`, stream `stream`, is forgotten.
+    pub fn remove(&mut self, stream: u32, s: &Stream) {
+        for r in &s.requests {
+            let h = self.hash(&r.id);
+            if let Some(carriers) = self.streams.get_mut(&h) {
+                carriers.retain(|&c| c != stream);
+                if carriers.is_empty() {
+                    self.streams.remove(&h);
+                }
+            }
+        }
+    }
+
+    /// Every stream is forgotten.
+    pub fn clear(&mut self) {
+        self.streams.clear();
+    }
+
+    /// Ids indexed (each with its streams).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// What [`carrier`] finds in `streams`, asking only the streams that carried one of
+    /// `ids` (a hash that collides is told apart by `carries`).
+    pub fn carrier<'a>(
+        &self,
+        streams: &BTreeMap<u32, Stream>,
+        principal: Principal,
+        ids: &'a [String],
+    ) -> Option<Carrier<'a>> {
+        if self.streams.is_empty() {
+            return None;
+        }
+        let carries = |s: &Stream| s.principal == principal && ids.iter().any(|id| s.carries(id));
+        let stream = ids
+            .iter()
+            .filter_map(|id| self.streams.get(&self.hash(id)))
+            .flatten()
+            .copied()
+            .filter(|n| streams.get(n).is_some_and(carries))
+            .min()?;
+        let s = &streams[&stream];
+        let id = ids.iter().find(|id| s.carries(id))?;
+        Some(Carrier {
+            stream,
+            first_seq: s.first_seq,
+            id,
+        })
+    }
+}
+
 /// The first retained stream (in stream order) opened by `principal` that carried one of
 /// `ids`, with the first of `ids` it carried; `None`: no retained stream answers for it.
+/// What [`Carried::carrier`] answers without scanning; the tests' model of it.
+#[cfg(test)]
 pub(super) fn carrier<'a>(
     streams: &BTreeMap<u32, Stream>,
     principal: Principal,
@@ -208,6 +292,43 @@ mod tests {
             "ids are JSON text"
         );
         assert_eq!(carrier(&streams, p(0), &[]), None);
+    }
+
+    proptest::proptest! {
+        /// The index finds what a scan of every stream finds, as streams come and go.
+        #[test]
+        fn the_index_finds_the_carrier_a_scan_finds(
+            opened in proptest::collection::vec(
+                (0u8..3, proptest::collection::vec(0u8..8, 0..4), proptest::bool::ANY),
+                0..24,
+            ),
+            asks in proptest::collection::vec((0u8..3, proptest::collection::vec(0u8..8, 0..4)), 1..16),
+        ) {
+            let id = |n: u8| n.to_string();
+            let mut streams = BTreeMap::new();
+            let mut index = Carried::default();
+            for (n, (principal, requests, forgotten)) in opened.into_iter().enumerate() {
+                let n = n as u32;
+                let mut s = Stream::new(StreamKind::Post, u64::from(n) * 10, requests.into_iter().map(id).collect(), false, None);
+                s.principal = p(principal);
+                index.add(n, &s);
+                streams.insert(n, s);
+                if forgotten {
+                    // An older stream is forgotten (the oldest ended one, in the session).
+                    if let Some((&old, _)) = streams.iter().next() {
+                        let gone = streams.remove(&old).unwrap();
+                        index.remove(old, &gone);
+                    }
+                }
+            }
+            for (principal, ask) in asks {
+                let ask: Vec<String> = ask.into_iter().map(id).collect();
+                proptest::prop_assert_eq!(
+                    index.carrier(&streams, p(principal), &ask),
+                    carrier(&streams, p(principal), &ask)
+                );
+            }
+        }
     }
 
     #[test]

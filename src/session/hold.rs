@@ -204,6 +204,7 @@ impl Session {
                 stream,
                 Stream::new(StreamKind::Standalone, seq, Vec::new(), false, None),
             );
+            st.running.insert(stream);
             Self::set_standalone(&mut st, stream);
             stream
         });

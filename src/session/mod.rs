@@ -32,7 +32,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use self::batch::Batch;
-use self::dedup::{Forwarded, Retired};
+use self::dedup::{Carried, Forwarded, Retired};
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
 pub use self::registry::{
@@ -77,6 +77,13 @@ struct State {
     forwarded: Forwarded,
     /// Request ids of streams no longer retained.
     retired: Retired,
+    /// Which of `streams` carried each request id.
+    carried: Carried,
+    /// Streams whose upstream reader paused since [`wake_readers`] last ran (some may have
+    /// been woken since, or be gone): a session retains many ended streams, which have none.
+    paused: Vec<u32>,
+    /// The streams of `streams` not ended yet: a session retains many ended ones.
+    running: std::collections::BTreeSet<u32>,
     /// The last frames of the clients attached when the session closed, by (stream,
     /// generation): each learns explicitly that its calls will not be answered.
     closing: Vec<(u32, u64, Bytes)>,
@@ -295,10 +302,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Wakes every paused upstream reader of the session (room may have been made).
-fn wake_readers(streams: &mut BTreeMap<u32, Stream>) {
-    for s in streams.values_mut() {
-        s.wake_reader();
+/// Wakes every paused upstream reader of the session (room may have been made): those of
+/// `paused`, the streams whose readers paused since the last time (the others have none).
+fn wake_readers(paused: &mut Vec<u32>, streams: &mut BTreeMap<u32, Stream>) {
+    for n in paused.drain(..) {
+        if let Some(s) = streams.get_mut(&n) {
+            s.wake_reader();
+        }
     }
 }
 
@@ -378,6 +388,9 @@ impl Session {
                 inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
                 forwarded: Forwarded::default(),
                 retired: Retired::default(),
+                carried: Carried::default(),
+                paused: Vec::new(),
+                running: Default::default(),
                 closing: Vec::new(),
             }),
             cfg,
@@ -489,9 +502,10 @@ impl Session {
     /// Calls (POST streams) of this session still read from the upstream with no client
     /// attached: each holds an upstream connection until it ends (`--max-detached-calls`).
     pub fn detached_calls(&self) -> usize {
-        lock(&self.state)
-            .streams
-            .values()
+        let st = lock(&self.state);
+        st.running
+            .iter()
+            .filter_map(|n| st.streams.get(n))
             .filter(|s| s.kind == StreamKind::Post && s.end.is_none() && s.sub.is_none())
             .count()
     }
@@ -562,6 +576,8 @@ impl Session {
         let mut opened = Stream::new(kind, seq, requests, initialize, Some(sub));
         opened.principal = principal;
         opened.trace = trace;
+        st.carried.add(stream, &opened);
+        st.running.insert(stream);
         st.streams.insert(stream, opened);
         if kind == StreamKind::Standalone {
             Self::set_standalone(&mut st, stream);
@@ -657,7 +673,11 @@ impl Session {
         let Some(s) = st.streams.get_mut(&stream) else {
             return true;
         };
-        Self::wake_or_pause(s, pushed > 0, events.is_empty(), reader, now)
+        let done = Self::wake_or_pause(s, pushed > 0, events.is_empty(), reader, now);
+        if !done && reader.is_some() && !st.paused.contains(&stream) {
+            st.paused.push(stream);
+        }
+        done
     }
 
     /// Tags `events` of `stream` in order and retains each (in the window, or in the
@@ -803,6 +823,7 @@ impl Session {
         s.end = Some(end);
         s.reader = None;
         s.paused_reader = None;
+        st.running.remove(&stream);
         if let Some(w) = s.sub.as_mut().and_then(|sub| sub.waker.take()) {
             w.wake();
         }
@@ -823,12 +844,13 @@ impl Session {
                 continue;
             };
             gone.set_overflow(None, &self.budget);
+            st.carried.remove(old, &gone);
             st.retired.retire(&gone);
             let before = st.window.bytes();
             st.window.remove_stream(old, gone.first_seq..=gone.last_seq);
             self.budget.adjust(before, st.window.bytes());
             // Its events no longer hold anything back.
-            wake_readers(&mut st.streams);
+            wake_readers(&mut st.paused, &mut st.streams);
         }
     }
 
@@ -970,7 +992,7 @@ impl Session {
     /// started by its POST carrying one, or a forgotten one was.
     pub fn carries_any(&self, principal: Principal, ids: &[String]) -> bool {
         let st = lock(&self.state);
-        dedup::carrier(&st.streams, principal, ids).is_some()
+        st.carried.carrier(&st.streams, principal, ids).is_some()
             || st.retired.find(principal, ids).is_some()
     }
 
@@ -989,7 +1011,7 @@ impl Session {
     ) -> Retransmission {
         let carrier = {
             let st = lock(&self.state);
-            match dedup::carrier(&st.streams, principal, ids) {
+            match st.carried.carrier(&st.streams, principal, ids) {
                 Some(c) => c,
                 // Its stream is forgotten: refused, never run twice.
                 None => match st.retired.find(principal, ids) {
@@ -1138,7 +1160,7 @@ impl Session {
         if batch.out.is_empty() {
             let step = self.idle_step(s, stream, cursor, has_id, waker);
             if room {
-                wake_readers(&mut st.streams);
+                wake_readers(&mut st.paused, &mut st.streams);
             }
             return step;
         }
@@ -1152,7 +1174,7 @@ impl Session {
             &mut st.streams,
         );
         if room || moved {
-            wake_readers(&mut st.streams);
+            wake_readers(&mut st.paused, &mut st.streams);
         }
         Step::Data(batch.out.freeze(), batch.events as u64)
     }
@@ -1264,6 +1286,9 @@ impl Session {
         }
         st.closing = closing;
         st.streams.clear();
+        st.carried.clear();
+        st.paused.clear();
+        st.running.clear();
         st.inflight.clear();
         drop(st);
         self.closed_signal.notify_waiters();

@@ -257,6 +257,53 @@ fn ended_stream_metadata_is_bounded() {
     );
 }
 
+#[test]
+fn detached_calls_are_the_running_posts_without_a_client() {
+    let s = session(cfg(|_| {}));
+    let open = |id: &str| s.open_stream(OpenStream::new(StreamKind::Post, vec![id.into()]));
+    let (a, b, c) = (open("1"), open("2"), open("3"));
+    assert_eq!(s.detached_calls(), 0, "every call has its client");
+    s.detach(a.stream, a.generation);
+    s.detach(b.stream, b.generation);
+    assert_eq!(s.detached_calls(), 2);
+    s.end_stream(a.stream, End::Complete);
+    assert_eq!(
+        s.detached_calls(),
+        1,
+        "an ended call holds nothing upstream"
+    );
+    // Many ended calls retained beside them change nothing.
+    for n in 0..(MAX_ENDED_STREAMS + 10) {
+        let d = open(&format!("\"e{n}\""));
+        s.detach(d.stream, d.generation);
+        s.end_stream(d.stream, End::Complete);
+    }
+    assert_eq!(s.detached_calls(), 1);
+    s.detach(c.stream, c.generation);
+    assert_eq!(s.detached_calls(), 2);
+    // The forgotten streams' ids left the index with them; the retained ones are found.
+    let st = lock(&s.state);
+    assert_eq!(st.running.len(), 2);
+    assert_eq!(
+        st.carried.len(),
+        st.streams.len(),
+        "one id a retained call, no more"
+    );
+    assert!(st
+        .carried
+        .carrier(&st.streams, Principal::default(), &["\"e0\"".into()])
+        .is_none());
+    assert!(st
+        .carried
+        .carrier(&st.streams, Principal::default(), &["2".into()])
+        .is_some());
+    drop(st);
+    assert!(
+        s.carries_any(Principal::default(), &["\"e0\"".into()]),
+        "retired, so still a duplicate"
+    );
+}
+
 fn current_generation(s: &Session, stream: u32) -> u64 {
     lock(&s.state).streams[&stream]
         .sub
