@@ -30,7 +30,7 @@ struct Args {
     /// Rounds for the memory scenarios (slow to set up; default 2, quick 1).
     #[arg(long)]
     memory_rounds: Option<usize>,
-    /// Comma-separated scenario keys to run (default: all). Keys: json, json-paced,
+    /// Comma-separated scenario keys to run (default: all). Keys: json, calls, json-paced,
     /// sse-200-1, sse-200-8, sse-16k-1, sse-16k-8 (saturating, the mock writes bursts of
     /// events), the same with `-single` (one `write` per event), paced-1, paced-50,
     /// idle-N, window-N, storm. Groups: `saturating` (the four burst scenarios),
@@ -387,6 +387,26 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             title: "Small JSON POST, saturating (8 keep-alive connections, closed loop)".into(),
             arms: ALL.iter().chain(&TLS_ARMS).copied().collect(),
             load: s(&["json", "--conns", "8", "--duration-ms", &dur]),
+            kind: Kind::Run,
+            gateway_flags: vec![],
+            sessions: 0,
+            window_events: 0,
+            timeout: Duration::from_secs(60),
+        },
+        Scenario {
+            key: "calls".into(),
+            group: "json",
+            title: "Short tool calls, saturating (16 sessions back to back on keep-alive connections, each call answered by SSE: 2 progress events of 200 B and the result)".into(),
+            arms: ALL.to_vec(),
+            load: s(&[
+                "json",
+                "--conns",
+                "16",
+                "--tool-events",
+                "2",
+                "--duration-ms",
+                &dur,
+            ]),
             kind: Kind::Run,
             gateway_flags: vec![],
             sessions: 0,
@@ -1432,6 +1452,37 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             r.zip(x).map(|(r, x)| r <= x),
         );
     }
+    // Short tool calls (issue 23): throughput, CPU and added tail latency against nginx.
+    let v = ratio(
+        med(s, "calls", Arm::Reattach, "req_per_s"),
+        med(s, "calls", Arm::Nginx, "req_per_s"),
+    );
+    push(
+        "calls: calls/s mcp-reattach / nginx".into(),
+        v,
+        "≥ 1.00".into(),
+        v.map(|v| v >= 1.0),
+    );
+    let v = ratio(
+        med(s, "calls", Arm::Reattach, "cpu_us_per_req"),
+        med(s, "calls", Arm::Nginx, "cpu_us_per_req"),
+    );
+    push(
+        "calls: proxy CPU per call mcp-reattach / nginx".into(),
+        v,
+        "≤ 1.25".into(),
+        v.map(|v| v <= 1.25),
+    );
+    let v = ratio(
+        med(s, "calls", Arm::Reattach, "added_p99_us"),
+        med(s, "calls", Arm::Nginx, "added_p99_us"),
+    );
+    push(
+        "calls: added p99 call latency mcp-reattach / nginx".into(),
+        v,
+        "≤ 1.50".into(),
+        v.map(|v| v <= 1.5),
+    );
     let v = ratio(
         med(s, "json", Arm::Reattach, "cpu_us_per_req"),
         med(s, "json", Arm::Naive, "cpu_us_per_req"),
@@ -1719,7 +1770,7 @@ fn markdown(
     for sc in scs {
         o.push_str(&format!("### {} (`{}`)\n\n", sc.title, sc.key));
         let cols: Vec<(&str, &str)> = match sc.group {
-            "json" if sc.key == "json" => vec![
+            "json" if sc.key == "json" || sc.key == "calls" => vec![
                 ("req_per_s", "req/s"),
                 ("cpu_us_per_req", "proxy CPU µs/req"),
                 ("p50_us", "p50 µs"),
