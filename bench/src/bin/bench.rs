@@ -1453,36 +1453,23 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         );
     }
     // Short tool calls (issue 23): throughput, CPU and added tail latency against nginx.
-    let v = ratio(
-        med(s, "calls", Arm::Reattach, "req_per_s"),
-        med(s, "calls", Arm::Nginx, "req_per_s"),
-    );
-    push(
-        "calls: calls/s mcp-reattach / nginx".into(),
-        v,
-        "≥ 1.00".into(),
-        v.map(|v| v >= 1.0),
-    );
-    let v = ratio(
-        med(s, "calls", Arm::Reattach, "cpu_us_per_req"),
-        med(s, "calls", Arm::Nginx, "cpu_us_per_req"),
-    );
-    push(
-        "calls: proxy CPU per call mcp-reattach / nginx".into(),
-        v,
-        "≤ 1.25".into(),
-        v.map(|v| v <= 1.25),
-    );
-    let v = ratio(
-        med(s, "calls", Arm::Reattach, "added_p99_us"),
-        med(s, "calls", Arm::Nginx, "added_p99_us"),
-    );
-    push(
-        "calls: added p99 call latency mcp-reattach / nginx".into(),
-        v,
-        "≤ 1.50".into(),
-        v.map(|v| v <= 1.5),
-    );
+    // (metric, what, bound, whether the ratio must be at least the bound or at most)
+    for (metric, what, bound, at_least) in [
+        ("req_per_s", "calls/s", 1.0, true),
+        ("cpu_us_per_req", "proxy CPU per call", 1.25, false),
+        ("added_p99_us", "added p99 call latency", 1.5, false),
+    ] {
+        let v = ratio(
+            med(s, "calls", Arm::Reattach, metric),
+            med(s, "calls", Arm::Nginx, metric),
+        );
+        push(
+            format!("calls: {what} mcp-reattach / nginx"),
+            v,
+            format!("{} {bound:.2}", if at_least { "≥" } else { "≤" }),
+            v.map(|v| if at_least { v >= bound } else { v <= bound }),
+        );
+    }
     let v = ratio(
         med(s, "json", Arm::Reattach, "cpu_us_per_req"),
         med(s, "json", Arm::Naive, "cpu_us_per_req"),
