@@ -613,6 +613,31 @@ async fn connections_that_never_send_a_request_are_closed_at_the_header_read_tim
     assert_eq!(pending.await.unwrap().status(), 200);
 }
 
+/// A slow tool call of the tests of issue 22 item 2.
+const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
+
+/// Session `s` (legacy era, `--session-ttl` `session_ttl`) whose client sent [`CALL`] and
+/// left before the upstream's head: the upstream has the request (`Seen`), and it is still
+/// open 200 ms later (a legacy disconnect is not a cancel).
+async fn abandoned_call(session_ttl: Duration) -> (Gw, Mock, Seen) {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.session_ttl = session_ttl;
+        c.json_upgrade = false;
+    })
+    .await;
+    init_session(&gw, &mut mock, "s").await;
+    let client = tokio::spawn(send(gw.addr, post(CALL, Some("s"))));
+    let mut seen = mock.next().await;
+    client.abort();
+    assert!(
+        !seen.closed_within(Duration::from_millis(200)).await,
+        "a legacy disconnect is not a cancel"
+    );
+    (gw, mock, seen)
+}
+
 /// Issue 22 item 2: a POST whose client left before the upstream's response head finishes in
 /// a task of its own (a legacy disconnect is not a cancel), but not for good: it may wait for
 /// the head `--session-ttl` at most, and then the upstream request is ended. A modern-era
@@ -620,29 +645,14 @@ async fn connections_that_never_send_a_request_are_closed_at_the_header_read_tim
 /// once.
 #[tokio::test]
 async fn a_post_abandoned_before_its_head_is_bounded_and_a_modern_one_cancelled() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.hold_standalone = false;
-        c.session_ttl = Duration::from_millis(400);
-        c.json_upgrade = false;
-    })
-    .await;
-    init_session(&gw, &mut mock, "s").await;
-    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
     // Legacy: the client goes away; the upstream request lives on, then ends at the bound.
-    let client = tokio::spawn(send(gw.addr, post(call, Some("s"))));
-    let mut seen = mock.next().await;
-    client.abort();
-    assert!(
-        !seen.closed_within(Duration::from_millis(200)).await,
-        "a legacy disconnect is not a cancel"
-    );
+    let (gw, mut mock, mut seen) = abandoned_call(Duration::from_millis(400)).await;
     assert!(
         seen.closed_within(Duration::from_secs(3)).await,
         "ended once it waited --session-ttl for its head"
     );
     // Modern: cancelled with its client.
-    let mut modern = post(call, None);
+    let mut modern = post(CALL, None);
     modern
         .headers_mut()
         .insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
@@ -748,22 +758,7 @@ async fn idle_connections_are_closed_after_the_idle_timeout_and_streaming_ones_a
 /// session's `DELETE`, the upstream request is ended at once, not at `--session-ttl`.
 #[tokio::test]
 async fn a_post_abandoned_before_its_head_ends_with_its_session() {
-    let mut mock = Mock::start().await;
-    let gw = gateway(mock.addr, |c| {
-        c.hold_standalone = false;
-        c.session_ttl = Duration::from_secs(60);
-        c.json_upgrade = false;
-    })
-    .await;
-    init_session(&gw, &mut mock, "s").await;
-    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
-    let client = tokio::spawn(send(gw.addr, post(call, Some("s"))));
-    let mut seen = mock.next().await;
-    client.abort();
-    assert!(
-        !seen.closed_within(Duration::from_millis(200)).await,
-        "a legacy disconnect is not a cancel"
-    );
+    let (gw, mut mock, mut seen) = abandoned_call(Duration::from_secs(60)).await;
     let delete = Request::delete("/mcp")
         .header("host", "mcp.example")
         .header("mcp-session-id", "s")

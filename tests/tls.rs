@@ -114,6 +114,50 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
+/// What a certificate rotation test starts from: a CA, two server leaves of it, and the first
+/// one written to `tls.crt` / `tls.key` in a scratch folder of its own.
+struct Rotation {
+    ca: Ca,
+    one: Pair,
+    two: Pair,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn rotation(name: &str) -> Rotation {
+    let dir = scratch(name);
+    let ca = ca("test CA");
+    let (one, two) = (
+        server_leaf(&ca, "server one"),
+        server_leaf(&ca, "server two"),
+    );
+    let cert = write(&dir, "tls.crt", &one.cert);
+    let key = write(&dir, "tls.key", &one.key);
+    Rotation {
+        ca,
+        one,
+        two,
+        cert,
+        key,
+    }
+}
+
+/// The real binary serving `r`'s pair, looking at it every `interval` (nothing listens
+/// upstream: these tests need only the TLS listener).
+fn binary_serving(r: &Rotation, interval: &str) -> Binary {
+    Binary::start_blocking(
+        free_port(),
+        &[
+            "--tls-cert",
+            r.cert.to_str().unwrap(),
+            "--tls-key",
+            r.key.to_str().unwrap(),
+            "--tls-reload-interval",
+            interval,
+        ],
+    )
+}
+
 /// Replaces a file the way an atomic writer does (write aside, rename over).
 fn replace(path: &Path, text: &str) {
     let tmp = path.with_extension("new");
@@ -295,14 +339,14 @@ async fn ts_sdk_client_resumes_a_cut_stream_through_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_certificate_is_served_to_new_connections_while_a_stream_keeps_flowing() {
-    let dir = scratch("rotate");
-    let ca = ca("test CA");
-    let (one, two) = (
-        server_leaf(&ca, "server one"),
-        server_leaf(&ca, "server two"),
-    );
-    let cert = write(&dir, "tls.crt", &one.cert);
-    let key = write(&dir, "tls.key", &one.key);
+    let Rotation {
+        ca,
+        one,
+        two,
+        cert,
+        key,
+        ..
+    } = rotation("rotate");
     let mut mock = Mock::start().await;
     let gw = tls_gateway(mock.addr, &cert, &key, None, |c| c.hold_standalone = false).await;
     let client = client_config(&ca.pem, None, &[b"http/1.1"]);
@@ -349,30 +393,19 @@ async fn rotated_certificate_is_served_to_new_connections_while_a_stream_keeps_f
 
 #[test]
 fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
-    let dir = scratch("refuse");
-    let ca = ca("test CA");
-    let (one, two) = (
-        server_leaf(&ca, "server one"),
-        server_leaf(&ca, "server two"),
-    );
+    let r = rotation("refuse");
+    let mut gw = binary_serving(&r, "50ms");
+    let Rotation {
+        ca,
+        one,
+        two,
+        cert,
+        key,
+    } = r;
     let expired = leaf(&ca, "expired", &["localhost"], |p| {
         p.not_before = rcgen::date_time_ymd(2000, 1, 1);
         p.not_after = rcgen::date_time_ymd(2001, 1, 1);
     });
-    let cert = write(&dir, "tls.crt", &one.cert);
-    let key = write(&dir, "tls.key", &one.key);
-    // Nothing listens upstream: the test needs only the TLS listener.
-    let mut gw = Binary::start_blocking(
-        free_port(),
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-            "--tls-reload-interval",
-            "50ms",
-        ],
-    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = client_config(&ca.pem, None, &[b"http/1.1"]);
     let addr = gw.addr;
@@ -408,25 +441,15 @@ fn bad_new_pair_is_refused_with_a_log_line_and_the_old_kept() {
 /// asked, not only the first), the served certificate kept.
 #[test]
 fn sighup_reloads_the_certificate_at_once() {
-    let dir = scratch("sighup");
-    let ca = ca("test CA");
-    let (one, two) = (
-        server_leaf(&ca, "server one"),
-        server_leaf(&ca, "server two"),
-    );
-    let cert = write(&dir, "tls.crt", &one.cert);
-    let key = write(&dir, "tls.key", &one.key);
-    let mut gw = Binary::start_blocking(
-        free_port(),
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-            "--tls-reload-interval",
-            "1h",
-        ],
-    );
+    let r = rotation("sighup");
+    let mut gw = binary_serving(&r, "1h");
+    let Rotation {
+        ca,
+        one,
+        two,
+        cert,
+        key,
+    } = r;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = client_config(&ca.pem, None, &[b"http/1.1"]);
     let addr = gw.addr;
