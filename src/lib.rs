@@ -38,6 +38,7 @@ pub mod config;
 pub mod cursor;
 pub mod demo;
 pub(crate) mod error;
+pub mod h1;
 pub(crate) mod jsonrpc;
 pub(crate) mod metrics;
 pub(crate) mod proxy;

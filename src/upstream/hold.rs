@@ -10,10 +10,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use http::StatusCode;
-use hyper::body::Incoming;
 
 use super::reader::read_stream;
-use super::Source;
+use super::{Body, Source};
 use crate::metrics::UpstreamErrorKind;
 use crate::session::{hash_id, Attempt, HoldStart, Registry, Session};
 
@@ -104,7 +103,7 @@ async fn open(
     registry: &Weak<Registry>,
     session: &Weak<Session>,
     source: &Source,
-) -> Option<(u32, Incoming)> {
+) -> Option<(u32, Body)> {
     let mut wait = FIRST_BACKOFF;
     for attempt in 1..=HOLD_ATTEMPTS {
         let s = session.upgrade()?;

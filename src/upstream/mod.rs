@@ -5,11 +5,12 @@
 //!
 //! Knows HTTP and the session API; the rules of what may be evicted live in `session`.
 
+mod get;
 pub(crate) mod hold;
 mod limit;
 mod reader;
 
-pub(crate) use self::reader::{spawn_answer_reader, spawn_reader, Answer};
+pub(crate) use self::reader::{spawn_answer_reader, spawn_reader, Answer, Body};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,10 +43,15 @@ pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// The pooled client to the upstream MCP server.
+/// How every upstream connection is opened: TCP (or TLS), counted against the bound.
+type Connector = limit::Counted<HttpsConnector<HttpConnector>>;
+
+/// The pooled client to the upstream MCP server, and the connector of the gateway's own
+/// `GET`s, which it reads itself (`get`).
 pub struct Upstream {
     cfg: Arc<Config>,
-    client: Client<limit::Counted<HttpsConnector<HttpConnector>>, UpBody>,
+    client: Client<Connector, UpBody>,
+    connector: Connector,
     /// Its open connections and their bound (`--max-upstream-connections`).
     conns: Arc<limit::Conns>,
 }
@@ -83,8 +89,13 @@ impl Upstream {
             // Without a timer the idle timeout is never applied and idle upstream
             // connections stay open at the peak concurrency.
             .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(connector);
-        Upstream { cfg, client, conns }
+            .build(connector.clone());
+        Upstream {
+            cfg,
+            client,
+            connector,
+            conns,
+        }
     }
 
     /// Whether the upstream accepts a TCP connection within `limit` (its host resolved now).
@@ -303,9 +314,9 @@ pub struct Source {
 
 impl Source {
     /// `GET` to the upstream with the source's headers (no body), `Last-Event-ID` set to
-    /// `last_id` or absent. The stream if the upstream answered with one, else its status
-    /// (`None`: no answer at all).
-    async fn get(&self, last_id: Option<&str>) -> Result<Incoming, Option<StatusCode>> {
+    /// `last_id` or absent, on a connection of its own that the gateway reads itself. The
+    /// stream if the upstream answered with one, else its status (`None`: no answer at all).
+    async fn get(&self, last_id: Option<&str>) -> Result<Body, Option<StatusCode>> {
         let mut headers = own_request_headers(&self.headers, None, "text/event-stream");
         // A compressed event stream could not be tagged.
         headers.insert(
@@ -324,21 +335,25 @@ impl Source {
             body,
             Some(self.remote),
         );
-        let send = self.upstream.send(req);
-        let resp = match tokio::time::timeout(self.upstream.cfg.upstream_header_timeout, send).await
-        {
-            Ok(Ok(r)) => r,
-            _ => return Err(None),
-        };
-        if resp.status() == StatusCode::OK && is_sse(resp.headers()) {
-            Ok(resp.into_body())
+        let send = get::send(&self.upstream, req);
+        let (status, headers, body) =
+            match tokio::time::timeout(self.upstream.cfg.upstream_header_timeout, send).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "upstream GET failed");
+                    return Err(None);
+                }
+                Err(_) => return Err(None),
+            };
+        if status == StatusCode::OK && is_sse(&headers) {
+            Ok(Body::Own(body))
         } else {
-            Err(Some(resp.status()))
+            Err(Some(status))
         }
     }
 
     /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
-    async fn resume(&self, last_id: &str) -> Option<Incoming> {
+    async fn resume(&self, last_id: &str) -> Option<Body> {
         self.get(Some(last_id)).await.ok()
     }
 }

@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use super::get::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
 use crate::metrics::{UpgradeAnswer, UpstreamErrorKind};
 use crate::session::{hash_id, End, Eviction, Registry, Session, UpstreamFailure};
@@ -55,7 +56,7 @@ pub(crate) fn spawn_reader(
 ) {
     let s = session.clone();
     let reader = tokio::spawn(async move {
-        read_stream(&registry, &session, stream, body, &source).await;
+        read_stream(&registry, &session, stream, Body::Hyper(body), &source).await;
         if source.upstream.cfg.hold_standalone {
             hold::after_client_stream(&registry, &session, stream, source);
         }
@@ -92,7 +93,8 @@ pub(crate) fn spawn_answer_reader(
         let (status, headers) = (resp.status(), resp.headers());
         if status == StatusCode::OK && is_sse(headers) {
             metrics.json_upgrade(UpgradeAnswer::Sse);
-            read_stream(&registry, &session, stream, resp.into_body(), &source).await;
+            let body = Body::Hyper(resp.into_body());
+            read_stream(&registry, &session, stream, body, &source).await;
             return;
         }
         if status == StatusCode::OK && is_json(headers) {
@@ -207,6 +209,86 @@ fn error_message(body: &[u8]) -> Option<String> {
     Some(m.chars().take(200).collect())
 }
 
+/// The body of an upstream SSE stream: a response hyper's pooled client read (a POST's
+/// answer, a client's own `GET` forwarded), or one of the gateway's own `GET`s, which it
+/// reads on the socket itself (`get`).
+pub(crate) enum Body {
+    Hyper(Incoming),
+    Own(OwnBody),
+}
+
+impl Body {
+    /// Waits for the body's next bytes, then takes everything that is already here (up to
+    /// [`READ_BATCH_BYTES`]) into `decoder`, its events into `events`: one lock, one wake of
+    /// the client and one write for a burst, instead of one per upstream chunk. The end of
+    /// the stream if it ended.
+    async fn read_batch(
+        &mut self,
+        decoder: &mut Decoder,
+        events: &mut Vec<Event>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Option<End> {
+        let invalid = |e: crate::sse::SseError| {
+            metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
+            Some(End::Failed(UpstreamFailure::InvalidStream(e.to_string())))
+        };
+        let body = match self {
+            Body::Hyper(body) => body,
+            Body::Own(body) => {
+                let read = body.read(READ_BATCH_BYTES, |data| decoder.feed(data, events));
+                return match read.await {
+                    Ok(ReadEnd::More) => None,
+                    Ok(ReadEnd::Done) => Some(End::Complete),
+                    Ok(ReadEnd::Connection(e)) => {
+                        metrics.upstream_error(UpstreamErrorKind::Stream);
+                        Some(End::Failed(UpstreamFailure::Connection(e)))
+                    }
+                    Ok(ReadEnd::Framing(e)) => {
+                        metrics.upstream_error(UpstreamErrorKind::Stream);
+                        Some(End::Failed(UpstreamFailure::InvalidStream(e.to_string())))
+                    }
+                    Err(e) => invalid(e),
+                };
+            }
+        };
+        let mut next = body.frame().await;
+        let mut taken = 0;
+        loop {
+            match next {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        taken += data.len();
+                        if let Err(e) = decoder.feed(&data, events) {
+                            return invalid(e);
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    metrics.upstream_error(UpstreamErrorKind::Stream);
+                    return Some(End::Failed(UpstreamFailure::Connection(e.to_string())));
+                }
+                None => return Some(End::Complete),
+            }
+            if taken >= READ_BATCH_BYTES {
+                return None;
+            }
+            next = match ready_frame(body).await {
+                Some(f) => f,
+                // hyper hands the body over one HTTP chunk at a time (a one-slot channel
+                // from its connection task), so a burst already read from the socket is
+                // not "ready" yet: let the connection task run once and look again.
+                None => {
+                    tokio::task::yield_now().await;
+                    match ready_frame(body).await {
+                        Some(f) => f,
+                        None => return None,
+                    }
+                }
+            };
+        }
+    }
+}
+
 /// The next frame of `body` if it is ready now, without waiting.
 async fn ready_frame(
     body: &mut Incoming,
@@ -272,7 +354,7 @@ pub(crate) async fn read_stream(
     registry: &Registry,
     session: &Session,
     stream: u32,
-    mut body: Incoming,
+    mut body: Body,
     source: &Source,
 ) {
     let metrics = registry.metrics().clone();
@@ -284,52 +366,7 @@ pub(crate) async fn read_stream(
         let mut decoder = Decoder::new(max_event_bytes);
         let mut events = Vec::new();
         let end = loop {
-            // Take every frame that is already here before tagging: one lock, one wake of
-            // the client and one write for a burst, instead of one per upstream chunk.
-            let mut next = body.frame().await;
-            let mut taken = 0;
-            let mut ended = None;
-            loop {
-                match next {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            taken += data.len();
-                            if let Err(e) = decoder.feed(&data, &mut events) {
-                                metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
-                                ended = Some(End::Failed(UpstreamFailure::InvalidStream(
-                                    e.to_string(),
-                                )));
-                                break;
-                            }
-                        }
-                    }
-                    Some(Err(e)) => {
-                        metrics.upstream_error(UpstreamErrorKind::Stream);
-                        ended = Some(End::Failed(UpstreamFailure::Connection(e.to_string())));
-                        break;
-                    }
-                    None => {
-                        ended = Some(End::Complete);
-                        break;
-                    }
-                }
-                if taken >= READ_BATCH_BYTES {
-                    break;
-                }
-                next = match ready_frame(&mut body).await {
-                    Some(f) => f,
-                    // hyper hands the body over one HTTP chunk at a time (a one-slot channel
-                    // from its connection task), so a burst already read from the socket is
-                    // not "ready" yet: let the connection task run once and look again.
-                    None => {
-                        tokio::task::yield_now().await;
-                        match ready_frame(&mut body).await {
-                            Some(f) => f,
-                            None => break,
-                        }
-                    }
-                };
-            }
+            let ended = body.read_batch(&mut decoder, &mut events, &metrics).await;
             for e in &mut events {
                 disown_control_type(e);
                 if e.id.is_some() {

@@ -1,0 +1,624 @@
+//! HTTP/1.1 framing of the upstream's responses to the gateway's own `GET`s (the held
+//! standalone stream, upstream resumes), which the gateway reads itself on the upstream
+//! socket: the request head it writes, the response head ([`parse_head`], httparse), and the
+//! body's framing ([`BodyDecoder`]: `Content-Length`, `chunked` or close-delimited), one pass
+//! over each read, the data handed out as slices of the read.
+//!
+//! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
+//! `Content-Length`, differing lengths, a transfer coding other than `chunked` alone, a chunk
+//! size that is not hex or overflows, a missing CRLF, and oversized heads, extensions or
+//! trailers are errors, never guesses. Pure: no I/O, no clocks (see `docs/design.md`, "The
+//! upstream streams the gateway reads itself").
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+
+/// Most bytes of a response head (status line and headers).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most headers in a response head.
+pub const MAX_HEADERS: usize = 100;
+/// Most bytes of chunk extensions over one body (they carry nothing the gateway uses).
+pub const MAX_EXTENSION_BYTES: usize = 16 * 1024;
+/// Most bytes of trailers after the last chunk (read and dropped).
+pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// Why a response cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum H1Error {
+    #[error("malformed response head: {0}")]
+    Head(&'static str),
+    #[error("response head larger than {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} headers")]
+    HeadTooLarge,
+    #[error("ambiguous body framing: {0}")]
+    Framing(&'static str),
+    #[error("malformed chunked body: {0}")]
+    Chunk(&'static str),
+    #[error("the upstream closed the connection before the end of the body")]
+    EarlyClose,
+}
+
+/// How the body of a response ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// At the end of the connection.
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+}
+
+/// Writes the head of a `GET` for `path_and_query` with `headers` (their values cannot hold a
+/// line break: `HeaderValue` refuses them). The gateway's own requests carry no body, so
+/// framing headers are left out whatever `headers` holds.
+pub fn get_head(path_and_query: &str, headers: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"GET ");
+    out.extend_from_slice(path_and_query.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Parses the response head at the start of `buf`: the head and its length, `None` while it
+/// is incomplete. Informational (1xx) heads before it are skipped (their bytes are counted in
+/// the length); a `101` is an error, the gateway never asks to switch protocols.
+pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
+    let mut at = 0;
+    loop {
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut slots);
+        let len = match resp.parse(&buf[at..]) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => {
+                return if buf.len() - at > MAX_HEAD_BYTES {
+                    Err(H1Error::HeadTooLarge)
+                } else {
+                    Ok(None)
+                };
+            }
+            Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
+            Err(_) => return Err(H1Error::Head("not an HTTP/1.x response head")),
+        };
+        if len > MAX_HEAD_BYTES {
+            return Err(H1Error::HeadTooLarge);
+        }
+        let code = resp.code.ok_or(H1Error::Head("no status"))?;
+        let status = StatusCode::from_u16(code).map_err(|_| H1Error::Head("invalid status"))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(H1Error::Head(
+                "101 Switching Protocols to a request without Upgrade",
+            ));
+        }
+        if status.is_informational() {
+            at += len;
+            continue;
+        }
+        let http10 = resp.version == Some(0);
+        let mut headers = HeaderMap::with_capacity(resp.headers.len());
+        for h in resp.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| H1Error::Head("invalid header name"))?;
+            let value = HeaderValue::from_bytes(h.value)
+                .map_err(|_| H1Error::Head("invalid header value"))?;
+            headers.append(name, value);
+        }
+        let framing = framing(status, &headers, http10)?;
+        return Ok(Some((
+            Head {
+                status,
+                headers,
+                framing,
+            },
+            at + len,
+        )));
+    }
+}
+
+/// The body framing of a response (RFC 9112 §6.3), refusing every ambiguity.
+fn framing(status: StatusCode, headers: &HeaderMap, http10: bool) -> Result<Framing, H1Error> {
+    let te = headers.get_all(http::header::TRANSFER_ENCODING);
+    let cl = headers.get_all(http::header::CONTENT_LENGTH);
+    let has_te = te.iter().next().is_some();
+    let has_cl = cl.iter().next().is_some();
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        if has_te {
+            return Err(H1Error::Framing(
+                "Transfer-Encoding on a response without a body",
+            ));
+        }
+        return Ok(Framing::Length(0));
+    }
+    if has_te {
+        if has_cl {
+            return Err(H1Error::Framing(
+                "both Transfer-Encoding and Content-Length",
+            ));
+        }
+        if http10 {
+            return Err(H1Error::Framing(
+                "Transfer-Encoding in an HTTP/1.0 response",
+            ));
+        }
+        let mut codings = te
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(|c| c.trim_ascii())
+            .filter(|c| !c.is_empty());
+        return match (codings.next(), codings.next()) {
+            (Some(c), None) if c.eq_ignore_ascii_case(b"chunked") => Ok(Framing::Chunked),
+            _ => Err(H1Error::Framing(
+                "a transfer coding other than chunked alone",
+            )),
+        };
+    }
+    if !has_cl {
+        return Ok(Framing::Close);
+    }
+    let mut length: Option<u64> = None;
+    for part in cl
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|p| p.trim_ascii())
+    {
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+            return Err(H1Error::Framing("invalid Content-Length"));
+        }
+        let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if length.is_some_and(|l| l != n) {
+            return Err(H1Error::Framing("differing Content-Length values"));
+        }
+        length = Some(n);
+    }
+    length
+        .map(Framing::Length)
+        .ok_or(H1Error::Framing("invalid Content-Length"))
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// In a chunk-size line: the size so far and its digit count.
+    Size(u64, u8),
+    /// After the size: whitespace before `;` or CR.
+    SizeWs(u64),
+    /// In a chunk extension (dropped).
+    Ext(u64),
+    /// After the size line's CR.
+    SizeLf(u64),
+    /// In a chunk's data, this many bytes left.
+    Data(u64),
+    /// After a chunk's data: its CR, then its LF.
+    DataCr,
+    DataLf,
+    /// After the last chunk: at the start of a trailer line (or of the final CRLF).
+    TrailerStart,
+    /// In a trailer line.
+    Trailer,
+    /// After a trailer line's CR.
+    TrailerLf,
+    /// After the final CR.
+    EndLf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Length(u64),
+    Chunked(Chunk),
+    Close,
+    Done,
+}
+
+/// The incremental decoder of a response body: feed it each read, get the data as slices of
+/// it. Bounded: it keeps a few integers, never bytes.
+#[derive(Debug, Clone)]
+pub struct BodyDecoder {
+    state: State,
+    /// Extension and trailer bytes seen so far (bounded).
+    extension: usize,
+    trailer: usize,
+}
+
+impl BodyDecoder {
+    pub fn new(framing: Framing) -> BodyDecoder {
+        let state = match framing {
+            Framing::Length(0) => State::Done,
+            Framing::Length(n) => State::Length(n),
+            Framing::Chunked => State::Chunked(Chunk::Size(0, 0)),
+            Framing::Close => State::Close,
+        };
+        BodyDecoder {
+            state,
+            extension: 0,
+            trailer: 0,
+        }
+    }
+
+    /// Whether the body has ended (its length read, its last chunk and trailers read).
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Decodes `input`, handing each piece of body data to `data` in order. Returns how many
+    /// bytes of `input` belong to the body: fewer than `input.len()` only once the body has
+    /// ended (the rest is bytes the upstream wrote after it).
+    pub fn decode<'a>(
+        &mut self,
+        input: &'a [u8],
+        mut data: impl FnMut(&'a [u8]),
+    ) -> Result<usize, H1Error> {
+        let mut i = 0;
+        while i < input.len() {
+            match self.state {
+                State::Done => return Ok(i),
+                State::Close => {
+                    data(&input[i..]);
+                    return Ok(input.len());
+                }
+                State::Length(left) => {
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(input.len() - i);
+                    data(&input[i..i + take]);
+                    i += take;
+                    let left = left - take as u64;
+                    self.state = if left == 0 {
+                        State::Done
+                    } else {
+                        State::Length(left)
+                    };
+                }
+                State::Chunked(Chunk::Data(left)) => {
+                    let take = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(input.len() - i);
+                    data(&input[i..i + take]);
+                    i += take;
+                    let left = left - take as u64;
+                    self.state = State::Chunked(if left == 0 {
+                        Chunk::DataCr
+                    } else {
+                        Chunk::Data(left)
+                    });
+                }
+                State::Chunked(c) => {
+                    self.state = self.chunk_byte(c, input[i])?;
+                    i += 1;
+                }
+            }
+        }
+        Ok(i)
+    }
+
+    /// One byte of chunked framing (everything but chunk data).
+    fn chunk_byte(&mut self, c: Chunk, b: u8) -> Result<State, H1Error> {
+        let next = match (c, b) {
+            (Chunk::Size(n, digits), _) if b.is_ascii_hexdigit() => {
+                if digits >= 16 {
+                    return Err(H1Error::Chunk("chunk size too large"));
+                }
+                let d = (b as char).to_digit(16).unwrap_or(0);
+                Chunk::Size(n << 4 | u64::from(d), digits + 1)
+            }
+            (Chunk::Size(_, 0), _) => return Err(H1Error::Chunk("chunk size is not hex")),
+            (Chunk::Size(n, _) | Chunk::SizeWs(n), b' ' | b'\t') => Chunk::SizeWs(n),
+            (Chunk::Size(n, _) | Chunk::SizeWs(n), b';') => Chunk::Ext(n),
+            (Chunk::Size(n, _) | Chunk::SizeWs(n) | Chunk::Ext(n), b'\r') => Chunk::SizeLf(n),
+            (Chunk::Size(..) | Chunk::SizeWs(_), _) => {
+                return Err(H1Error::Chunk("invalid byte in the chunk size line"))
+            }
+            (Chunk::Ext(_), b'\n') => return Err(H1Error::Chunk("bare LF in a chunk extension")),
+            (Chunk::Ext(n), _) => {
+                self.extension += 1;
+                if self.extension > MAX_EXTENSION_BYTES {
+                    return Err(H1Error::Chunk("chunk extensions too large"));
+                }
+                Chunk::Ext(n)
+            }
+            (Chunk::SizeLf(0), b'\n') => Chunk::TrailerStart,
+            (Chunk::SizeLf(n), b'\n') => Chunk::Data(n),
+            (Chunk::SizeLf(_), _) => {
+                return Err(H1Error::Chunk("CR without LF after the chunk size"))
+            }
+            (Chunk::DataCr, b'\r') => Chunk::DataLf,
+            (Chunk::DataCr, _) => return Err(H1Error::Chunk("chunk data longer than its size")),
+            (Chunk::DataLf, b'\n') => Chunk::Size(0, 0),
+            (Chunk::DataLf, _) => return Err(H1Error::Chunk("CR without LF after chunk data")),
+            (Chunk::TrailerStart, b'\r') => Chunk::EndLf,
+            (Chunk::TrailerStart | Chunk::Trailer, b'\n') => {
+                return Err(H1Error::Chunk("bare LF in the trailers"))
+            }
+            (Chunk::Trailer, b'\r') => Chunk::TrailerLf,
+            (Chunk::TrailerStart | Chunk::Trailer, _) => {
+                self.trailer += 1;
+                if self.trailer > MAX_TRAILER_BYTES {
+                    return Err(H1Error::Chunk("trailers too large"));
+                }
+                Chunk::Trailer
+            }
+            (Chunk::TrailerLf, b'\n') => Chunk::TrailerStart,
+            (Chunk::TrailerLf, _) => return Err(H1Error::Chunk("CR without LF in the trailers")),
+            (Chunk::EndLf, b'\n') => return Ok(State::Done),
+            (Chunk::EndLf, _) => return Err(H1Error::Chunk("CR without LF at the end")),
+            (Chunk::Data(_), _) => unreachable!("chunk data is taken in bulk"),
+        };
+        Ok(State::Chunked(next))
+    }
+
+    /// The connection ended: fine for a close-delimited body or one that had ended, an
+    /// [`H1Error::EarlyClose`] otherwise.
+    pub fn at_eof(&self) -> Result<(), H1Error> {
+        match self.state {
+            State::Close | State::Done => Ok(()),
+            _ => Err(H1Error::EarlyClose),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn head(raw: &str) -> Result<Option<(Head, usize)>, H1Error> {
+        parse_head(raw.as_bytes())
+    }
+
+    fn framing_of(raw: &str) -> Result<Framing, H1Error> {
+        head(raw).map(|h| h.expect("complete").0.framing)
+    }
+
+    #[test]
+    fn heads_and_their_framing() {
+        let ok = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nrest";
+        let (h, n) = head(ok).unwrap().unwrap();
+        assert_eq!(h.status, StatusCode::OK);
+        assert_eq!(h.framing, Framing::Chunked);
+        assert_eq!(&ok[n..], "rest");
+        assert_eq!(h.headers["content-type"], "text/event-stream");
+        assert!(head("HTTP/1.1 200 OK\r\nContent-Type: text/ev")
+            .unwrap()
+            .is_none());
+        for (raw, want) in [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                Framing::Length(5),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\nContent-Length: 5\r\n\r\n",
+                Framing::Length(5),
+            ),
+            ("HTTP/1.1 200 OK\r\n\r\n", Framing::Close),
+            ("HTTP/1.0 200 OK\r\n\r\n", Framing::Close),
+            (
+                "HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
+                Framing::Length(0),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: ChUnKeD\r\n\r\n",
+                Framing::Chunked,
+            ),
+        ] {
+            assert_eq!(framing_of(raw), Ok(want), "{raw:?}");
+        }
+        // Informational heads are skipped.
+        let raw = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+        let (h, n) = head(&format!("{raw}body")).unwrap().unwrap();
+        assert_eq!((h.status, n), (StatusCode::NOT_FOUND, raw.len()));
+        assert!(head("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 2")
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn ambiguous_or_malformed_heads_are_errors() {
+        for raw in [
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length:\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            "HTTP/2 200 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nBad Header: x\r\n\r\n",
+            "HTTP/1.1 200 OK\r\n folded: x\r\n\r\n",
+            "SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
+            assert!(head(raw).is_err(), "{raw:?}");
+        }
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("x-{i}: v\r\n")).collect();
+        assert_eq!(
+            head(&format!("HTTP/1.1 200 OK\r\n{many}\r\n")).unwrap_err(),
+            H1Error::HeadTooLarge
+        );
+        let long = format!("HTTP/1.1 200 OK\r\nx: {}", "v".repeat(MAX_HEAD_BYTES));
+        assert_eq!(head(&long).unwrap_err(), H1Error::HeadTooLarge);
+    }
+
+    #[test]
+    fn the_request_head_has_no_framing_and_one_line_per_header() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("up:3000"));
+        h.append("x-a", HeaderValue::from_static("1"));
+        h.append("x-a", HeaderValue::from_static("2"));
+        h.insert("content-length", HeaderValue::from_static("9"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        assert_eq!(
+            String::from_utf8(get_head("/mcp?x=1", &h)).unwrap(),
+            "GET /mcp?x=1 HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
+        );
+    }
+
+    /// Decodes `input` fed in pieces cut at `cuts`: the data, the bytes after the end, done.
+    fn decode_split(
+        framing: Framing,
+        input: &[u8],
+        cuts: &[usize],
+    ) -> Result<(Vec<u8>, usize, bool), H1Error> {
+        let mut d = BodyDecoder::new(framing);
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        points.push(input.len());
+        points.sort_unstable();
+        for p in points {
+            let piece = &input[at..p];
+            let used = d.decode(piece, |s| out.extend_from_slice(s))?;
+            if used < piece.len() {
+                return Ok((out, input.len() - (at + used), d.is_done()));
+            }
+            at = p;
+        }
+        Ok((out, 0, d.is_done()))
+    }
+
+    #[test]
+    fn chunked_bodies() {
+        let body = b"5;name=v\r\nhello\r\n1 \r\n \r\n0\r\nx-t: 1\r\n\r\nAFTER";
+        let (data, after, done) = decode_split(Framing::Chunked, body, &[]).unwrap();
+        assert_eq!((data.as_slice(), after, done), (&b"hello "[..], 5, true));
+        for bad in [
+            &b"g\r\n"[..],
+            b"\r\n",
+            b"5\nhello\r\n",
+            b"5\r\nhelloX\r\n",
+            b"5\r\nhello\rX",
+            b"11111111111111111\r\n",
+            b"5 5\r\n",
+            b"0\r\nx-t: 1\n\r\n",
+            b"0\r\n\rX",
+            b"-1\r\n",
+            b"5;a\nb\r\n",
+        ] {
+            assert!(
+                decode_split(Framing::Chunked, bad, &[]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Sixteen hex digits is the most a size may have.
+        let mut d = BodyDecoder::new(Framing::Chunked);
+        assert!(d.decode(b"ffffffffffffffff\r\n", |_| {}).is_ok());
+        assert_eq!(d.at_eof(), Err(H1Error::EarlyClose));
+        let ext = format!("1;{}\r\n", "e".repeat(MAX_EXTENSION_BYTES + 1));
+        assert!(decode_split(Framing::Chunked, ext.as_bytes(), &[]).is_err());
+        let trailer = format!("0\r\nx: {}\r\n\r\n", "t".repeat(MAX_TRAILER_BYTES));
+        assert!(decode_split(Framing::Chunked, trailer.as_bytes(), &[]).is_err());
+    }
+
+    #[test]
+    fn length_and_close_bodies_and_early_close() {
+        let (data, after, done) = decode_split(Framing::Length(3), b"abcdef", &[1]).unwrap();
+        assert_eq!((data.as_slice(), after, done), (&b"abc"[..], 3, true));
+        let mut d = BodyDecoder::new(Framing::Length(3));
+        d.decode(b"ab", |_| {}).unwrap();
+        assert_eq!(d.at_eof(), Err(H1Error::EarlyClose));
+        let mut d = BodyDecoder::new(Framing::Close);
+        let mut got = Vec::new();
+        d.decode(b"any bytes", |s| got.extend_from_slice(s))
+            .unwrap();
+        assert_eq!((got.as_slice(), d.at_eof()), (&b"any bytes"[..], Ok(())));
+        let mut d = BodyDecoder::new(Framing::Chunked);
+        d.decode(b"3\r\nab", |_| {}).unwrap();
+        assert_eq!(d.at_eof(), Err(H1Error::EarlyClose));
+        assert!(BodyDecoder::new(Framing::Length(0)).is_done());
+    }
+
+    /// A chunked encoding of `chunks` (empty chunks left out: one would end the body), with
+    /// optional extensions and trailers.
+    fn chunked(chunks: &[Vec<u8>], ext: bool, trailer: bool, upper: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in chunks.iter().filter(|c| !c.is_empty()) {
+            let size = if upper {
+                format!("{:X}", c.len())
+            } else {
+                format!("{:x}", c.len())
+            };
+            out.extend_from_slice(size.as_bytes());
+            if ext {
+                out.extend_from_slice(b" ;a=\"b\"");
+            }
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n");
+        if trailer {
+            out.extend_from_slice(b"x-trailer: 1\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    proptest! {
+        /// However the reads cut it, a chunked body decodes to exactly its data, ends where
+        /// it ends, and leaves the bytes after it alone.
+        #[test]
+        fn chunked_round_trips_under_any_split(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8),
+            ext: bool,
+            trailer: bool,
+            upper: bool,
+            after in proptest::collection::vec(any::<u8>(), 0..20),
+            cuts in proptest::collection::vec(any::<usize>(), 0..12),
+        ) {
+            let mut wire = chunked(&chunks, ext, trailer, upper);
+            wire.extend_from_slice(&after);
+            let (data, left, done) = decode_split(Framing::Chunked, &wire, &cuts).unwrap();
+            prop_assert_eq!(data, chunks.concat());
+            prop_assert_eq!(left, after.len());
+            prop_assert!(done);
+        }
+
+        /// A length-delimited body is exactly its length, however it is cut.
+        #[test]
+        fn length_round_trips_under_any_split(
+            body in proptest::collection::vec(any::<u8>(), 1..600),
+            extra in proptest::collection::vec(any::<u8>(), 0..20),
+            cuts in proptest::collection::vec(any::<usize>(), 0..12),
+        ) {
+            let mut wire = body.clone();
+            wire.extend_from_slice(&extra);
+            let (data, left, done) = decode_split(Framing::Length(body.len() as u64), &wire, &cuts).unwrap();
+            prop_assert_eq!(data, body);
+            prop_assert_eq!(left, extra.len());
+            prop_assert!(done);
+        }
+
+        /// Arbitrary bytes never panic the decoder, and the verdict does not depend on how
+        /// the bytes were cut.
+        #[test]
+        fn arbitrary_bytes_decode_the_same_whatever_the_cuts(
+            wire in proptest::collection::vec(any::<u8>(), 0..200),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let whole = decode_split(Framing::Chunked, &wire, &[]);
+            let split = decode_split(Framing::Chunked, &wire, &cuts);
+            prop_assert_eq!(whole, split);
+        }
+    }
+}
