@@ -1,6 +1,6 @@
 //! Every input the fuzzers ever kept (`fuzz/corpus/<target>/`), replayed through the same
 //! check the fuzz target calls (`fuzz/checks/<target>.rs`), so CI guards them on stable Rust
-//! without libFuzzer: `cursor`, `sse_decoder`, `window_model` (decoded with the same
+//! without libFuzzer: `cursor`, `sse_decoder`, `h1_response`, `window_model` (decoded with the same
 //! `arbitrary` version as the fuzz target), and `http_connection` (each input a real
 //! connection to an in-process gateway; the check waits for the gateway to close or to fall
 //! silent for 50 ms, so the whole corpus takes seconds).
@@ -10,6 +10,8 @@
 
 #[path = "../fuzz/checks/cursor.rs"]
 mod cursor;
+#[path = "../fuzz/checks/h1_response.rs"]
+mod h1_response;
 #[path = "../fuzz/checks/http_connection.rs"]
 mod http_connection;
 #[path = "../fuzz/checks/sse_decoder.rs"]
@@ -51,6 +53,12 @@ fn replay<T>(target: &str, check: fn(&[u8]) -> T) -> Vec<T> {
 fn cursor_corpus() {
     let n = replay("cursor", cursor::check).len();
     eprintln!("replayed {n} cursor corpus inputs");
+}
+
+#[test]
+fn h1_response_corpus() {
+    let n = replay("h1_response", h1_response::check).len();
+    eprintln!("replayed {n} h1_response corpus inputs");
 }
 
 #[test]

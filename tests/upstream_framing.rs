@@ -1,0 +1,379 @@
+//! The upstream side of the HTTP/1.1 framing the gateway reads itself (its own `GET`s: the held
+//! standalone stream, `src/h1.rs`): a raw TCP upstream answers the held `GET` with scripted
+//! bytes (conflicting or differing lengths, odd transfer codings, bad chunk sizes, bare LF,
+//! trailers, an early close, bytes written after the end of the body). Each case either
+//! delivers exactly the events of the well-framed body and nothing after it, or fails
+//! explicitly (the head refused, the stream failed after the events before the fault); the
+//! gateway closes every such connection (nothing is reused after a body, clean or not).
+
+// Real sockets on the wall clock (the ban in clippy.toml is for src/).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const SID: &str = "framing-session";
+
+/// What the raw upstream saw of the held `GET`s: how many came, and whether the gateway
+/// closed the connection of the first (the one that got the script).
+#[derive(Default)]
+struct Seen {
+    gets: usize,
+    first_closed: bool,
+}
+
+/// Reads one request head and its `Content-Length` body; the head, or `None` at EOF.
+async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+            let len = head
+                .to_ascii_lowercase()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let mut b = [0u8; 4096];
+                let n = tcp.read(&mut b).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&b[..n]);
+            }
+            buf.drain(..end + 4 + len);
+            return Some(head);
+        }
+        let mut b = [0u8; 4096];
+        let n = tcp.read(&mut b).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&b[..n]);
+    }
+}
+
+/// The raw upstream: answers `initialize` (JSON, with the session id) and the initialized
+/// notification (202) like a stateful server; the first `GET` gets `script`, written in
+/// `pieces` (20 ms apart, so reads see every cut; the last piece 300 ms after the one before,
+/// once the client's `GET` is attached), then the connection is closed
+/// (`close`: an early close) or left open until the gateway closes it; every later `GET` gets
+/// 405 (no more standalone stream).
+async fn raw_upstream(
+    script: Vec<u8>,
+    pieces: Vec<usize>,
+    close: bool,
+) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = l.accept().await.unwrap();
+            let seen = s.clone();
+            let script = script.clone();
+            let pieces = pieces.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while let Some(head) = read_request(&mut tcp, &mut buf).await {
+                    if head.starts_with("GET") {
+                        let first = {
+                            let mut s = seen.lock().unwrap();
+                            s.gets += 1;
+                            s.gets == 1
+                        };
+                        if !first {
+                            let _ = tcp
+                                .write_all(
+                                    b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n",
+                                )
+                                .await;
+                            continue;
+                        }
+                        let mut at = 0;
+                        let last = pieces.len();
+                        for (i, cut) in pieces.iter().copied().chain([script.len()]).enumerate() {
+                            // The last piece (the end or the fault) once the client is there.
+                            let pause = if i == last { 300 } else { 20 };
+                            tokio::time::sleep(Duration::from_millis(pause)).await;
+                            let cut = cut.min(script.len()).max(at);
+                            let _ = tcp.write_all(&script[at..cut]).await;
+                            at = cut;
+                        }
+                        if close {
+                            return;
+                        }
+                        // The upstream keeps the connection; the gateway must close it.
+                        let mut b = [0u8; 64];
+                        let closed = matches!(
+                            tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut b)).await,
+                            Ok(Ok(0) | Err(_))
+                        );
+                        seen.lock().unwrap().first_closed = closed;
+                        return;
+                    }
+                    // A POST: initialize gets its result and the session id, anything else 202.
+                    let answer = if head.contains("mcp-session-id") {
+                        format!("HTTP/1.1 202 Accepted\r\nMcp-Session-Id: {SID}\r\nContent-Length: 0\r\n\r\n")
+                    } else {
+                        let body = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"raw","version":"0"}}}"#;
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: {SID}\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+fn note(n: u64) -> String {
+    format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{n}}}}}"#)
+}
+
+fn sse_event(n: u64) -> String {
+    format!("event: message\ndata: {}\n\n", note(n))
+}
+
+/// `body` as one chunk per event plus `tail` (the test's own ending of the chunked body).
+fn chunked(events: &[String], tail: &str) -> String {
+    let mut out = String::new();
+    for e in events {
+        out.push_str(&format!("{:x}\r\n{e}\r\n", e.len()));
+    }
+    out.push_str(tail);
+    out
+}
+
+const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n";
+
+/// Runs one case: a session through the gateway, the held `GET` answered with `script` (cut
+/// at `pieces`), then a client `GET` attached to the held stream. The messages the client
+/// got, whether it saw an `upstream-failed` event, and what the upstream saw.
+async fn run(script: String, pieces: Vec<usize>) -> (Vec<String>, bool, Arc<Mutex<Seen>>) {
+    run_with(script, pieces, false).await
+}
+
+async fn run_with(
+    script: String,
+    pieces: Vec<usize>,
+    close: bool,
+) -> (Vec<String>, bool, Arc<Mutex<Seen>>) {
+    let (up, seen) = raw_upstream(script.into_bytes(), pieces, close).await;
+    let gw = gateway(up, |_| {}).await;
+    let init = send(gw.addr, post(INITIALIZE, None)).await;
+    assert_eq!(init.status(), 200);
+    let done = send(
+        gw.addr,
+        post(
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            Some(SID),
+        ),
+    )
+    .await;
+    assert_eq!(done.status(), 202);
+    let resp = send(gw.addr, get(SID, None)).await;
+    let mut events = Vec::new();
+    if resp.status() == 200 {
+        let mut r = SseReader::new(resp);
+        while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(800), r.next()).await {
+            events.push(e);
+        }
+    }
+    let failed = events
+        .iter()
+        .any(|e| e.event.as_deref() == Some("mcp-reattach/upstream-failed"));
+    // Give the upstream's side a moment to see the close.
+    for _ in 0..50 {
+        if seen.lock().unwrap().first_closed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (messages(&events), failed, seen)
+}
+
+#[tokio::test]
+async fn a_well_framed_chunked_stream_is_delivered_exactly_whatever_the_cuts() {
+    let events = [sse_event(1), sse_event(2), sse_event(3)];
+    let trailers = "0\r\nx-checksum: 1\r\nx-other: 2\r\n\r\n";
+    let body = chunked(&events, trailers);
+    // Cut inside the head, inside a size line, inside data, between CR and LF, in trailers.
+    let script = format!("{SSE_HEAD}Transfer-Encoding: chunked\r\n\r\n{body}");
+    let head_len = script.len() - body.len();
+    let pieces = vec![
+        10,
+        head_len - 1,
+        head_len + 1,
+        head_len + 30,
+        head_len + 93,
+        script.len() - 12,
+    ];
+    let (got, failed, seen) = run(script, pieces).await;
+    assert_eq!(got, vec![note(1), note(2), note(3)]);
+    assert!(!failed);
+    assert!(
+        seen.lock().unwrap().first_closed,
+        "the gateway closed the ended stream's connection"
+    );
+}
+
+#[tokio::test]
+async fn bytes_after_the_end_of_the_body_are_never_delivered() {
+    // The upstream keeps writing after the last chunk: an event, then a whole response.
+    let after = format!(
+        "{}HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n{}",
+        sse_event(9),
+        sse_event(10)
+    );
+    let good = format!(
+        "{SSE_HEAD}Transfer-Encoding: chunked\r\n\r\n{}",
+        chunked(&[sse_event(1)], "")
+    );
+    let script = format!("{good}0\r\n\r\n{after}");
+    let (got, failed, seen) = run(script, vec![good.len()]).await;
+    assert_eq!(got, vec![note(1)]);
+    assert!(!failed);
+    assert!(seen.lock().unwrap().first_closed);
+
+    // The same with a Content-Length body.
+    // The length ends one byte into the last piece; an event follows it.
+    let e = sse_event(1);
+    let good = format!("{SSE_HEAD}Content-Length: {}\r\n\r\n{e}", e.len() + 1);
+    let script = format!("{good}\n{}", sse_event(2));
+    let (got, _, seen) = run(script, vec![good.len()]).await;
+    assert_eq!(got, vec![note(1)]);
+    assert!(seen.lock().unwrap().first_closed);
+}
+
+#[tokio::test]
+async fn a_broken_chunked_body_fails_explicitly_after_the_events_before_it() {
+    let good = chunked(&[sse_event(1)], "");
+    for (case, broken) in [
+        ("size not hex", format!("zz\r\n{}\r\n", sse_event(2))),
+        (
+            "size overflows",
+            format!("10000000000000000\r\n{}\r\n", sse_event(2)),
+        ),
+        (
+            "bare LF after the size",
+            format!("{:x}\n{}\r\n", sse_event(2).len(), sse_event(2)),
+        ),
+        (
+            "data longer than its size",
+            format!("5\r\n{}\r\n", sse_event(2)),
+        ),
+        ("bare LF in the trailers", "0\r\nx-a: 1\n\r\n".to_owned()),
+    ] {
+        let before = format!("{SSE_HEAD}Transfer-Encoding: chunked\r\n\r\n{good}");
+        let script = format!("{before}{broken}");
+        let (got, failed, seen) = run(script, vec![before.len()]).await;
+        assert_eq!(
+            got,
+            vec![note(1)],
+            "{case}: the event before the fault, nothing of it"
+        );
+        assert!(failed, "{case}: the client is told the upstream failed");
+        assert!(
+            seen.lock().unwrap().first_closed,
+            "{case}: connection closed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_early_close_fails_the_stream_explicitly() {
+    for (case, script) in [
+        (
+            "inside a chunk",
+            format!(
+                "{SSE_HEAD}Transfer-Encoding: chunked\r\n\r\n{}40\r\nevent: mess",
+                chunked(&[sse_event(1)], "")
+            ),
+        ),
+        (
+            "short of Content-Length",
+            format!("{SSE_HEAD}Content-Length: 10000\r\n\r\n{}", sse_event(1)),
+        ),
+    ] {
+        // Everything before the cut event first; the rest, and the close, once the client is there.
+        let cut = script.find("40\r\n").unwrap_or(script.len());
+        let (got, failed, seen) = run_with(script, vec![cut], true).await;
+        assert_eq!(
+            got,
+            vec![note(1)],
+            "{case}: the event before the close, nothing of the cut one"
+        );
+        assert!(failed, "{case}: the failure is explicit");
+        assert!(seen.lock().unwrap().gets >= 1);
+    }
+}
+
+#[tokio::test]
+async fn ambiguous_heads_are_refused_and_their_bodies_never_read() {
+    let e = sse_event(1);
+    let n = e.len();
+    for (case, head) in [
+        (
+            "CL and TE",
+            format!("Content-Length: {n}\r\nTransfer-Encoding: chunked\r\n"),
+        ),
+        (
+            "TE and CL",
+            format!("Transfer-Encoding: chunked\r\nContent-Length: {n}\r\n"),
+        ),
+        (
+            "differing lengths",
+            format!("Content-Length: {n}\r\nContent-Length: {}\r\n", n + 1),
+        ),
+        (
+            "a length list that differs",
+            format!("Content-Length: {n}, {}\r\n", n + 1),
+        ),
+        (
+            "gzip then chunked",
+            "Transfer-Encoding: gzip, chunked\r\n".to_owned(),
+        ),
+        (
+            "chunked twice",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n".to_owned(),
+        ),
+        (
+            "obs-fold",
+            "Transfer-Encoding: chunked\r\n x-folded: 1\r\n".to_owned(),
+        ),
+        ("signed length", format!("Content-Length: +{n}\r\n")),
+    ] {
+        let script = format!("{SSE_HEAD}{head}\r\n{}", chunked(&[e.clone()], "0\r\n\r\n"));
+        let (got, _, seen) = run(script, vec![]).await;
+        assert!(
+            got.is_empty(),
+            "{case}: nothing of the body reaches the client: {got:?}"
+        );
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.first_closed,
+            "{case}: the refused connection is closed"
+        );
+        assert!(
+            seen.gets >= 2,
+            "{case}: the held GET was tried again, on a new connection"
+        );
+    }
+}
