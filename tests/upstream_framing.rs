@@ -360,7 +360,10 @@ async fn ambiguous_heads_are_refused_and_their_bodies_never_read() {
         ),
         ("signed length", format!("Content-Length: +{n}\r\n")),
     ] {
-        let script = format!("{SSE_HEAD}{head}\r\n{}", chunked(&[e.clone()], "0\r\n\r\n"));
+        let script = format!(
+            "{SSE_HEAD}{head}\r\n{}",
+            chunked(std::slice::from_ref(&e), "0\r\n\r\n")
+        );
         let (got, _, seen) = run(script, vec![]).await;
         assert!(
             got.is_empty(),

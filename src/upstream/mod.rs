@@ -346,7 +346,7 @@ impl Source {
                 Err(_) => return Err(None),
             };
         if status == StatusCode::OK && is_sse(&headers) {
-            Ok(Body::Own(body))
+            Ok(Body::Own(Box::new(body)))
         } else {
             Err(Some(status))
         }

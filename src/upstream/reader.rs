@@ -214,7 +214,8 @@ fn error_message(body: &[u8]) -> Option<String> {
 /// reads on the socket itself (`get`).
 pub(crate) enum Body {
     Hyper(Incoming),
-    Own(OwnBody),
+    /// Boxed: its connection is larger than hyper's body handle.
+    Own(Box<OwnBody>),
 }
 
 impl Body {
