@@ -192,6 +192,17 @@ fn framing(status: StatusCode, headers: &HeaderMap, http10: bool) -> Result<Fram
         .ok_or(H1Error::Framing("invalid Content-Length"))
 }
 
+/// Hands the next up to `left` bytes of `input` from `*i` to `data`, moves `*i` past them, and
+/// returns how many bytes are left after them.
+fn take<'a>(left: u64, input: &'a [u8], i: &mut usize, data: &mut impl FnMut(&'a [u8])) -> u64 {
+    let n = usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .min(input.len() - *i);
+    data(&input[*i..*i + n]);
+    *i += n;
+    left - n as u64
+}
+
 /// Where a chunked body's decoder is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunk {
@@ -273,12 +284,7 @@ impl BodyDecoder {
                     return Ok(input.len());
                 }
                 State::Length(left) => {
-                    let take = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(input.len() - i);
-                    data(&input[i..i + take]);
-                    i += take;
-                    let left = left - take as u64;
+                    let left = take(left, input, &mut i, &mut data);
                     self.state = if left == 0 {
                         State::Done
                     } else {
@@ -286,12 +292,7 @@ impl BodyDecoder {
                     };
                 }
                 State::Chunked(Chunk::Data(left)) => {
-                    let take = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(input.len() - i);
-                    data(&input[i..i + take]);
-                    i += take;
-                    let left = left - take as u64;
+                    let left = take(left, input, &mut i, &mut data);
                     self.state = State::Chunked(if left == 0 {
                         Chunk::DataCr
                     } else {
