@@ -202,14 +202,13 @@ async fn a_cut_and_resumed_call_is_one_trace_exported_over_otlp() {
         .message(r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#)
         .await;
     drop(writer);
-    loop {
-        let Some(ev) = resumed.next().await else {
-            break;
-        };
-        if ev.data.as_deref().is_some_and(|d| d.contains("\"result\"")) {
-            break;
-        }
+    // Read the resumed stream to its end: the span's outcome is what the gateway saw when
+    // the upstream's stream ended, and a client that hung up on the result could beat it.
+    let mut carried_result = false;
+    while let Some(ev) = resumed.next().await {
+        carried_result |= ev.data.as_deref().is_some_and(|d| d.contains("\"result\""));
     }
+    assert!(carried_result, "the resumed stream carried the call's result");
     drop(resumed);
     let spans = receiver
         .spans_when(|s| {
