@@ -208,7 +208,10 @@ async fn a_cut_and_resumed_call_is_one_trace_exported_over_otlp() {
     while let Some(ev) = resumed.next().await {
         carried_result |= ev.data.as_deref().is_some_and(|d| d.contains("\"result\""));
     }
-    assert!(carried_result, "the resumed stream carried the call's result");
+    assert!(
+        carried_result,
+        "the resumed stream carried the call's result"
+    );
     drop(resumed);
     let spans = receiver
         .spans_when(|s| {
