@@ -63,7 +63,7 @@ pub enum ProxyError {
     #[error("{0}")]
     AtCapacity(AtCapacity),
     #[error("upstream unavailable")]
-    Upstream(#[source] hyper_util::client::legacy::Error),
+    Upstream(#[source] crate::upstream::SendError),
     #[error("the gateway has {0} upstream connections open, its bound (--max-upstream-connections); retry shortly")]
     UpstreamConnections(usize),
     #[error("this session has {0} calls still running whose clients left (--max-detached-calls); resume or wait for one of them first")]
@@ -282,8 +282,8 @@ impl ProxyError {
 
     /// The error for a request the upstream client could not send: the bound on upstream
     /// connections when that is why, else the upstream's own failure.
-    pub fn upstream(e: hyper_util::client::legacy::Error) -> ProxyError {
-        match crate::upstream::at_connection_limit(&e) {
+    pub fn upstream(e: crate::upstream::SendError) -> ProxyError {
+        match e.at_limit() {
             Some(max) => ProxyError::UpstreamConnections(max),
             None => ProxyError::Upstream(e),
         }
@@ -392,6 +392,7 @@ mod tests {
             ProxyError::BodiesFull(64 << 20),
             ProxyError::AtCapacity(AtCapacity),
             ProxyError::UpstreamTimeout(Duration::from_secs(1)),
+            ProxyError::Upstream(crate::upstream::SendError::Closed),
             ProxyError::UpstreamConnections(8),
             ProxyError::DetachedCalls(16),
             ProxyError::OriginNotAllowed,

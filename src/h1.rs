@@ -54,23 +54,41 @@ pub struct Head {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub framing: Framing,
+    /// Whether the connection may carry another request after this response's body: an
+    /// HTTP/1.1 response without `Connection: close`.
+    pub keep_alive: bool,
 }
 
-/// Writes the head of a `GET` for `path_and_query` with `headers` (their values cannot hold a
-/// line break: `HeaderValue` refuses them). The gateway's own requests carry no body, so
-/// framing headers are left out whatever `headers` holds.
-pub fn get_head(path_and_query: &str, headers: &HeaderMap) -> Vec<u8> {
+/// Writes the head of a request: `method` for `path_and_query` with `headers` (their values
+/// cannot hold a line break: `HeaderValue` refuses them), framed by a `Content-Length` of
+/// `body_len` when it is `Some`. The gateway sends every body whole, so the framing headers
+/// of `headers` are left out, and so is `Expect` (nothing waits for a `100 Continue`).
+pub fn request_head(
+    method: &http::Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body_len: Option<usize>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"GET ");
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
     out.extend_from_slice(path_and_query.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in headers {
-        if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+        if name == http::header::CONTENT_LENGTH
+            || name == http::header::TRANSFER_ENCODING
+            || name == http::header::EXPECT
+        {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(n) = body_len {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
@@ -121,11 +139,17 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
             headers.append(name, value);
         }
         let framing = framing(status, &headers, http10)?;
+        let close = headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
         return Ok(Some((
             Head {
                 status,
                 headers,
                 framing,
+                keep_alive: !http10 && !close,
             },
             at + len,
         )));
@@ -259,6 +283,15 @@ impl BodyDecoder {
             state,
             extension: 0,
             trailer: 0,
+        }
+    }
+
+    /// The bytes of body data still to come, when the framing says (`Content-Length`).
+    pub fn remaining(&self) -> Option<u64> {
+        match self.state {
+            State::Length(n) => Some(n),
+            State::Done => Some(0),
+            _ => None,
         }
     }
 
@@ -461,17 +494,35 @@ mod tests {
     }
 
     #[test]
-    fn the_request_head_has_no_framing_and_one_line_per_header() {
+    fn the_request_head_has_only_its_own_framing_and_one_line_per_header() {
         let mut h = HeaderMap::new();
         h.insert("host", HeaderValue::from_static("up:3000"));
         h.append("x-a", HeaderValue::from_static("1"));
         h.append("x-a", HeaderValue::from_static("2"));
         h.insert("content-length", HeaderValue::from_static("9"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("expect", HeaderValue::from_static("100-continue"));
         assert_eq!(
-            String::from_utf8(get_head("/mcp?x=1", &h)).unwrap(),
+            String::from_utf8(request_head(&http::Method::GET, "/mcp?x=1", &h, None)).unwrap(),
             "GET /mcp?x=1 HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
         );
+        assert_eq!(
+            String::from_utf8(request_head(&http::Method::POST, "/mcp", &h, Some(42))).unwrap(),
+            "POST /mcp HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 42\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn keep_alive_is_http11_without_connection_close() {
+        for (raw, want) in [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", true),
+            ("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", true),
+            ("HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nConnection: x-a, close\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false),
+        ] {
+            assert_eq!(head(raw).unwrap().unwrap().0.keep_alive, want, "{raw}");
+        }
     }
 
     /// Decodes `input` fed in pieces cut at `cuts`: the data, the bytes after the end, done.

@@ -39,6 +39,7 @@ pub async fn serve_gateway(
     shutdown: impl Future<Output = Draining> + Send + 'static,
 ) -> std::io::Result<()> {
     let _sweeper = AbortOnDrop(gateway.registry().spawn_sweeper());
+    let _reaper = AbortOnDrop(gateway.spawn_upstream_reaper());
     let cfg = gateway.config().clone();
     let _reloader = cfg.tls.as_ref().map(|t| AbortOnDrop(t.spawn_reloader()));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));

@@ -72,6 +72,13 @@ async fn resume_after_cut_at_every_point_delivers_exactly_the_rest() {
             }
             drop(writer);
             let resp = resume(&gw, &cursor).await;
+            if k == all.len() && resp.status() == 409 {
+                // Cut after the result: when the gateway has seen the upstream's end before
+                // the resume, nothing more will ever come after the cursor, and it says so.
+                let body = body_json(resp).await;
+                assert_eq!(body["error"]["data"]["reason"], "stream-ended", "{body}");
+                continue;
+            }
             assert_eq!(resp.status(), 200, "k={k}");
             let mut r = SseReader::new(resp);
             let resumed = r.next().await.unwrap();

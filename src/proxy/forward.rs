@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use http::{Method, Response, StatusCode};
-use hyper::body::Incoming;
 use tracing::Instrument;
 
 use super::inbound::Inbound;
@@ -23,13 +22,13 @@ use crate::metrics::ResumeOutcome;
 use crate::session::{
     hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
-use crate::upstream::{full_body, hold, is_json, is_sse, spawn_reader, Answer, Source};
+use crate::upstream::{full_body, hold, is_json, is_sse, spawn_reader, Answer, OwnBody, SendError, Source};
 
 /// A request on its way upstream: its answer, once polled to the end.
 pub(super) type Pending = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+                Output = Result<Response<OwnBody>, SendError>,
             > + Send,
     >,
 >;
@@ -103,7 +102,7 @@ impl Gateway {
         &self,
         mut inb: Inbound,
         session: Option<Arc<Session>>,
-        mut resp: Response<Incoming>,
+        mut resp: Response<OwnBody>,
         source: Source,
         reservation: Option<Reservation>,
         reattach: Option<Reattach>,
@@ -241,7 +240,7 @@ impl Gateway {
 
     /// Sends the request upstream. One that may stream waits for its answer as long as it
     /// takes; any other is bounded by `--upstream-header-timeout`.
-    pub(super) async fn send(&self, inb: &mut Inbound) -> Result<Response<Incoming>, Refusal> {
+    pub(super) async fn send(&self, inb: &mut Inbound) -> Result<Response<OwnBody>, Refusal> {
         let pending = self.answer(inb);
         let single_id = || inb.info.single_id.clone();
         let answer = if inb.can_stream() {
@@ -334,7 +333,7 @@ impl Gateway {
     fn answered_session(
         &self,
         inb: &Inbound,
-        resp: &mut Response<Incoming>,
+        resp: &mut Response<OwnBody>,
         known: Option<Arc<Session>>,
         reservation: Option<Reservation>,
     ) -> Option<Arc<Session>> {
@@ -402,7 +401,7 @@ impl Gateway {
         &self,
         inb: Inbound,
         session: Arc<Session>,
-        resp: Response<Incoming>,
+        resp: Response<OwnBody>,
         source: Source,
         reattach: Option<Reattach>,
     ) -> Response<ResBody> {

@@ -130,6 +130,11 @@ impl Gateway {
         &self.registry
     }
 
+    /// Closes the upstream connections that idled too long, in a task the caller owns.
+    pub(crate) fn spawn_upstream_reaper(&self) -> tokio::task::JoinHandle<()> {
+        self.upstream.spawn_reaper()
+    }
+
     /// Whether `/readyz` may answer ready as far as the upstream is concerned: always,
     /// unless `--ready-upstream` asks that the upstream accept a connection (within 1 s).
     pub async fn upstream_ready(&self) -> bool {

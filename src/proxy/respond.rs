@@ -6,14 +6,13 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::{Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::config::Priming;
 use crate::error::ALLOWED_METHODS;
 use crate::jsonrpc;
-use crate::upstream::{full_body, strip_hop_by_hop, BoxError};
+use crate::upstream::{full_body, strip_hop_by_hop, BoxError, OwnBody};
 
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
@@ -59,7 +58,7 @@ pub(super) fn asterisk() -> Response<ResBody> {
 }
 
 /// An upstream answer as it came, less its hop-by-hop headers.
-pub(super) fn pass_through(resp: Response<Incoming>) -> Response<ResBody> {
+pub(super) fn pass_through(resp: Response<OwnBody>) -> Response<ResBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())

@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::reader::read_stream;
-use super::{Body, Source};
+use super::{OwnBody, Source};
 use crate::metrics::UpstreamErrorKind;
 use crate::session::{hash_id, Attempt, HoldStart, Registry, Session};
 
@@ -103,7 +103,7 @@ async fn open(
     registry: &Weak<Registry>,
     session: &Weak<Session>,
     source: &Source,
-) -> Option<(u32, Body)> {
+) -> Option<(u32, OwnBody)> {
     let mut wait = FIRST_BACKOFF;
     for attempt in 1..=HOLD_ATTEMPTS {
         let s = session.upgrade()?;

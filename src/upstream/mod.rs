@@ -1,16 +1,19 @@
-//! The upstream side: the pooled HTTP client to the MCP server, how a forwarded request is
-//! built (target URL, hop-by-hop headers, `X-Forwarded-*`), the recipe to reopen a stream
-//! ([`Source`]); [`reader`]: the flow-controlled reader of a tagged stream and its upstream
-//! resume; [`hold`]: the one holder task per session of its standalone stream.
+//! The upstream side: the gateway's HTTP/1.1 client to the MCP server (`conn`: requests written
+//! and answers read on the socket by the task that wants them, a small pool of idle
+//! connections), how a forwarded request is built (target URL, hop-by-hop headers,
+//! `X-Forwarded-*`), the recipe to reopen a stream ([`Source`]); [`reader`]: the
+//! flow-controlled reader of a tagged stream and its upstream resume; [`hold`]: the one
+//! holder task per session of its standalone stream.
 //!
 //! Knows HTTP and the session API; the rules of what may be evicted live in `session`.
 
-mod get;
+mod conn;
 pub(crate) mod hold;
 mod limit;
 mod reader;
 
-pub(crate) use self::reader::{spawn_answer_reader, spawn_reader, Answer, Body};
+pub(crate) use self::conn::{OwnBody, SendError};
+pub(crate) use self::reader::{spawn_answer_reader, spawn_reader, Answer};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,11 +24,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::config::Config;
 
@@ -46,19 +46,13 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 /// How every upstream connection is opened: TCP (or TLS), counted against the bound.
 type Connector = limit::Counted<HttpsConnector<HttpConnector>>;
 
-/// The pooled client to the upstream MCP server, and the connector of the gateway's own
-/// `GET`s, which it reads itself (`get`).
+/// The client to the upstream MCP server: its connector and its idle connections (`conn`).
 pub struct Upstream {
     cfg: Arc<Config>,
-    client: Client<Connector, UpBody>,
     connector: Connector,
+    pool: Arc<conn::Pool>,
     /// Its open connections and their bound (`--max-upstream-connections`).
     conns: Arc<limit::Conns>,
-}
-
-/// The bound on upstream connections, if that is why the upstream client failed `e`.
-pub(crate) fn at_connection_limit(e: &hyper_util::client::legacy::Error) -> Option<usize> {
-    limit::AtLimit::find(e)
 }
 
 impl Upstream {
@@ -84,16 +78,14 @@ impl Upstream {
             .wrap_connector(http);
         let conns = Arc::new(limit::Conns::new(cfg.max_upstream_connections));
         let connector = limit::Counted::new(connector, conns.clone());
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            // Without a timer the idle timeout is never applied and idle upstream
-            // connections stay open at the peak concurrency.
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(connector.clone());
+        // Idle connections kept for the next requests: a quarter of the bound, at least 16
+        // (the requests of as many clients back to back), never more than the bound.
+        let max = cfg.max_upstream_connections.max(1);
+        let pool = Arc::new(conn::Pool::new((max / 4).max(16).min(max)));
         Upstream {
             cfg,
-            client,
             connector,
+            pool,
             conns,
         }
     }
@@ -130,12 +122,25 @@ impl Upstream {
         self.conns.room_to_hold()
     }
 
-    /// Sends a request built by [`Upstream::request`].
-    pub async fn send(
-        &self,
-        req: Request<UpBody>,
-    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
-        self.client.request(req).await
+    /// Sends a request built by [`Upstream::request`]; the answer's head, its body to be read
+    /// by whoever wants it.
+    pub(crate) async fn send(&self, req: Request<UpBody>) -> Result<Response<OwnBody>, SendError> {
+        conn::send(self, req).await
+    }
+
+    /// Closes the idle connections every [`conn::IDLE_TIMEOUT`], in a task the caller owns.
+    pub(crate) fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let pool = Arc::downgrade(&self.pool);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(conn::IDLE_TIMEOUT);
+            loop {
+                tick.tick().await;
+                match pool.upgrade() {
+                    Some(p) => p.purge(),
+                    None => return,
+                }
+            }
+        })
     }
 
     /// The upstream URI for a client request's target: the upstream's scheme and authority,
@@ -316,7 +321,7 @@ impl Source {
     /// `GET` to the upstream with the source's headers (no body), `Last-Event-ID` set to
     /// `last_id` or absent, on a connection of its own that the gateway reads itself. The
     /// stream if the upstream answered with one, else its status (`None`: no answer at all).
-    async fn get(&self, last_id: Option<&str>) -> Result<Body, Option<StatusCode>> {
+    async fn get(&self, last_id: Option<&str>) -> Result<OwnBody, Option<StatusCode>> {
         let mut headers = own_request_headers(&self.headers, None, "text/event-stream");
         // A compressed event stream could not be tagged.
         headers.insert(
@@ -335,25 +340,25 @@ impl Source {
             body,
             Some(self.remote),
         );
-        let send = get::send(&self.upstream, req);
-        let (status, headers, body) =
-            match tokio::time::timeout(self.upstream.cfg.upstream_header_timeout, send).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "upstream GET failed");
-                    return Err(None);
-                }
-                Err(_) => return Err(None),
-            };
-        if status == StatusCode::OK && is_sse(&headers) {
-            Ok(Body::Own(Box::new(body)))
+        let send = self.upstream.send(req);
+        let resp = match tokio::time::timeout(self.upstream.cfg.upstream_header_timeout, send).await
+        {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "upstream GET failed");
+                return Err(None);
+            }
+            Err(_) => return Err(None),
+        };
+        if resp.status() == StatusCode::OK && is_sse(resp.headers()) {
+            Ok(resp.into_body())
         } else {
-            Err(Some(status))
+            Err(Some(resp.status()))
         }
     }
 
     /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
-    async fn resume(&self, last_id: &str) -> Option<Body> {
+    async fn resume(&self, last_id: &str) -> Option<OwnBody> {
         self.get(Some(last_id)).await.ok()
     }
 }

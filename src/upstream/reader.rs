@@ -11,14 +11,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::get::{OwnBody, ReadEnd};
+use super::conn::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
 use crate::metrics::{UpgradeAnswer, UpstreamErrorKind};
 use crate::session::{hash_id, End, Eviction, Registry, Session, UpstreamFailure};
@@ -26,7 +24,7 @@ use crate::sse::{Decoder, Event};
 
 /// The upstream's answer to a POST the gateway answers with an SSE stream of its own
 /// (`--json-upgrade`): its response, or why there is none (for the log).
-pub(crate) type Answer = Pin<Box<dyn Future<Output = Result<Response<Incoming>, String>> + Send>>;
+pub(crate) type Answer = Pin<Box<dyn Future<Output = Result<Response<OwnBody>, String>> + Send>>;
 
 /// Most bytes of an error body the gateway reads to learn the upstream's JSON-RPC message.
 const ERROR_BODY_BYTES: usize = 64 * 1024;
@@ -51,12 +49,12 @@ pub(crate) fn spawn_reader(
     registry: Arc<Registry>,
     session: Arc<Session>,
     stream: u32,
-    body: Incoming,
+    body: OwnBody,
     source: Source,
 ) {
     let s = session.clone();
     let reader = tokio::spawn(async move {
-        read_stream(&registry, &session, stream, Body::Hyper(body), &source).await;
+        read_stream(&registry, &session, stream, body, &source).await;
         if source.upstream.cfg.hold_standalone {
             hold::after_client_stream(&registry, &session, stream, source);
         }
@@ -93,7 +91,7 @@ pub(crate) fn spawn_answer_reader(
         let (status, headers) = (resp.status(), resp.headers());
         if status == StatusCode::OK && is_sse(headers) {
             metrics.json_upgrade(UpgradeAnswer::Sse);
-            let body = Body::Hyper(resp.into_body());
+            let body = resp.into_body();
             read_stream(&registry, &session, stream, body, &source).await;
             return;
         }
@@ -209,100 +207,33 @@ fn error_message(body: &[u8]) -> Option<String> {
     Some(m.chars().take(200).collect())
 }
 
-/// The body of an upstream SSE stream: a response hyper's pooled client read (a POST's
-/// answer, a client's own `GET` forwarded), or one of the gateway's own `GET`s, which it
-/// reads on the socket itself (`get`).
-pub(crate) enum Body {
-    Hyper(Incoming),
-    /// Boxed: its connection is larger than hyper's body handle.
-    Own(Box<OwnBody>),
-}
-
-impl Body {
-    /// Waits for the body's next bytes, then takes everything that is already here (up to
-    /// [`READ_BATCH_BYTES`]) into `decoder`, its events into `events`: one lock, one wake of
-    /// the client and one write for a burst, instead of one per upstream chunk. The end of
-    /// the stream if it ended.
-    async fn read_batch(
-        &mut self,
-        decoder: &mut Decoder,
-        events: &mut Vec<Event>,
-        metrics: &crate::metrics::Metrics,
-    ) -> Option<End> {
-        let invalid = |e: crate::sse::SseError| {
+/// Waits for the body's next bytes, then takes everything that is already here (up to
+/// [`READ_BATCH_BYTES`]) into `decoder`, its events into `events`: one lock, one wake of the
+/// client and one write for a burst, instead of one per upstream chunk. The end of the stream
+/// if it ended.
+async fn read_batch(
+    body: &mut OwnBody,
+    decoder: &mut Decoder,
+    events: &mut Vec<Event>,
+    metrics: &crate::metrics::Metrics,
+) -> Option<End> {
+    let read = body.read(READ_BATCH_BYTES, |data| decoder.feed(data, events));
+    match read.await {
+        Ok(ReadEnd::More) => None,
+        Ok(ReadEnd::Done) => Some(End::Complete),
+        Ok(ReadEnd::Connection(e)) => {
+            metrics.upstream_error(UpstreamErrorKind::Stream);
+            Some(End::Failed(UpstreamFailure::Connection(e)))
+        }
+        Ok(ReadEnd::Framing(e)) => {
+            metrics.upstream_error(UpstreamErrorKind::Stream);
+            Some(End::Failed(UpstreamFailure::InvalidStream(e.to_string())))
+        }
+        Err(e) => {
             metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
             Some(End::Failed(UpstreamFailure::InvalidStream(e.to_string())))
-        };
-        let body = match self {
-            Body::Hyper(body) => body,
-            Body::Own(body) => {
-                let read = body.read(READ_BATCH_BYTES, |data| decoder.feed(data, events));
-                return match read.await {
-                    Ok(ReadEnd::More) => None,
-                    Ok(ReadEnd::Done) => Some(End::Complete),
-                    Ok(ReadEnd::Connection(e)) => {
-                        metrics.upstream_error(UpstreamErrorKind::Stream);
-                        Some(End::Failed(UpstreamFailure::Connection(e)))
-                    }
-                    Ok(ReadEnd::Framing(e)) => {
-                        metrics.upstream_error(UpstreamErrorKind::Stream);
-                        Some(End::Failed(UpstreamFailure::InvalidStream(e.to_string())))
-                    }
-                    Err(e) => invalid(e),
-                };
-            }
-        };
-        let mut next = body.frame().await;
-        let mut taken = 0;
-        loop {
-            match next {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        taken += data.len();
-                        if let Err(e) = decoder.feed(&data, events) {
-                            return invalid(e);
-                        }
-                    }
-                }
-                Some(Err(e)) => {
-                    metrics.upstream_error(UpstreamErrorKind::Stream);
-                    return Some(End::Failed(UpstreamFailure::Connection(e.to_string())));
-                }
-                None => return Some(End::Complete),
-            }
-            if taken >= READ_BATCH_BYTES {
-                return None;
-            }
-            next = match ready_frame(body).await {
-                Some(f) => f,
-                // hyper hands the body over one HTTP chunk at a time (a one-slot channel
-                // from its connection task), so a burst already read from the socket is
-                // not "ready" yet: let the connection task run once and look again.
-                None => {
-                    tokio::task::yield_now().await;
-                    match ready_frame(body).await {
-                        Some(f) => f,
-                        None => return None,
-                    }
-                }
-            };
         }
     }
-}
-
-/// The next frame of `body` if it is ready now, without waiting.
-async fn ready_frame(
-    body: &mut Incoming,
-) -> Option<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-    std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(
-            match http_body::Body::poll_frame(std::pin::Pin::new(&mut *body), cx) {
-                std::task::Poll::Ready(f) => Some(f),
-                std::task::Poll::Pending => None,
-            },
-        )
-    })
-    .await
 }
 
 /// The event types the gateway writes itself (`mcp-reattach/...`) are its own: an upstream
@@ -355,7 +286,7 @@ pub(crate) async fn read_stream(
     registry: &Registry,
     session: &Session,
     stream: u32,
-    mut body: Body,
+    mut body: OwnBody,
     source: &Source,
 ) {
     let metrics = registry.metrics().clone();
@@ -367,7 +298,7 @@ pub(crate) async fn read_stream(
         let mut decoder = Decoder::new(max_event_bytes);
         let mut events = Vec::new();
         let end = loop {
-            let ended = body.read_batch(&mut decoder, &mut events, &metrics).await;
+            let ended = read_batch(&mut body, &mut decoder, &mut events, &metrics).await;
             for e in &mut events {
                 disown_control_type(e);
                 if e.id.is_some() {

@@ -1,0 +1,440 @@
+//! The gateway's HTTP/1.1 exchanges with the upstream, written and read on the upstream
+//! socket by the task that wants the answer (a route, a stream's reader): no connection task,
+//! no body channel, no cross-task wake-up per chunk, and no buffer while a stream is idle (each
+//! read goes into a buffer on the stack and is decoded at once, framing and SSE in one pass).
+//!
+//! A connection whose answer ended cleanly (its framing's end, nothing after it, HTTP/1.1
+//! without `Connection: close`) goes back to a small pool of idle ones, newest first; one
+//! that ended any other way, or was dropped part-way, is closed. A pooled connection is used
+//! again only if the upstream has not closed it meanwhile and it idled less than
+//! [`IDLE_TIMEOUT`], which is shorter than the common servers' own keep-alive timeouts.
+//!
+//! Knows the connector and [`crate::h1`]; nothing of sessions.
+
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::{BoxError, Connector, UpBody, Upstream};
+use crate::h1::{self, BodyDecoder, H1Error};
+
+/// Bytes of one read from the upstream socket (on the stack: nothing is kept between reads).
+const READ_BYTES: usize = 32 * 1024;
+/// Bytes of one read of a body handed out as frames (a pass-through, a JSON answer).
+const FRAME_READ_BYTES: usize = 16 * 1024;
+/// The longest a connection idles in the pool: below the keep-alive timeouts of Node.js and
+/// uvicorn (5 s), so the gateway gives a connection up before the server does, not while a
+/// request is on its way.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// A body up to this size is written with its head in one write.
+const COALESCE_BODY_BYTES: usize = 64 * 1024;
+
+type Conn = TokioIo<<Connector as Service<http::Uri>>::Response>;
+
+/// The idle connections, newest last, and how many it keeps at most.
+pub(crate) struct Pool {
+    idle: Mutex<Vec<(Box<Conn>, Instant)>>,
+    max_idle: usize,
+}
+
+impl Pool {
+    pub(crate) fn new(max_idle: usize) -> Pool {
+        Pool {
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Box<Conn>, Instant)>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newest idle connection still open, if any (older ones past the timeout, and any
+    /// the upstream closed, are dropped on the way).
+    fn checkout(&self) -> Option<Box<Conn>> {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while let Some((mut io, since)) = idle.pop() {
+            if now.duration_since(since) < IDLE_TIMEOUT && still_open(&mut io) {
+                return Some(io);
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, io: Box<Conn>) {
+        let mut idle = self.lock();
+        if idle.len() < self.max_idle {
+            idle.push((io, Instant::now()));
+        }
+    }
+
+    /// Closes the connections idle past the timeout (the upstream sweeper calls it).
+    pub(crate) fn purge(&self) {
+        let now = Instant::now();
+        let expired: Vec<_> = {
+            let mut idle = self.lock();
+            let keep = idle
+                .iter()
+                .position(|(_, since)| now.duration_since(*since) < IDLE_TIMEOUT)
+                .unwrap_or(idle.len());
+            idle.drain(..keep).collect()
+        };
+        drop(expired);
+    }
+}
+
+/// Whether an idle connection is still open: nothing to read (a close, a reset, or bytes
+/// the upstream should not have sent all mean it is not).
+fn still_open(io: &mut Conn) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+    let mut rb = ReadBuf::uninit(&mut byte);
+    Pin::new(io).poll_read(&mut cx, &mut rb).is_pending()
+}
+
+/// The body of an upstream response, read on its connection by whoever polls it: as
+/// [`http_body::Body`] frames (a pass-through, a JSON answer) or decoded in place
+/// ([`OwnBody::read`], a tagged SSE stream).
+pub struct OwnBody {
+    /// `None` once the body ended (the connection pooled or closed).
+    io: Option<Box<Conn>>,
+    decoder: BodyDecoder,
+    /// Body bytes that came in with the head, fed before the next read.
+    early: Vec<u8>,
+    /// Where the connection goes when the body ends cleanly; `None`: it is closed.
+    reuse: Option<Arc<Pool>>,
+}
+
+/// How a read of an [`OwnBody`] ended.
+#[derive(Debug)]
+pub(crate) enum ReadEnd {
+    /// More may come.
+    More,
+    /// The body ended as its framing says.
+    Done,
+    /// The connection failed or ended too early.
+    Connection(String),
+    /// The upstream's bytes are not a valid HTTP/1.1 body.
+    Framing(H1Error),
+}
+
+/// Why a request got no response head.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("cannot connect to the upstream: {0}")]
+    Connect(BoxError),
+    #[error("could not read the request body: {0}")]
+    Body(BoxError),
+    #[error("upstream connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the upstream closed the connection before its response head")]
+    Closed,
+    #[error(transparent)]
+    Head(#[from] H1Error),
+}
+
+impl SendError {
+    /// Whether no connection could be opened.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_))
+    }
+
+    /// The bound on upstream connections, if that is why no connection was opened.
+    pub(crate) fn at_limit(&self) -> Option<usize> {
+        match self {
+            SendError::Connect(e) => super::limit::AtLimit::find(e.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Sends `req` (built by [`Upstream::request`]; its body is sent whole, with a
+/// `Content-Length`) on a pooled or new connection and reads the response head.
+pub(crate) async fn send(
+    up: &Upstream,
+    req: Request<UpBody>,
+) -> Result<Response<OwnBody>, SendError> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(SendError::Body)?.to_bytes();
+    let mut headers = parts.headers;
+    if !headers.contains_key(http::header::HOST) {
+        if let Some(v) = parts
+            .uri
+            .authority()
+            .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
+        {
+            headers.insert(http::header::HOST, v);
+        }
+    }
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    // Methods that carry a body say its length even when it is empty, as hyper does.
+    let framed = !body.is_empty() || !matches!(parts.method, Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS);
+    let mut head = h1::request_head(&parts.method, pq, &headers, framed.then_some(body.len()));
+    let together = body.len() <= COALESCE_BODY_BYTES;
+    if together {
+        head.extend_from_slice(&body);
+    }
+    let mut io = match up.pool.checkout() {
+        // A pooled connection that fails while the request is written never delivered it
+        // whole: the request is sent again on a new connection.
+        Some(mut io) => match write(&mut io, &head, &body, together).await {
+            Ok(()) => io,
+            Err(_) => connect_and_write(up, parts.uri, &head, &body, together).await?,
+        },
+        None => connect_and_write(up, parts.uri, &head, &body, together).await?,
+    };
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        if let Some((head, len)) = h1::parse_head(&buf)? {
+            let early = buf.split_off(len);
+            // A response to HEAD has no body, whatever its framing headers say.
+            let framing = if parts.method == Method::HEAD {
+                h1::Framing::Length(0)
+            } else {
+                head.framing
+            };
+            let reuse = (head.keep_alive && framing != h1::Framing::Close)
+                .then(|| up.pool.clone());
+            let mut body = OwnBody {
+                io: Some(io),
+                decoder: BodyDecoder::new(framing),
+                early,
+                reuse,
+            };
+            if body.decoder.is_done() && !body.early.is_empty() {
+                // Bytes after a body that had none: not a connection to use again.
+                body.reuse = None;
+            }
+            let mut resp = Response::new(body);
+            *resp.status_mut() = head.status;
+            *resp.headers_mut() = head.headers;
+            return Ok(resp);
+        }
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.len());
+        }
+        let n = tokio::io::AsyncReadExt::read_buf(&mut *io, &mut buf).await?;
+        if n == 0 {
+            return Err(SendError::Closed);
+        }
+    }
+}
+
+async fn write(io: &mut Conn, head: &[u8], body: &[u8], together: bool) -> std::io::Result<()> {
+    io.write_all(head).await?;
+    if !together {
+        io.write_all(body).await?;
+    }
+    io.flush().await
+}
+
+async fn connect_and_write(
+    up: &Upstream,
+    uri: http::Uri,
+    head: &[u8],
+    body: &[u8],
+    together: bool,
+) -> Result<Box<Conn>, SendError> {
+    let mut connector = up.connector.clone();
+    std::future::poll_fn(|cx| connector.poll_ready(cx))
+        .await
+        .map_err(SendError::Connect)?;
+    let mut io = Box::new(TokioIo::new(
+        connector.call(uri).await.map_err(SendError::Connect)?,
+    ));
+    write(&mut io, head, body, together).await?;
+    Ok(io)
+}
+
+impl OwnBody {
+    /// The body has ended: its connection goes back to the pool when it may, else closes.
+    fn finish(&mut self) {
+        let io = self.io.take();
+        if let (Some(io), Some(pool)) = (io, self.reuse.take()) {
+            pool.checkin(io);
+        }
+    }
+
+    /// Feeds `bytes` to the decoder, handing the body's data to `data`; bytes after the
+    /// body's end mean the connection is not used again.
+    fn decode(
+        &mut self,
+        bytes: &[u8],
+        data: &mut impl FnMut(&[u8]),
+    ) -> Result<(), H1Error> {
+        let used = self.decoder.decode(bytes, |s| data(s))?;
+        if used < bytes.len() {
+            self.reuse = None;
+        }
+        Ok(())
+    }
+
+    /// Waits for the upstream's next bytes, then takes every read that is ready now, up to
+    /// about `max` bytes, handing the body's data to `data` as it is decoded. A `data` error
+    /// stops the read (the caller has it); what the reads held after it is dropped with the
+    /// stream.
+    pub(crate) async fn read<E>(
+        &mut self,
+        max: usize,
+        mut data: impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<ReadEnd, E> {
+        let mut failed: Option<E> = None;
+        let mut sink = |s: &[u8], failed: &mut Option<E>| {
+            if failed.is_none() {
+                if let Err(e) = data(s) {
+                    *failed = Some(e);
+                }
+            }
+        };
+        let early = std::mem::take(&mut self.early);
+        let mut taken = early.len();
+        if let Err(e) = self.decode(&early, &mut |s| sink(s, &mut failed)) {
+            self.io = None;
+            return match failed {
+                Some(f) => Err(f),
+                None => Ok(ReadEnd::Framing(e)),
+            };
+        }
+        let end = std::future::poll_fn(|cx| loop {
+            if failed.is_some() {
+                return Poll::Ready(ReadEnd::More);
+            }
+            if self.decoder.is_done() {
+                self.finish();
+                return Poll::Ready(ReadEnd::Done);
+            }
+            if taken >= max {
+                return Poll::Ready(ReadEnd::More);
+            }
+            let Some(io) = self.io.as_mut() else {
+                return Poll::Ready(ReadEnd::Done);
+            };
+            let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
+            let mut rb = ReadBuf::uninit(&mut buf);
+            match Pin::new(&mut **io).poll_read(cx, &mut rb) {
+                Poll::Pending if taken > 0 => return Poll::Ready(ReadEnd::More),
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    self.io = None;
+                    return Poll::Ready(ReadEnd::Connection(e.to_string()));
+                }
+                Poll::Ready(Ok(())) => {}
+            }
+            let read = rb.filled();
+            if read.is_empty() {
+                self.io = None;
+                return Poll::Ready(match self.decoder.at_eof() {
+                    Ok(()) => ReadEnd::Done,
+                    Err(e) => ReadEnd::Connection(e.to_string()),
+                });
+            }
+            taken += read.len();
+            if let Err(e) = self.decode(read, &mut |s| sink(s, &mut failed)) {
+                self.io = None;
+                return Poll::Ready(ReadEnd::Framing(e));
+            }
+        })
+        .await;
+        match failed {
+            Some(e) => {
+                // The reader stops here: the connection is not read to its end.
+                self.io = None;
+                Err(e)
+            }
+            None => Ok(end),
+        }
+    }
+}
+
+impl Body for OwnBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            let mut out = Vec::new();
+            let mut sink = |s: &[u8]| out.extend_from_slice(s);
+            if !this.early.is_empty() {
+                let early = std::mem::take(&mut this.early);
+                if let Err(e) = this.decode(&early, &mut sink) {
+                    this.io = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            } else if this.decoder.is_done() {
+                this.finish();
+                return Poll::Ready(None);
+            } else {
+                let Some(io) = this.io.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let mut buf = [MaybeUninit::<u8>::uninit(); FRAME_READ_BYTES];
+                let mut rb = ReadBuf::uninit(&mut buf);
+                match Pin::new(&mut **io).poll_read(cx, &mut rb) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => {
+                        this.io = None;
+                        return Poll::Ready(Some(Err(e.into())));
+                    }
+                    Poll::Ready(Ok(())) => {}
+                }
+                let read = rb.filled();
+                if read.is_empty() {
+                    this.io = None;
+                    return Poll::Ready(match this.decoder.at_eof() {
+                        Ok(()) => None,
+                        Err(e) => Some(Err(e.into())),
+                    });
+                }
+                if let Err(e) = this.decode(read, &mut sink) {
+                    this.io = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.early.is_empty() && self.decoder.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoder.remaining() {
+            Some(n) if self.early.is_empty() => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for OwnBody {
+    fn drop(&mut self) {
+        // A body nobody read (a 202, a small error) may have come whole with its head.
+        if !self.early.is_empty() && self.io.is_some() {
+            let early = std::mem::take(&mut self.early);
+            if self.decode(&early, &mut |_| {}).is_err() {
+                return;
+            }
+        }
+        if self.decoder.is_done() {
+            self.finish();
+        }
+    }
+}
