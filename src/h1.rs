@@ -516,9 +516,18 @@ mod tests {
     fn keep_alive_is_http11_without_connection_close() {
         for (raw, want) in [
             ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", true),
-            ("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", true),
-            ("HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n", false),
-            ("HTTP/1.1 200 OK\r\nConnection: x-a, close\r\nContent-Length: 0\r\n\r\n", false),
+            (
+                "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+                true,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n",
+                false,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nConnection: x-a, close\r\nContent-Length: 0\r\n\r\n",
+                false,
+            ),
             ("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false),
         ] {
             assert_eq!(head(raw).unwrap().unwrap().0.keep_alive, want, "{raw}");

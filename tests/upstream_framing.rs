@@ -4,7 +4,7 @@
 //! trailers, an early close, bytes written after the end of the body). Each case either
 //! delivers exactly the events of the well-framed body and nothing after it, or fails
 //! explicitly (the head refused, the stream failed after the events before the fault); the
-//! gateway closes every such connection (nothing is reused after a body, clean or not).
+//! gateway closes every such connection, and uses again only one whose body ended cleanly.
 
 // Real sockets on the wall clock (the ban in clippy.toml is for src/).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -27,6 +27,12 @@ const SID: &str = "framing-session";
 struct Seen {
     gets: usize,
     first_closed: bool,
+    /// The gateway sent its next request on the first `GET`'s connection.
+    first_reused: bool,
+    /// Connections the upstream accepted.
+    connections: usize,
+    /// Requests the upstream read.
+    requests: usize,
 }
 
 /// Reads one request head and its `Content-Length` body; the head, or `None` at EOF.
@@ -81,12 +87,22 @@ async fn raw_upstream(
     tokio::spawn(async move {
         loop {
             let (mut tcp, _) = l.accept().await.unwrap();
+            s.lock().unwrap().connections += 1;
             let seen = s.clone();
             let script = script.clone();
             let pieces = pieces.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                while let Some(head) = read_request(&mut tcp, &mut buf).await {
+                let mut carried: Option<String> = None;
+                loop {
+                    let head = match carried.take() {
+                        Some(h) => h,
+                        None => match read_request(&mut tcp, &mut buf).await {
+                            Some(h) => h,
+                            None => return,
+                        },
+                    };
+                    seen.lock().unwrap().requests += 1;
                     if head.starts_with("GET") {
                         let first = {
                             let mut s = seen.lock().unwrap();
@@ -114,14 +130,25 @@ async fn raw_upstream(
                         if close {
                             return;
                         }
-                        // The upstream keeps the connection; the gateway must close it.
-                        let mut b = [0u8; 64];
-                        let closed = matches!(
-                            tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut b)).await,
-                            Ok(Ok(0) | Err(_))
-                        );
-                        seen.lock().unwrap().first_closed = closed;
-                        return;
+                        // The upstream keeps the connection: the gateway closes it, or sends
+                        // its next request on it (only after a body that ended cleanly).
+                        match tokio::time::timeout(
+                            Duration::from_secs(5),
+                            read_request(&mut tcp, &mut buf),
+                        )
+                        .await
+                        {
+                            Ok(Some(next)) => {
+                                seen.lock().unwrap().first_reused = true;
+                                carried = Some(next);
+                                continue;
+                            }
+                            Ok(None) => {
+                                seen.lock().unwrap().first_closed = true;
+                                return;
+                            }
+                            Err(_) => return,
+                        }
                     }
                     // A POST: initialize gets its result and the session id, anything else 202.
                     let answer = if head.contains("mcp-session-id") {
@@ -199,9 +226,9 @@ async fn run_with(
     let failed = events
         .iter()
         .any(|e| e.event.as_deref() == Some("mcp-reattach/upstream-failed"));
-    // Give the upstream's side a moment to see the close.
+    // Give the upstream's side a moment to see the close (or the next request).
     for _ in 0..50 {
-        if seen.lock().unwrap().first_closed {
+        if seen.lock().unwrap().first_closed || seen.lock().unwrap().first_reused {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -228,9 +255,10 @@ async fn a_well_framed_chunked_stream_is_delivered_exactly_whatever_the_cuts() {
     let (got, failed, seen) = run(script, pieces).await;
     assert_eq!(got, vec![note(1), note(2), note(3)]);
     assert!(!failed);
+    let seen = seen.lock().unwrap();
     assert!(
-        seen.lock().unwrap().first_closed,
-        "the gateway closed the ended stream's connection"
+        !seen.first_closed,
+        "a connection whose body ended cleanly is kept for the next request"
     );
 }
 
@@ -379,4 +407,30 @@ async fn ambiguous_heads_are_refused_and_their_bodies_never_read() {
             "{case}: the held GET was tried again, on a new connection"
         );
     }
+}
+
+#[tokio::test]
+async fn requests_one_after_another_share_one_upstream_connection() {
+    let (up, seen) = raw_upstream(Vec::new(), Vec::new(), false).await;
+    let gw = gateway(up, |c| c.hold_standalone = false).await;
+    let init = send(gw.addr, post(INITIALIZE, None)).await;
+    assert_eq!(init.status(), 200);
+    let _ = http_body_util::BodyExt::collect(init.into_body()).await;
+    for _ in 0..3 {
+        let done = send(
+            gw.addr,
+            post(
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                Some(SID),
+            ),
+        )
+        .await;
+        assert_eq!(done.status(), 202);
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.requests, 4);
+    assert_eq!(
+        seen.connections, 1,
+        "each answer ended cleanly: the next request went on the same connection"
+    );
 }

@@ -22,15 +22,13 @@ use crate::metrics::ResumeOutcome;
 use crate::session::{
     hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
-use crate::upstream::{full_body, hold, is_json, is_sse, spawn_reader, Answer, OwnBody, SendError, Source};
+use crate::upstream::{
+    full_body, hold, is_json, is_sse, spawn_reader, Answer, OwnBody, SendError, Source,
+};
 
 /// A request on its way upstream: its answer, once polled to the end.
 pub(super) type Pending = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<Response<OwnBody>, SendError>,
-            > + Send,
-    >,
+    Box<dyn std::future::Future<Output = Result<Response<OwnBody>, SendError>> + Send>,
 >;
 
 /// A legacy request ready to be sent ([`Gateway::ready`]).

@@ -180,7 +180,11 @@ pub(crate) async fn send(
     }
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     // Methods that carry a body say its length even when it is empty, as hyper does.
-    let framed = !body.is_empty() || !matches!(parts.method, Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS);
+    let framed = !body.is_empty()
+        || !matches!(
+            parts.method,
+            Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
+        );
     let mut head = h1::request_head(&parts.method, pq, &headers, framed.then_some(body.len()));
     let together = body.len() <= COALESCE_BODY_BYTES;
     if together {
@@ -205,8 +209,7 @@ pub(crate) async fn send(
             } else {
                 head.framing
             };
-            let reuse = (head.keep_alive && framing != h1::Framing::Close)
-                .then(|| up.pool.clone());
+            let reuse = (head.keep_alive && framing != h1::Framing::Close).then(|| up.pool.clone());
             let mut body = OwnBody {
                 io: Some(io),
                 decoder: BodyDecoder::new(framing),
@@ -269,11 +272,7 @@ impl OwnBody {
 
     /// Feeds `bytes` to the decoder, handing the body's data to `data`; bytes after the
     /// body's end mean the connection is not used again.
-    fn decode(
-        &mut self,
-        bytes: &[u8],
-        data: &mut impl FnMut(&[u8]),
-    ) -> Result<(), H1Error> {
+    fn decode(&mut self, bytes: &[u8], data: &mut impl FnMut(&[u8])) -> Result<(), H1Error> {
         let used = self.decoder.decode(bytes, |s| data(s))?;
         if used < bytes.len() {
             self.reuse = None;
