@@ -273,7 +273,7 @@ impl OwnBody {
     /// Feeds `bytes` to the decoder, handing the body's data to `data`; bytes after the
     /// body's end mean the connection is not used again.
     fn decode(&mut self, bytes: &[u8], data: &mut impl FnMut(&[u8])) -> Result<(), H1Error> {
-        let used = self.decoder.decode(bytes, |s| data(s))?;
+        let used = self.decoder.decode(bytes, &mut *data)?;
         if used < bytes.len() {
             self.reuse = None;
         }
