@@ -7,13 +7,13 @@
 //! |---|---|---|
 //! | [`config`] | flags, env vars, their defaults ([`config::defaults`]), parsing of sizes and durations, [`Config`] | sockets, HTTP |
 //! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
-//! | [`h1`] | HTTP/1.1 framing of the upstream's answers to the gateway's own `GET`s: request head, response head, body decoder | I/O, sessions |
+//! | [`h1`] | HTTP/1.1 framing of every upstream exchange: request head, response head, body decoder | I/O, sessions |
 //! | [`cursor`] | event ids `<epoch>.<stream>.<seq>` | what a cursor means |
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
 //! | [`metrics`] | Prometheus metrics, their label values as enums, their exposition | HTTP, sessions |
 //! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (inside: `stream` one stream's bookkeeping, `reserve` the in-flight reserve, `batch` the frame one poll writes, `dedup` POST de-duplication, `control` the gateway's own events, `registry` all sessions) | HTTP, sockets |
-//! | [`upstream`] | upstream client, request building, the gateway's own `GET`s read on the socket by the reader's task (`get`), the bound on its connections (`limit`: a connector counting sockets), the flow-controlled stream reader and its upstream resume, the answer reader of an upgraded POST (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
+//! | [`upstream`] | upstream client, request building, every upstream request written and its answer read on the socket by the task that wants it, over a small pool of idle keep-alive connections (`conn`), the bound on its connections (`limit`: a connector counting sockets), the flow-controlled stream reader and its upstream resume, the answer reader of an upgraded POST (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
