@@ -104,6 +104,9 @@ enum Arm {
     NginxTls,
     /// mcp-reattach terminating TLS (--tls-cert/--tls-key).
     ReattachTls,
+    /// mcp-reattach with `--json-upgrade false`: JSON answers pass through as they came
+    /// (json only: the other scenarios are answered with SSE either way).
+    ReattachPlain,
 }
 
 impl Arm {
@@ -116,6 +119,7 @@ impl Arm {
             Arm::TsEventStore => "ts-eventstore",
             Arm::NginxTls => "nginx-tls",
             Arm::ReattachTls => "mcp-reattach-tls",
+            Arm::ReattachPlain => "mcp-reattach-plain",
         }
     }
 
@@ -133,7 +137,7 @@ const PROXIES: [Arm; 3] = [Arm::Naive, Arm::Nginx, Arm::Reattach];
 /// The TLS arms, run in the json and saturating SSE scenarios.
 const TLS_ARMS: [Arm; 2] = [Arm::NginxTls, Arm::ReattachTls];
 /// Every arm, for summaries and for reading results back (the storm-only and TLS ones too).
-const EVERY: [Arm; 7] = [
+const EVERY: [Arm; 8] = [
     Arm::Direct,
     Arm::Naive,
     Arm::Nginx,
@@ -141,6 +145,7 @@ const EVERY: [Arm; 7] = [
     Arm::TsEventStore,
     Arm::NginxTls,
     Arm::ReattachTls,
+    Arm::ReattachPlain,
 ];
 
 #[derive(Clone)]
@@ -385,7 +390,12 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: "json".into(),
             group: "json",
             title: "Small JSON POST, saturating (8 keep-alive connections, closed loop)".into(),
-            arms: ALL.iter().chain(&TLS_ARMS).copied().collect(),
+            arms: ALL
+                .iter()
+                .chain(&TLS_ARMS)
+                .chain(&[Arm::ReattachPlain])
+                .copied()
+                .collect(),
             load: s(&["json", "--conns", "8", "--duration-ms", &dur]),
             kind: Kind::Run,
             gateway_flags: vec![],
@@ -930,7 +940,7 @@ fn start_proxy(
             c.arg("-p").arg(&dir).arg("-c").arg(conf);
             c
         }
-        Arm::Reattach | Arm::ReattachTls => {
+        Arm::Reattach | Arm::ReattachTls | Arm::ReattachPlain => {
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, &a.gateway);
             c.arg("--upstream")
                 .arg(format!("http://{upstream}"))
@@ -939,6 +949,9 @@ fn start_proxy(
                 .arg("--admin-listen")
                 .arg(format!("127.0.0.1:{}", free_port()))
                 .args(extra);
+            if arm == Arm::ReattachPlain {
+                c.arg("--json-upgrade").arg("false");
+            }
             if arm.tls() {
                 let certs = certs.ok_or("no certificates for the TLS arm")?;
                 c.arg("--tls-cert")
@@ -1470,15 +1483,43 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             v.map(|v| if at_least { v >= bound } else { v <= bound }),
         );
     }
+    // The same three against nginx for a JSON-mode upstream with the upgrade on (the json
+    // scenario: every answer JSON, served to the client as the gateway's SSE stream).
+    for (metric, what, bound, at_least) in [
+        ("req_per_s", "requests/s", 1.0, true),
+        ("cpu_us_per_req", "proxy CPU per request", 1.25, false),
+        ("added_p99_us", "added p99 latency", 1.5, false),
+    ] {
+        let v = ratio(
+            med(s, "json", Arm::Reattach, metric),
+            med(s, "json", Arm::Nginx, metric),
+        );
+        push(
+            format!("json (JSON upstream, upgrade on): {what} mcp-reattach / nginx"),
+            v,
+            format!("{} {bound:.2}", if at_least { "≥" } else { "≤" }),
+            v.map(|v| if at_least { v >= bound } else { v <= bound }),
+        );
+    }
+    let v = ratio(
+        med(s, "json", Arm::ReattachPlain, "cpu_us_per_req"),
+        med(s, "json", Arm::Naive, "cpu_us_per_req"),
+    );
+    push(
+        "json (upgrade off): CPU per request mcp-reattach-plain / naive".into(),
+        v,
+        "≤ 1.15".into(),
+        v.map(|v| v <= 1.15),
+    );
     let v = ratio(
         med(s, "json", Arm::Reattach, "cpu_us_per_req"),
         med(s, "json", Arm::Naive, "cpu_us_per_req"),
     );
     push(
-        "json: CPU per request mcp-reattach / naive".into(),
+        "json (upgrade on): CPU per request mcp-reattach / naive".into(),
         v,
-        "≤ 1.15".into(),
-        v.map(|v| v <= 1.15),
+        "–".into(),
+        None,
     );
     for sc in ["idle-1000", "idle-5000", "idle-200"] {
         if let Some(v) = med(s, sc, Arm::Reattach, "kb_per_session") {
