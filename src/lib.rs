@@ -25,7 +25,7 @@
 //! | [`tls`] | rustls on both sides: listener certificate (reloaded when the files change, or at once on request), client certificates and their subject, plaintext-on-TLS answer, upstream roots | HTTP requests, sessions |
 //! | [`demo`] | the embedded legacy MCP demo upstream used by `mcp-reattach demo` | the gateway |
 //!
-//! `main.rs` only parses flags, installs logging, maps SIGTERM / SIGINT to a graceful / quick
+//! `main.rs` only sets the allocator (mimalloc), parses flags, installs logging, maps SIGTERM / SIGINT to a graceful / quick
 //! [`shutdown::Shutdown`] and SIGHUP to [`tls::ServerTls::reload_now`], binds, and calls
 //! [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 

@@ -158,7 +158,7 @@ fn main() {
             tool_events,
             ..
         } if rate > 0.0 => match tool_events {
-            // The paced client reads Content-Length answers only.
+            // The paced client sends pings only.
             Some(_) => json!({"error": "--tool-events is saturating only (no --rate)"}),
             None => json_paced(&cli.target, &cli.path, conns, rate, duration_ms, warmup_ms),
         },
@@ -778,7 +778,7 @@ fn json_paced(
                 }
                 let t0 = now_ns();
                 match blocking_roundtrip(&mut s, &req) {
-                    Ok((hd, _)) if hd.starts_with("HTTP/1.1 200") => {
+                    Ok((hd, b)) if hd.starts_with("HTTP/1.1 200") && is_answer(&b) => {
                         if due >= measure_from {
                             let _ = h.record(now_ns() - t0);
                         }
@@ -824,32 +824,58 @@ fn head_header(head: &str, name: &str) -> Option<String> {
     })
 }
 
-/// Blocking request/response with a Content-Length response body (JSON answers).
+/// Blocking request/response: a Content-Length body (a JSON answer) or a chunked one (the
+/// gateway's `--json-upgrade`: the answer as an SSE stream), returned decoded.
 fn blocking_roundtrip(s: &mut TcpStream, req: &[u8]) -> Result<(String, Vec<u8>), String> {
     s.write_all(req).map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(1024);
     let mut tmp = [0u8; 4096];
-    loop {
-        if let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            let len: usize = head_header(&head, "content-length")
-                .and_then(|v| v.parse().ok())
-                .ok_or("response without Content-Length")?;
-            while buf.len() < end + 4 + len {
-                let n = s.read(&mut tmp).map_err(|e| e.to_string())?;
-                if n == 0 {
-                    return Err("eof in body".into());
-                }
-                buf.extend_from_slice(&tmp[..n]);
-            }
-            return Ok((head, buf[end + 4..end + 4 + len].to_vec()));
-        }
+    let mut more = |buf: &mut Vec<u8>, what: &str| -> Result<(), String> {
         let n = s.read(&mut tmp).map_err(|e| e.to_string())?;
         if n == 0 {
-            return Err("eof in head".into());
+            return Err(format!("eof in {what}"));
         }
         buf.extend_from_slice(&tmp[..n]);
+        Ok(())
+    };
+    let end = loop {
+        if let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+            break end;
+        }
+        more(&mut buf, "head")?;
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let mut at = end + 4;
+    if head_header(&head, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let Some(eol) = memchr::memmem::find(&buf[at..], b"\r\n") else {
+                more(&mut buf, "chunk size")?;
+                continue;
+            };
+            let size = std::str::from_utf8(&buf[at..at + eol])
+                .ok()
+                .and_then(|v| usize::from_str_radix(v.trim(), 16).ok())
+                .ok_or("bad chunk size")?;
+            // The chunk, its CRLF (or for the last one, the CRLF that ends the body).
+            while buf.len() < at + eol + 2 + size + 2 {
+                more(&mut buf, "chunk")?;
+            }
+            body.extend_from_slice(&buf[at + eol + 2..at + eol + 2 + size]);
+            at += eol + 2 + size + 2;
+            if size == 0 {
+                return Ok((head, body));
+            }
+        }
     }
+    let len: usize = head_header(&head, "content-length")
+        .and_then(|v| v.parse().ok())
+        .ok_or("response with neither Content-Length nor chunked framing")?;
+    while buf.len() < at + len {
+        more(&mut buf, "body")?;
+    }
+    at += len;
+    Ok((head, buf[end + 4..at].to_vec()))
 }
 
 /// Waits until stdin closes (the orchestrator's signal to release everything).
