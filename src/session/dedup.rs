@@ -8,10 +8,10 @@
 //! Pure bookkeeping under the session's lock: no locks, no waiting, nothing of HTTP or of how
 //! a retransmission is answered (the session resumes the stream; the proxy responds).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 
-use super::stream::Stream;
+use super::stream::{Stream, Streams};
 use super::Principal;
 
 /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no answer
@@ -177,7 +177,7 @@ impl Carried {
     /// `ids` (a hash that collides is told apart by `carries`).
     pub fn carrier<'a>(
         &self,
-        streams: &BTreeMap<u32, Stream>,
+        streams: &Streams,
         principal: Principal,
         ids: &'a [String],
     ) -> Option<Carrier<'a>> {
@@ -190,7 +190,7 @@ impl Carried {
             .filter_map(|id| self.streams.get(&self.hash(id)))
             .flatten()
             .copied()
-            .filter(|n| streams.get(n).is_some_and(carries))
+            .filter(|n| streams.get(n).is_some_and(|s| carries(s)))
             .min()?;
         let s = &streams[&stream];
         let id = ids.iter().find(|id| s.carries(id))?;
@@ -207,7 +207,7 @@ impl Carried {
 /// What [`Carried::carrier`] answers without scanning; the tests' model of it.
 #[cfg(test)]
 pub(super) fn carrier<'a>(
-    streams: &BTreeMap<u32, Stream>,
+    streams: &Streams,
     principal: Principal,
     ids: &'a [String],
 ) -> Option<Carrier<'a>> {
@@ -227,6 +227,7 @@ pub(super) fn carrier<'a>(
 mod tests {
     use super::*;
     use crate::session::StreamKind;
+    use std::collections::BTreeMap;
 
     fn p(n: u8) -> Principal {
         Principal([n; 16])
@@ -262,12 +263,25 @@ mod tests {
 
     #[test]
     fn the_carrier_is_the_first_stream_that_carried_one_of_the_ids() {
-        let post =
-            |seq, requests: &[&str]| Stream::new(StreamKind::Post, seq, ids(requests), false, None);
+        let post = |seq, requests: &[&str]| {
+            Box::new(Stream::new(
+                StreamKind::Post,
+                seq,
+                ids(requests),
+                false,
+                None,
+            ))
+        };
         let streams = BTreeMap::from([
             (
                 0,
-                Stream::new(StreamKind::Standalone, 1, Vec::new(), false, None),
+                Box::new(Stream::new(
+                    StreamKind::Standalone,
+                    1,
+                    Vec::new(),
+                    false,
+                    None,
+                )),
             ),
             (2, post(5, &["\"a\"", "3"])),
             (4, post(9, &["4", "5"])),
@@ -312,7 +326,7 @@ mod tests {
                 let mut s = Stream::new(StreamKind::Post, u64::from(n) * 10, requests.into_iter().map(id).collect(), false, None);
                 s.principal = p(principal);
                 index.add(n, &s);
-                streams.insert(n, s);
+                streams.insert(n, Box::new(s));
                 if forgotten {
                     // An older stream is forgotten (the oldest ended one, in the session).
                     if let Some((&old, _)) = streams.iter().next() {
@@ -344,7 +358,7 @@ mod tests {
         );
         let mut theirs = Stream::new(StreamKind::Post, 1, ids(&["2"]), false, None);
         theirs.principal = p(2);
-        let streams = BTreeMap::from([(0, theirs)]);
+        let streams = BTreeMap::from([(0, Box::new(theirs))]);
         assert_eq!(carrier(&streams, p(1), &ids(&["2"])), None);
         assert_eq!(
             carrier(&streams, p(2), &ids(&["2"])).map(|c| c.stream),

@@ -202,7 +202,13 @@ impl Session {
             st.next_stream += 1;
             st.streams.insert(
                 stream,
-                Stream::new(StreamKind::Standalone, seq, Vec::new(), false, None),
+                Box::new(Stream::new(
+                    StreamKind::Standalone,
+                    seq,
+                    Vec::new(),
+                    false,
+                    None,
+                )),
             );
             st.running.insert(stream);
             Self::set_standalone(&mut st, stream);

@@ -41,7 +41,7 @@ pub use self::registry::{
 };
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
-use self::stream::{Stream, Subscriber};
+use self::stream::{Stream, Streams, Subscriber};
 use crate::config::Config;
 use crate::cursor::{new_epoch, Cursor};
 use crate::jsonrpc;
@@ -62,7 +62,7 @@ struct State {
     window: Window,
     last_seq: u64,
     next_stream: u32,
-    streams: BTreeMap<u32, Stream>,
+    streams: Streams,
     ended: VecDeque<u32>,
     last_activity: Instant,
     protocol_version: Option<String>,
@@ -304,7 +304,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Wakes every paused upstream reader of the session (room may have been made): those of
 /// `paused`, the streams whose readers paused since the last time (the others have none).
-fn wake_readers(paused: &mut Vec<u32>, streams: &mut BTreeMap<u32, Stream>) {
+fn wake_readers(paused: &mut Vec<u32>, streams: &mut Streams) {
     for n in paused.drain(..) {
         if let Some(s) = streams.get_mut(&n) {
             s.wake_reader();
@@ -331,7 +331,7 @@ fn handed(s: &mut Stream, last: u64, whole: bool, partial: Option<(u64, usize)>)
 }
 
 /// What the in-flight reserve needs of the session's streams.
-impl Delivery for BTreeMap<u32, Stream> {
+impl Delivery for Streams {
     fn reading(&self, stream: u32) -> bool {
         self.get(&stream)
             .and_then(|s| s.sub.as_ref())
@@ -348,7 +348,7 @@ impl Delivery for BTreeMap<u32, Stream> {
 }
 
 /// Records the eviction of `old` against its stream: a resume before it is now a gap.
-fn note_eviction(metrics: &Metrics, streams: &mut BTreeMap<u32, Stream>, old: &Entry) {
+fn note_eviction(metrics: &Metrics, streams: &mut Streams, old: &Entry) {
     metrics.window_evictions.inc();
     if let Some(o) = streams.get_mut(&old.stream) {
         if old.seq > o.sent {
@@ -578,7 +578,7 @@ impl Session {
         opened.trace = trace;
         st.carried.add(stream, &opened);
         st.running.insert(stream);
-        st.streams.insert(stream, opened);
+        st.streams.insert(stream, Box::new(opened));
         if kind == StreamKind::Standalone {
             Self::set_standalone(&mut st, stream);
         }
