@@ -80,14 +80,33 @@ pub async fn serve_gateway(
         let task = async move {
             let _slot = slot;
             // TLS first when configured; the handshake counts against --header-read-timeout.
-            let (io, client_subject) = match &gateway.config().tls {
-                None => (crate::tls::Stream::Plain(tcp), None),
+            let (io, client_subject, version) = match &gateway.config().tls {
+                None => {
+                    // Which HTTP the connection speaks, from its first bytes, peeked (see
+                    // `sniff`); within --header-read-timeout like the head itself.
+                    let timeout = gateway.config().header_read_timeout;
+                    match tokio::time::timeout(timeout, sniff(&tcp)).await {
+                        Ok(Some(v)) => (crate::tls::Stream::Plain(tcp), None, Some(v)),
+                        Ok(None) => {
+                            metrics.connection_error(ConnectionErrorKind::ClientGone);
+                            metrics.connections.dec();
+                            return;
+                        }
+                        Err(_) => {
+                            metrics.connection_error(ConnectionErrorKind::HeaderTimeout);
+                            tracing::debug!(%remote, "no request within --header-read-timeout: closed");
+                            metrics.connections.dec();
+                            return;
+                        }
+                    }
+                }
                 Some(tls) => {
                     let timeout = gateway.config().header_read_timeout;
                     // Boxed: the handshake's state is ~8 KB, and inline it would size every
                     // connection's task (plain ones too) for as long as the connection lives.
                     match Box::pin(crate::tls::accept(tls, tcp, timeout)).await {
-                        Ok(accepted) => accepted,
+                        // The version is read from the stream (hyper-util's sniff).
+                        Ok((io, subject)) => (io, subject, None),
                         Err(e) => {
                             metrics.connection_error(e.kind());
                             tracing::debug!(%remote, error = ?e, "TLS connection not established");
@@ -102,7 +121,11 @@ pub async fn serve_gateway(
                 pending: Arc::default(),
                 metrics: metrics.clone(),
             };
-            let builder = connection_builder(&cfg, exec.clone());
+            let builder = match version {
+                Some(Version::H1) => connection_builder(&cfg, exec.clone()).http1_only(),
+                Some(Version::H2) => connection_builder(&cfg, exec.clone()).http2_only(),
+                None => connection_builder(&cfg, exec.clone()),
+            };
             let conn_kill = kill.clone();
             // What the connection has in flight: until a first request head arrives, it has
             // --header-read-timeout (on every protocol: hyper's own header timer covers
@@ -128,13 +151,15 @@ pub async fn serve_gateway(
                         client_subject: client_subject.clone(),
                     },
                 );
-                async move {
+                // Boxed: hyper keeps room for the service's future as long as the connection
+                // lives (~2 KB inline); boxed, only while a request is being answered.
+                Box::pin(async move {
                     let resp = handled.await?;
                     Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked {
                         body,
                         _in_flight: in_flight,
                     }))
-                }
+                })
             });
             // Watched: the drain tells it to finish gracefully and waits for it.
             let serving = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
@@ -253,6 +278,42 @@ async fn idle(activity: &Activity, first: Duration, idle: Duration) -> bool {
 }
 
 /// The per-connection protocol settings (HTTP/1.1 and h2c), running HTTP/2 streams on `exec`.
+/// The HTTP a plaintext connection speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Version {
+    H1,
+    H2,
+}
+
+/// What an HTTP/2 connection opens with (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Which HTTP a plaintext connection speaks, from its first bytes, peeked: HTTP/2 if they are
+/// its preface, else HTTP/1.1. `None`: the client closed (or the socket failed) first.
+///
+/// hyper-util's own sniff reads the first 24 bytes and hands them to hyper as a read of
+/// their own; hyper's read buffer, 8 KiB, then grew to 16 KiB at the next read (it held
+/// unread bytes when it asked for 8 KiB more), on every connection for as long as it lived.
+/// Peeking leaves every byte for hyper's first read.
+async fn sniff(tcp: &tokio::net::TcpStream) -> Option<Version> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = tcp.peek(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some(Version::H1);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(Version::H2);
+        }
+        // A prefix of the preface so far: `peek` returns at once while those bytes wait,
+        // so wait a little for the rest (bounded by the caller's timeout).
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExec> {
     let mut builder = auto::Builder::new(exec);
     builder

@@ -173,9 +173,17 @@ impl Gateway {
         let requested = Requested {
             method: method.clone(),
             start,
-            target: req.uri().path_and_query().cloned(),
-            user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
-            traceparent: req.headers().get(TRACEPARENT).cloned(),
+            // A GET's line is written when its stream ends, often much later: what it keeps
+            // of the request is copied (`upstream::owned_value`).
+            target: req.uri().path_and_query().and_then(|pq| {
+                if method == Method::GET {
+                    crate::upstream::owned_target(pq)
+                } else {
+                    Some(pq.clone())
+                }
+            }),
+            user_agent: keep(&method, req.headers().get(http::header::USER_AGENT)),
+            traceparent: keep(&method, req.headers().get(TRACEPARENT)),
             client: self.client_ip(req.headers(), conn.remote.ip()),
             span: tracing::Span::none(),
         };
@@ -547,6 +555,15 @@ where
                 }
             });
         }
+    }
+}
+
+/// A request header value for its access line: a GET's copied (see [`Gateway::handle`]).
+fn keep(method: &Method, value: Option<&http::HeaderValue>) -> Option<http::HeaderValue> {
+    if *method == Method::GET {
+        value.map(crate::upstream::owned_value)
+    } else {
+        value.cloned()
     }
 }
 

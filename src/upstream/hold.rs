@@ -58,6 +58,8 @@ pub(crate) fn settle_limit(upstream_header_timeout: Duration) -> Duration {
 }
 
 fn spawn(registry: &Arc<Registry>, session: &Arc<Session>, source: Source, rest: Option<Duration>) {
+    // Kept as long as the session: copied out of the client's read buffer.
+    let source = source.owned();
     let task = tokio::spawn(run(
         Arc::downgrade(registry),
         Arc::downgrade(session),

@@ -308,6 +308,22 @@ fn is_uncompressed(h: &HeaderMap, media: &str) -> bool {
         && identity
 }
 
+/// A copy of a value parsed from a client's request, for keeping long: hyper's values point
+/// into the client connection's read buffer, and one kept value keeps that whole buffer
+/// (8 KiB) alive beside the one hyper reads into next.
+pub(crate) fn owned_value(value: &HeaderValue) -> HeaderValue {
+    // Every value a parser let through is valid again; a clone is only the fallback.
+    let mut copy = HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes()))
+        .unwrap_or_else(|_| value.clone());
+    copy.set_sensitive(value.is_sensitive());
+    copy
+}
+
+/// A request target's path and query, copied ([`owned_value`]).
+pub(crate) fn owned_target(pq: &http::uri::PathAndQuery) -> Option<http::uri::PathAndQuery> {
+    http::uri::PathAndQuery::from_maybe_shared(Bytes::copy_from_slice(pq.as_str().as_bytes())).ok()
+}
+
 /// Where a tagged stream came from, so the reader can reconnect to it upstream.
 #[derive(Clone)]
 pub struct Source {
@@ -318,6 +334,25 @@ pub struct Source {
 }
 
 impl Source {
+    /// The source with its target and header values copied, for a holder that keeps it as
+    /// long as its session ([`owned_value`]).
+    pub(crate) fn owned(self) -> Source {
+        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), owned_value(value));
+        }
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.uri.scheme().cloned();
+        parts.authority = self.uri.authority().and_then(|a| a.as_str().parse().ok());
+        parts.path_and_query = self.uri.path_and_query().and_then(owned_target);
+        let uri = Uri::from_parts(parts).unwrap_or_else(|_| self.uri.clone());
+        Source {
+            uri,
+            headers,
+            ..self
+        }
+    }
+
     /// `GET` to the upstream with the source's headers (no body), `Last-Event-ID` set to
     /// `last_id` or absent, on a connection of its own that the gateway reads itself. The
     /// stream if the upstream answered with one, else its status (`None`: no answer at all).
