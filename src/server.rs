@@ -424,3 +424,71 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    /// A connected pair on loopback: the client's end and the server's.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, _) = l.accept().await.unwrap();
+        (client, server)
+    }
+
+    /// Sends `pieces` with a pause between them; returns what `sniff` made of them.
+    async fn sniffed(pieces: &[&[u8]]) -> Option<Version> {
+        let (mut client, server) = pair().await;
+        let pieces: Vec<Vec<u8>> = pieces.iter().map(|p| p.to_vec()).collect();
+        let writer = tokio::spawn(async move {
+            for p in pieces {
+                client.write_all(&p).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            client
+        });
+        let v = tokio::time::timeout(Duration::from_secs(5), sniff(&server))
+            .await
+            .expect("sniff decides within the pauses");
+        // Every byte is still there for hyper: sniffing only peeked.
+        let mut first = [0u8; 1];
+        if v.is_some() {
+            assert_eq!(server.peek(&mut first).await.unwrap(), 1);
+        }
+        drop(writer.await.unwrap());
+        v
+    }
+
+    #[tokio::test]
+    async fn the_h2_preface_is_h2_even_when_it_comes_in_pieces() {
+        assert_eq!(sniffed(&[H2_PREFACE]).await, Some(Version::H2));
+        assert_eq!(
+            sniffed(&[b"PRI * HT", b"TP/2.0\r\n\r\nSM\r\n\r\n"]).await,
+            Some(Version::H2)
+        );
+    }
+
+    #[tokio::test]
+    async fn anything_else_is_http1_as_soon_as_it_differs() {
+        assert_eq!(
+            sniffed(&[b"POST /mcp HTTP/1.1\r\n"]).await,
+            Some(Version::H1)
+        );
+        // One byte that is also the preface's first, then the rest of an HTTP/1.1 head.
+        assert_eq!(
+            sniffed(&[b"P", b"OST /mcp HTTP/1.1\r\n"]).await,
+            Some(Version::H1)
+        );
+        assert_eq!(sniffed(&[b"GET / HTTP/1.1\r\n"]).await, Some(Version::H1));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_first_is_none() {
+        let (client, server) = pair().await;
+        drop(client);
+        assert_eq!(sniff(&server).await, None);
+    }
+}

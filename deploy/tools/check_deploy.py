@@ -80,7 +80,7 @@ K8S_VERSIONS = ["1.30.0", "1.37.0"]
 RELEASE = "mcp-reattach"
 
 # docs/operations.md, "Memory sizing" (measured; rounded up).
-BASE_BYTES = 6 << 20
+BASE_BYTES = 12 << 20
 EVENT_OVERHEAD = 56
 SESSION_OVERHEAD = 9 << 10
 CONNECTION_BYTES = 64 << 10
