@@ -298,22 +298,21 @@ struct Line<'a> {
 /// (a method token, numbers, a static outcome, a hex hash). Without a sink (the library in
 /// tests) lines go through `tracing` as usual. Either way `--log-level` filters them.
 struct Sink {
-    writer: tracing_appender::non_blocking::NonBlocking,
+    writer: crate::logwriter::LogWriter,
     json: bool,
 }
 
 static SINK: OnceLock<Sink> = OnceLock::new();
 
-/// Sends access lines to `writer` (the log's non-blocking stdout writer) in the log format.
-pub fn set_sink(writer: tracing_appender::non_blocking::NonBlocking, json: bool) {
+/// Sends access lines to `writer` (the log's batching stdout writer) in the log format.
+pub fn set_sink(writer: crate::logwriter::LogWriter, json: bool) {
     let _ = SINK.set(Sink { writer, json });
 }
 
 impl Sink {
     fn write(&self, l: &Line<'_>) {
-        use std::io::Write as _;
         let out = format_line(self.json, std::time::SystemTime::now(), l);
-        let _ = self.writer.clone().write_all(out.as_bytes());
+        self.writer.append(out.as_bytes());
     }
 }
 

@@ -16,6 +16,7 @@
 //! | [`upstream`] | upstream client, request building, every upstream request written and its answer read on the socket by the task that wants it, over a small pool of idle keep-alive connections (`conn`), the bound on its connections (`limit`: a connector counting sockets), the flow-controlled stream reader and its upstream resume, the answer reader of an upgraded POST (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
+//! | [`logwriter`] | the log's writer: lines gathered in one bounded buffer, written to stdout in batches by a thread of its own | what a line says |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
 //! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag, pass-through, the end of a minted session; `upgrade`: a JSON answer served as the gateway's SSE stream), `auth` decided once per request, `bodies` the bound of all request bodies held at once | retention rules |
 //! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; the first-request and idle timeouts of a connection; hands over to the drain | protocol details |
@@ -41,6 +42,7 @@ pub mod demo;
 pub(crate) mod error;
 pub mod h1;
 pub(crate) mod jsonrpc;
+pub mod logwriter;
 pub(crate) mod metrics;
 pub(crate) mod proxy;
 pub(crate) mod server;

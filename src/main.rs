@@ -48,9 +48,15 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    // Log lines are written by a background thread (one line per request must not cost each
-    // request a write syscall); colours only on a terminal.
-    let (writer, _log_flush) = tracing_appender::non_blocking(std::io::stdout());
+    // Log lines are written by a thread of their own, in batches (one line per request must
+    // not cost each request a write, nor a wake-up of that thread); colours only on a terminal.
+    let (writer, _log_flush) = match mcp_reattach::logwriter::spawn(std::io::stdout()) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot start the log writer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     mcp_reattach::access::set_sink(writer.clone(), cli.gateway.log_format == LogFormat::Json);
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
