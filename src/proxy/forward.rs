@@ -122,19 +122,30 @@ impl Gateway {
         self.hold_once_initialized(initialized, &session, &source)
             .await;
         let ok = resp.status() == StatusCode::OK;
-        if ok && is_sse(resp.headers()) && matches!(inb.parts.method, Method::POST | Method::GET) {
-            return Ok(self.tag(inb, session, resp, source, reattach));
-        }
-        if ok && inb.upgrade && is_json(resp.headers()) {
+        let early = resp.body().has_early();
+        let tagged = if ok
+            && is_sse(resp.headers())
+            && matches!(inb.parts.method, Method::POST | Method::GET)
+        {
+            self.tag(inb, session, resp, source, reattach)
+        } else if ok && inb.upgrade && is_json(resp.headers()) {
             let headers = resp.headers().clone();
             let answer: Answer = Box::pin(std::future::ready(Ok(resp)));
-            return Ok(self.commit(inb, session, Some(headers), answer, source));
+            self.commit(inb, session, Some(headers), answer, source)
+        } else {
+            let mut out = pass_through(resp);
+            if session.minted() {
+                minted_header(out.headers_mut(), &session);
+            }
+            return Ok(out);
+        };
+        if early {
+            // The answer's first bytes came with its head: one turn for the stream's reader
+            // (just spawned, it runs next) to take them before hyper writes the head, so the
+            // head, those events and often the end go out in one write instead of two.
+            tokio::task::yield_now().await;
         }
-        let mut out = pass_through(resp);
-        if session.minted() {
-            minted_header(out.headers_mut(), &session);
-        }
-        Ok(out)
+        Ok(tagged)
     }
 
     /// An `initialize` without a session takes a place under `--max-sessions` before it is
