@@ -81,29 +81,29 @@ pub fn epoch_hex(epoch: u64) -> [u8; 16] {
 
 /// Appends what follows `<epoch>.` in a cursor, `<stream>.<seq>`, in one piece.
 pub fn write_position(stream: u32, seq: u64, out: &mut impl bytes::BufMut) {
-    let mut buf = [0u8; 31]; // 10 + 1 + 20 digits at most
-    let mut n = put_decimal(u64::from(stream), &mut buf);
-    buf[n] = b'.';
-    n += 1;
-    n += put_decimal(seq, &mut buf[n..]);
+    let mut buf = [0u8; POSITION_LEN];
+    let n = put_position(stream, seq, &mut buf);
     out.put_slice(&buf[..n]);
 }
 
+/// The longest `<stream>.<seq>`: 10 + 1 + 20 digits.
+pub const POSITION_LEN: usize = 31;
+
+/// Writes `<stream>.<seq>` at the start of `out` (at least [`POSITION_LEN`] bytes),
+/// returning its length.
+pub fn put_position(stream: u32, seq: u64, out: &mut [u8]) -> usize {
+    let mut n = put_decimal(u64::from(stream), out);
+    out[n] = b'.';
+    n += 1;
+    n + put_decimal(seq, &mut out[n..])
+}
+
 /// Writes `n` in decimal at the start of `out` (at least 20 bytes), returning its length.
-fn put_decimal(mut n: u64, out: &mut [u8]) -> usize {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = buf.len() - i;
-    out[..len].copy_from_slice(&buf[i..]);
-    len
+fn put_decimal(n: u64, out: &mut [u8]) -> usize {
+    let mut b = itoa::Buffer::new();
+    let digits = b.format(n).as_bytes();
+    out[..digits.len()].copy_from_slice(digits);
+    digits.len()
 }
 
 fn ascii(b: &[u8]) -> Result<&str, CursorError> {

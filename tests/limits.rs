@@ -238,6 +238,35 @@ async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// At the default --max-headers (100, hyper's own default, which the gateway then leaves
+/// unset): 100 header lines pass, 101 get 431.
+#[tokio::test]
+async fn the_default_header_count_is_100() {
+    let mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    assert_eq!(gw.gateway.config().max_headers, 100);
+    for n in [100, 101] {
+        // A resume of an unknown session: the gateway answers it itself (404). `host`,
+        // `connection`, `mcp-session-id` and `last-event-id` are four of the n.
+        let many: String = (4..n).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let resp = raw(
+            gw.addr,
+            format!(
+                "GET /mcp HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+                 mcp-session-id: no-such\r\nlast-event-id: 0123456789abcdef.0.1\r\n{many}\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        let want = if n > 100 {
+            "HTTP/1.1 431"
+        } else {
+            "HTTP/1.1 404"
+        };
+        assert!(resp.starts_with(want), "{n} headers: {resp}");
+    }
+}
+
 #[tokio::test]
 async fn oversized_heads_get_431() {
     let mut mock = Mock::start().await;

@@ -135,14 +135,20 @@ fn write_entry(prefix: &[u8; 21], e: &Entry, out: &mut BytesMut) {
 }
 
 /// What goes before a retained event's body on the wire: its `id:` line, and the
-/// `event: message` line its flag implies.
+/// `event: message` line its flag implies. Put together on the stack and appended in one
+/// piece (appending each part was ~80 instructions an event of a replay).
 fn write_head(prefix: &[u8; 21], e: &Entry, out: &mut BytesMut) {
-    out.put_slice(prefix);
-    cursor::write_position(e.stream, e.seq, out);
-    out.put_u8(b'\n');
+    const MESSAGE: &[u8] = b"event: message\n";
+    let mut head = [0u8; 21 + cursor::POSITION_LEN + 1 + MESSAGE.len()];
+    head[..21].copy_from_slice(prefix);
+    let mut n = 21 + cursor::put_position(e.stream, e.seq, &mut head[21..]);
+    head[n] = b'\n';
+    n += 1;
     if e.message {
-        out.put_slice(b"event: message\n");
+        head[n..n + MESSAGE.len()].copy_from_slice(MESSAGE);
+        n += MESSAGE.len();
     }
+    out.put_slice(&head[..n]);
 }
 
 #[cfg(test)]

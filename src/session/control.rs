@@ -90,14 +90,25 @@ pub(super) fn resumed(
     replay: usize,
     ended: bool,
 ) -> Bytes {
-    let data = serde_json::json!({
-        "stream": stream,
-        "kind": kind.as_str(),
-        "after": here,
-        "replay": replay,
-        "ended": ended,
-    });
-    sse::control(Some(here), Some(EVENT_RESUMED), None, &data.to_string())
+    /// The event's data, its fields in the order `json!` wrote them (sorted): a struct,
+    /// because building a `Value` map was ~7 k instructions of every resume.
+    #[derive(serde::Serialize)]
+    struct Resumed<'a> {
+        after: &'a str,
+        ended: bool,
+        kind: &'static str,
+        replay: usize,
+        stream: u32,
+    }
+    let data = serde_json::to_string(&Resumed {
+        after: here,
+        ended,
+        kind: kind.as_str(),
+        replay,
+        stream,
+    })
+    .unwrap_or_default(); // never fails: strings, numbers and a bool
+    sse::control(Some(here), Some(EVENT_RESUMED), None, &data)
 }
 
 /// The last event of a client detached for `why` (a stall, or the gateway shutting down): it
