@@ -9,6 +9,7 @@
 
 mod conn;
 pub(crate) mod hold;
+mod io;
 mod limit;
 mod reader;
 
@@ -24,7 +25,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::Config;
@@ -44,7 +44,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// How every upstream connection is opened: TCP (or TLS), counted against the bound.
-type Connector = limit::Counted<HttpsConnector<HttpConnector>>;
+type Connector = limit::Counted<io::Slim>;
 
 /// The client to the upstream MCP server: its connector and its idle connections (`conn`).
 pub struct Upstream {
@@ -77,7 +77,7 @@ impl Upstream {
             .enable_http1()
             .wrap_connector(http);
         let conns = Arc::new(limit::Conns::new(cfg.max_upstream_connections));
-        let connector = limit::Counted::new(connector, conns.clone());
+        let connector = limit::Counted::new(io::Slim(connector), conns.clone());
         // Idle connections kept for the next requests: a quarter of the bound, at least 16
         // (the requests of as many clients back to back), never more than the bound.
         let max = cfg.max_upstream_connections.max(1);

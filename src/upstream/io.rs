@@ -1,0 +1,128 @@
+//! An upstream connection's transport as the gateway keeps it: a plain TCP connection at the
+//! size of its socket, a TLS one boxed. hyper-rustls's `MaybeHttpsStream` is an enum as large
+//! as its TLS state (1,120 bytes with the counting wrapper), so every plain upstream
+//! connection (each held standalone stream, each pooled connection) carried ~1.1 KB of room
+//! for a TLS session it never had.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::Uri;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::BoxError;
+
+type Tcp = TokioIo<TcpStream>;
+
+/// One upstream connection's transport.
+#[derive(Debug)]
+pub(crate) enum UpIo {
+    Plain(Tcp),
+    Tls(Box<MaybeHttpsStream<Tcp>>),
+}
+
+/// The TLS-capable connector, its connections as [`UpIo`].
+#[derive(Clone, Debug)]
+pub(crate) struct Slim(pub(crate) HttpsConnector<HttpConnector>);
+
+impl tower_service::Service<Uri> for Slim {
+    type Response = UpIo;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpIo, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            Ok(match connecting.await? {
+                MaybeHttpsStream::Http(tcp) => UpIo::Plain(tcp),
+                tls => UpIo::Tls(Box::new(tls)),
+            })
+        })
+    }
+}
+
+impl Connection for UpIo {
+    fn connected(&self) -> Connected {
+        match self {
+            UpIo::Plain(t) => t.connected(),
+            UpIo::Tls(t) => t.connected(),
+        }
+    }
+}
+
+impl hyper::rt::Read for UpIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpIo::Plain(t) => Pin::new(t).poll_read(cx, buf),
+            UpIo::Tls(t) => Pin::new(&mut **t).poll_read(cx, buf),
+        }
+    }
+}
+
+impl hyper::rt::Write for UpIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpIo::Plain(t) => Pin::new(t).poll_write(cx, buf),
+            UpIo::Tls(t) => Pin::new(&mut **t).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpIo::Plain(t) => Pin::new(t).poll_flush(cx),
+            UpIo::Tls(t) => Pin::new(&mut **t).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpIo::Plain(t) => Pin::new(t).poll_shutdown(cx),
+            UpIo::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpIo::Plain(t) => t.is_write_vectored(),
+            UpIo::Tls(t) => t.is_write_vectored(),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpIo::Plain(t) => Pin::new(t).poll_write_vectored(cx, bufs),
+            UpIo::Tls(t) => Pin::new(&mut **t).poll_write_vectored(cx, bufs),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_connection_is_the_size_of_its_socket() {
+        assert!(std::mem::size_of::<UpIo>() <= 2 * std::mem::size_of::<Tcp>());
+        assert!(std::mem::size_of::<MaybeHttpsStream<Tcp>>() > 8 * std::mem::size_of::<UpIo>());
+    }
+}
