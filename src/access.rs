@@ -399,7 +399,7 @@ fn format_line(json: bool, now: std::time::SystemTime, l: &Line<'_>) -> String {
 }
 
 /// `ip` as its Display writes it (an IPv4 address without the formatter).
-fn push_ip(out: &mut String, ip: std::net::IpAddr) {
+pub(crate) fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     use std::fmt::Write as _;
     match ip {
         std::net::IpAddr::V4(v4) => {

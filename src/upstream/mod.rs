@@ -183,7 +183,8 @@ impl Upstream {
         }
         strip_hop_by_hop(&mut headers);
         if let Some(remote) = remote {
-            let ip = remote.ip().to_string();
+            let mut ip = String::with_capacity(39);
+            crate::access::push_ip(&mut ip, remote.ip());
             let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
                 Some(prev) => format!("{prev}, {ip}"),
                 None => ip,
@@ -246,23 +247,29 @@ pub(crate) fn own_request_headers(
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`, except
 /// the end-to-end headers the gateway acts on ([`ACTED_ON`]).
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    // Usually there is nothing to strip: one pass over the names instead of a hashed
-    // lookup per hop-by-hop name.
-    if !h.keys().any(is_hop_by_hop) {
-        return;
+    // One pass over the names instead of a hashed lookup per hop-by-hop name: usually
+    // there is nothing to strip, or only the upstream's `transfer-encoding`.
+    let mut present = [false; 9];
+    for name in h.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|n| n == name) {
+            present[i] = true;
+        }
     }
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .filter(|n| !ACTED_ON.contains(n))
-        .collect();
-    for n in named {
-        h.remove(n);
+    if present[0] {
+        // The names `Connection` lists are hop-by-hop too.
+        let named: Vec<HeaderName> = h
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .filter(|n| !ACTED_ON.contains(n))
+            .collect();
+        for n in named {
+            h.remove(n);
+        }
     }
-    for n in HOP_BY_HOP {
+    for (n, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         h.remove(n);
     }
 }
@@ -278,10 +285,6 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
-
-fn is_hop_by_hop(n: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(n)
-}
 
 /// Whether a response is an uncompressed SSE stream.
 pub fn is_sse(h: &HeaderMap) -> bool {
@@ -422,6 +425,16 @@ mod tests {
         assert_eq!(left.len(), 2, "{left:?}");
         assert!(h.contains_key(header::AUTHORIZATION));
         assert!(h.contains_key("mcp-session-id"));
+        // Each one alone, repeated, beside an end-to-end header.
+        for name in HOP_BY_HOP {
+            let mut h = HeaderMap::new();
+            h.append(&name, HeaderValue::from_static("a"));
+            h.append(&name, HeaderValue::from_static("b"));
+            h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.len(), 1, "{name}: {h:?}");
+            assert!(h.contains_key(header::ACCEPT), "{name}");
+        }
     }
 
     #[test]
