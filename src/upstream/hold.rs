@@ -83,7 +83,9 @@ async fn run(
                 return;
             }
         }
-        let Some(stream) = open(&registry, &session, &source).await else {
+        // Boxed: opening (connect, request, head) is the largest state of this loop, and
+        // inline it would size the task for as long as the stream is held.
+        let Some(stream) = Box::pin(open(&registry, &session, &source)).await else {
             return;
         };
         let (Some(registry), Some(session)) = (registry.upgrade(), session.upgrade()) else {

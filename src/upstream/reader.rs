@@ -333,7 +333,8 @@ pub(crate) async fn read_stream(
                 .clamp(MIN_UPSTREAM_RETRY, MAX_UPSTREAM_RETRY);
             tokio::time::sleep(wait).await;
             tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, "resuming the upstream stream");
-            match source.resume(&last_id).await {
+            // Boxed: a reconnect's state would otherwise size every reader's task.
+            match Box::pin(source.resume(&last_id)).await {
                 Some(b) => {
                     body = b;
                     continue 'outer;
