@@ -217,7 +217,7 @@ impl Upstream {
 /// session only one of them knows, a principal computed from a header the upstream never
 /// gets, an era split between them). A custom `--principal-header` is set by the hop in
 /// front, which also owns the `Connection` header the gateway receives.
-const ACTED_ON: [HeaderName; 5] = [
+static ACTED_ON: [HeaderName; 5] = [
     header::HOST,
     header::AUTHORIZATION,
     HeaderName::from_static("mcp-session-id"),
@@ -274,7 +274,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-const HOP_BY_HOP: [HeaderName; 9] = [
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -426,10 +426,10 @@ mod tests {
         assert!(h.contains_key(header::AUTHORIZATION));
         assert!(h.contains_key("mcp-session-id"));
         // Each one alone, repeated, beside an end-to-end header.
-        for name in HOP_BY_HOP {
+        for name in &HOP_BY_HOP {
             let mut h = HeaderMap::new();
-            h.append(&name, HeaderValue::from_static("a"));
-            h.append(&name, HeaderValue::from_static("b"));
+            h.append(name, HeaderValue::from_static("a"));
+            h.append(name, HeaderValue::from_static("b"));
             h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
             strip_hop_by_hop(&mut h);
             assert_eq!(h.len(), 1, "{name}: {h:?}");
