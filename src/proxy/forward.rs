@@ -122,6 +122,7 @@ impl Gateway {
         self.hold_once_initialized(initialized, &session, &source)
             .await;
         let ok = resp.status() == StatusCode::OK;
+        let early = resp.body().has_early();
         let tagged = if ok
             && is_sse(resp.headers())
             && matches!(inb.parts.method, Method::POST | Method::GET)
@@ -138,6 +139,12 @@ impl Gateway {
             }
             return Ok(out);
         };
+        if early {
+            // The answer's first bytes came with its head: one turn for the stream's reader
+            // (just spawned, it runs next) to take them before hyper writes the head, so the
+            // head, those events and often the end go out in one write instead of two.
+            tokio::task::yield_now().await;
+        }
         Ok(tagged)
     }
 

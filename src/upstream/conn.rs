@@ -262,6 +262,11 @@ async fn connect_and_write(
 }
 
 impl OwnBody {
+    /// Whether body bytes came in with the head (the reader has data before any read).
+    pub(crate) fn has_early(&self) -> bool {
+        !self.early.is_empty()
+    }
+
     /// The body has ended: its connection goes back to the pool when it may, else closes.
     fn finish(&mut self) {
         let io = self.io.take();

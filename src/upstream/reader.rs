@@ -53,28 +53,13 @@ pub(crate) fn spawn_reader(
     source: Source,
 ) {
     let s = session.clone();
-    run_or_spawn(&s, stream, async move {
+    let reader = tokio::spawn(async move {
         read_stream(&registry, &session, stream, body, &source).await;
         if source.upstream.cfg.hold_standalone {
             hold::after_client_stream(&registry, &session, stream, source);
         }
     });
-}
-
-/// Runs a stream's `reader` here as far as it goes without waiting, and spawns the rest as
-/// the stream's task (which the session aborts when it closes). An answer that came whole
-/// with its head (a short tool call, a JSON answer) is read, delivered and ended now, before
-/// the client's response head is written: no task, no wake-up, and the head, the events and
-/// the end go out in one write. A reader that has to wait was polled with a waker that does
-/// nothing, so its task polls it again first thing (tokio's resources keep the latest waker).
-fn run_or_spawn(session: &Session, stream: u32, reader: impl Future<Output = ()> + Send + 'static) {
-    let mut reader = Box::pin(reader);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    if reader.as_mut().poll(&mut cx).is_ready() {
-        return;
-    }
-    let task = tokio::spawn(reader);
-    session.set_reader(stream, task.abort_handle());
+    s.set_reader(stream, reader.abort_handle());
 }
 
 /// Waits for the upstream's `answer` to a POST whose client already has the gateway's SSE
@@ -91,7 +76,7 @@ pub(crate) fn spawn_answer_reader(
     evict_on_404: bool,
 ) {
     let s = session.clone();
-    run_or_spawn(&s, stream, async move {
+    let reader = tokio::spawn(async move {
         let metrics = registry.metrics().clone();
         let resp = match answer.await {
             Ok(r) => r,
@@ -166,6 +151,7 @@ pub(crate) fn spawn_answer_reader(
             registry.remove(session.id(), Eviction::Upstream404);
         }
     });
+    s.set_reader(stream, reader.abort_handle());
 }
 
 /// The events of an upstream's JSON answer: the message, or each message of a batch, as a
