@@ -248,6 +248,23 @@ mod tests {
         }
     }
 
+    /// A log of `limit` bytes on a stdout that blocks: "first" is appended and its write has
+    /// begun when this returns; sending on the last value lets that write finish.
+    fn blocked_after_first_line(limit: usize) -> (Out, LogWriter, Flush, mpsc::Sender<()>) {
+        let out = Out::default();
+        let (release, r) = mpsc::channel();
+        let (started, s) = mpsc::channel();
+        let blocked = Blocked {
+            out: out.clone(),
+            release: Some(r),
+            started: Some(started),
+        };
+        let (w, flush) = spawn_with(blocked, limit, Duration::from_millis(1)).unwrap();
+        w.append(b"first\n");
+        s.recv().unwrap();
+        (out, w, flush, release)
+    }
+
     #[test]
     fn every_line_goes_out_in_order_and_drop_flushes_the_rest() {
         let out = Out::default();
@@ -279,17 +296,7 @@ mod tests {
 
     #[test]
     fn lines_appended_while_stdout_is_busy_go_out_in_one_write() {
-        let out = Out::default();
-        let (release, r) = mpsc::channel();
-        let (started, s) = mpsc::channel();
-        let blocked = Blocked {
-            out: out.clone(),
-            release: Some(r),
-            started: Some(started),
-        };
-        let (w, flush) = spawn_with(blocked, LIMIT, Duration::from_millis(1)).unwrap();
-        w.append(b"first\n");
-        s.recv().unwrap();
+        let (out, w, flush, release) = blocked_after_first_line(LIMIT);
         for i in 0..500 {
             w.append(format!("line {i}\n").as_bytes());
         }
@@ -301,17 +308,7 @@ mod tests {
 
     #[test]
     fn a_full_log_drops_whole_lines_and_says_how_many() {
-        let out = Out::default();
-        let (release, r) = mpsc::channel();
-        let (started, s) = mpsc::channel();
-        let blocked = Blocked {
-            out: out.clone(),
-            release: Some(r),
-            started: Some(started),
-        };
-        let (w, flush) = spawn_with(blocked, 106, Duration::from_millis(1)).unwrap();
-        w.append(b"first\n");
-        s.recv().unwrap();
+        let (out, w, flush, release) = blocked_after_first_line(106);
         // 10 lines of 10 bytes fit beside the 6 being written; the next 5 do not.
         for i in 0..15 {
             w.append(format!("line {i:04}\n").as_bytes());
