@@ -304,6 +304,48 @@ async fn a_json_answer_becomes_a_tagged_stream_with_an_id_first() {
     );
 }
 
+/// A JSON answer whose body comes after its head (chunked, or its `Content-Length` bytes
+/// later) is read into the stream when it comes, as one that came whole with its head is.
+#[tokio::test]
+async fn a_json_answer_whose_body_follows_its_head_becomes_the_streams_events() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.upgrade_grace = Duration::from_secs(10);
+    })
+    .await;
+    init_session(&gw, &mut mock, SID).await;
+    for (id, framed) in [(1, false), (2, true)] {
+        let pending = tokio::spawn(send(gw.addr, post(&call(id), Some(SID))));
+        let body = result(id);
+        let len = body.len().to_string();
+        let headers: &[(&str, &str)] = if framed {
+            &[("content-length", &len)]
+        } else {
+            &[]
+        };
+        let writer = mock
+            .next()
+            .await
+            .respond_streamed("application/json", headers);
+        let resp = pending.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        let (first, rest) = body.split_at(body.len() / 2);
+        writer.send(first.to_owned()).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        writer.send(rest.to_owned()).await;
+        drop(writer);
+        let events = SseReader::new(resp).rest().await;
+        assert!(events.iter().all(|e| e.id.is_some()), "{events:?}");
+        assert_eq!(messages(&events), vec![result(id)], "framed: {framed}");
+    }
+    assert_eq!(
+        gw.metric("mcp_reattach_json_upgrades_total{answer=\"json\"}"),
+        Some(3.0)
+    );
+}
+
 #[tokio::test]
 async fn a_slow_json_answer_is_resumed_across_a_cut_and_retransmissions_are_not_forwarded() {
     let (mut mock, gw) = upgrading().await;

@@ -16,7 +16,7 @@
 //! Shared by the fuzz target (`fuzz/fuzz_targets/h1_response.rs`) and the corpus replay
 //! (`tests/fuzz_corpora.rs`).
 
-use mcp_reattach::h1::{parse_head, BodyDecoder, Framing, H1Error};
+use mcp_reattach::h1::{parse_head, take_head, BodyDecoder, Framing, H1Error};
 
 /// What reading a response gave: its head (status, framing, header count, length), its body
 /// data, whether the body ended, how many bytes followed its end, the first error.
@@ -27,6 +27,26 @@ struct Read {
     done: bool,
     after: usize,
     error: Option<H1Error>,
+}
+
+/// Property: `take_head` on a read buffer holding `wire` gives what `parse_head` gives, and
+/// leaves exactly the bytes after the head in the buffer. Returns `parse_head`'s result.
+fn agreed_head(wire: &[u8]) -> Result<Option<(mcp_reattach::h1::Head, usize)>, H1Error> {
+    let parsed = parse_head(wire);
+    let mut buf = bytes::BytesMut::from(wire);
+    match (&parsed, take_head(&mut buf)) {
+        (Ok(Some((p, len))), Ok(Some(t))) => {
+            assert_eq!(
+                (p.status, p.framing, p.keep_alive, &p.headers),
+                (t.status, t.framing, t.keep_alive, &t.headers)
+            );
+            assert_eq!(&wire[*len..], &buf[..]);
+        }
+        (Ok(None), Ok(None)) => {}
+        (Err(a), Err(b)) => assert_eq!(a, &b),
+        (p, t) => panic!("parse_head gave {p:?} but take_head {t:?}"),
+    }
+    parsed
 }
 
 /// Reads `wire` cut at `points` (sorted, in range).
@@ -45,7 +65,7 @@ fn read(wire: &[u8], points: &[usize]) -> Read {
         prev = p;
         let piece = match &mut decoder {
             Some(_) => &wire[from..to],
-            None => match parse_head(&wire[..to]) {
+            None => match agreed_head(&wire[..to]) {
                 Err(e) => {
                     r.error = Some(e);
                     return r;

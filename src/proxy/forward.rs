@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use super::inbound::Inbound;
 use super::respond::{minted_header, pass_through};
+use super::upgrade::Feed;
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
@@ -40,6 +41,22 @@ pub(super) struct Ready {
     pub _forwarding: Option<Forwarding>,
     /// Kept to reopen the stream upstream (an upstream resume, the held standalone stream).
     pub source: Source,
+}
+
+/// Whether the upstream's answer with `status` to `inb` ends `session` at the gateway: its 404
+/// for the session, or a successful `DELETE` (if the request was the session's own:
+/// [`Gateway::evict_on_answer`]). A minted session's upstream never knew it: its answers
+/// cannot end it.
+fn eviction(inb: &Inbound, session: &Session, status: StatusCode) -> Option<Eviction> {
+    if session.minted() {
+        None
+    } else if status == StatusCode::NOT_FOUND {
+        Some(Eviction::Upstream404)
+    } else if inb.parts.method == Method::DELETE && status.is_success() {
+        Some(Eviction::Delete)
+    } else {
+        None
+    }
 }
 
 /// What [`Gateway::ready`] made of a request. Built once per request and taken apart at
@@ -105,8 +122,13 @@ impl Gateway {
         reservation: Option<Reservation>,
         reattach: Option<Reattach>,
     ) -> Result<Response<ResBody>, Refusal> {
-        if let Some(s) = &session {
-            self.evict_on_answer(&mut inb, s, resp.status()).await;
+        if let Some((s, why)) = session
+            .as_ref()
+            .and_then(|s| Some((s, eviction(&inb, s, resp.status())?)))
+        {
+            // Rare, and its future (an upstream exchange when auth asks the upstream) is
+            // large: boxed, so every answer's future is not as large as this one's.
+            Box::pin(self.evict_on_answer(&mut inb, s, why)).await;
         }
         let Some(session) = self.answered_session(&inb, &mut resp, session, reservation) else {
             return Ok(pass_through(resp));
@@ -122,16 +144,29 @@ impl Gateway {
         self.hold_once_initialized(initialized, &session, &source)
             .await;
         let ok = resp.status() == StatusCode::OK;
-        let early = resp.body().has_early();
+        let mut early = resp.body().has_early();
         let tagged = if ok
             && is_sse(resp.headers())
             && matches!(inb.parts.method, Method::POST | Method::GET)
         {
             self.tag(inb, session, resp, source, reattach)
         } else if ok && inb.upgrade && is_json(resp.headers()) {
-            let headers = resp.headers().clone();
-            let answer: Answer = Box::pin(std::future::ready(Ok(resp)));
-            self.commit(inb, session, Some(headers), answer, source)
+            let (parts, mut body) = resp.into_parts();
+            let feed = match body.take_whole() {
+                // Its events are in the stream before its head is written: nothing to wait for.
+                Some(whole) => {
+                    early = false;
+                    Feed::Whole(whole)
+                }
+                None => {
+                    let answer: Answer = Box::pin(std::future::ready(Ok(Response::from_parts(
+                        parts.clone(),
+                        body,
+                    ))));
+                    Feed::Answer(answer)
+                }
+            };
+            self.commit(inb, session, Some(parts.headers), feed, source)
         } else {
             let mut out = pass_through(resp);
             if session.minted() {
@@ -223,7 +258,8 @@ impl Gateway {
         if self.cfg.resume_auth == ResumeAuth::Upstream
             && inb.principal != owner
             && s.carries_any(owner, &inb.info.request_ids)
-            && self.authorized(inb, s).await
+            // Boxed: an upstream exchange, as large as one; every POST's future would be.
+            && Box::pin(self.authorized(inb, s)).await
         {
             return Claim::Retransmission;
         }
@@ -311,22 +347,11 @@ impl Gateway {
         )
     }
 
-    /// The upstream's 404 for a session ends it at the gateway too, and so does a
-    /// successful `DELETE`: when the request was the session's own (its endpoint, which
-    /// `session` is only when named there, and a caller that may attach to it, per
-    /// `--resume-auth`). Anyone else's 404 or DELETE is the upstream's answer to them.
-    async fn evict_on_answer(&self, inb: &mut Inbound, session: &Session, status: StatusCode) {
-        if session.minted() {
-            // The upstream never knew this session: its answers cannot end it.
-            return;
-        }
-        let why = if status == StatusCode::NOT_FOUND {
-            Eviction::Upstream404
-        } else if inb.parts.method == Method::DELETE && status.is_success() {
-            Eviction::Delete
-        } else {
-            return;
-        };
+    /// Ends `session` for its upstream's answer (`why`) when the request was the session's
+    /// own: its endpoint, which `session` is only when named there, and a caller that may
+    /// attach to it, per `--resume-auth`. Anyone else's 404 or DELETE is the upstream's answer
+    /// to them.
+    async fn evict_on_answer(&self, inb: &mut Inbound, session: &Session, why: Eviction) {
         if self.authorized(inb, session).await {
             self.registry.remove(session.id(), why);
         } else {

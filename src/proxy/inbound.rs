@@ -151,12 +151,24 @@ impl Inbound {
 /// Whether the client's `Accept` lists `text/event-stream` (every legacy client's POST does).
 fn accepts_sse(headers: &http::HeaderMap) -> bool {
     headers.get_all(header::ACCEPT).iter().any(|v| {
-        v.as_bytes().split(|b| *b == b',').any(|range| {
-            let media = range.split(|b| *b == b';').next().unwrap_or_default();
-            media
+        // Each range up to its `,`, its media type up to its `;` (found with memchr: a
+        // byte-wise split cost ~600 instructions for the SDKs' two-range header).
+        let mut rest = v.as_bytes();
+        loop {
+            let end = memchr::memchr(b',', rest).unwrap_or(rest.len());
+            let range = &rest[..end];
+            let media = &range[..memchr::memchr(b';', range).unwrap_or(range.len())];
+            if media
                 .trim_ascii()
                 .eq_ignore_ascii_case(b"text/event-stream")
-        })
+            {
+                return true;
+            }
+            match rest.get(end + 1..) {
+                Some(next) => rest = next,
+                None => return false,
+            }
+        }
     })
 }
 
@@ -381,6 +393,11 @@ mod tests {
         assert!(h(&["application/json", "Text/Event-Stream;q=0.5"]));
         assert!(!h(&["application/json"]));
         assert!(!h(&["text/event-streams"]));
+        assert!(h(&["application/json,text/event-stream"]));
+        assert!(h(&[" text/event-stream ; q=1 , application/json"]));
+        assert!(!h(&["application/json,"]));
+        assert!(!h(&[","]));
+        assert!(!h(&[""]));
         assert!(!h(&[]));
     }
 

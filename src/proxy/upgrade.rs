@@ -23,7 +23,15 @@ use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
 use crate::session::{OpenStream, Session, StreamKind};
-use crate::upstream::{spawn_answer_reader, Answer, Source};
+use crate::upstream::{feed_whole_json, spawn_answer_reader, Answer, Source};
+
+/// What becomes of an upgraded POST's stream ([`Gateway::commit`]).
+pub(super) enum Feed {
+    /// The upstream's JSON answer, whole: its events go into the stream at once.
+    Whole(bytes::Bytes),
+    /// The upstream's answer, when it comes: read into the stream by a task of its own.
+    Answer(Answer),
+}
 
 impl Gateway {
     /// [`Route::Upgrade`](super::inbound::Route::Upgrade).
@@ -58,21 +66,22 @@ impl Gateway {
             Err(_) => {
                 let answer: Answer =
                     Box::pin(async move { answer.await.map_err(|e| e.to_string()) });
-                Ok(self.commit(inb, s, None, answer, source))
+                Ok(self.commit(inb, s, None, Feed::Answer(answer), source))
             }
         }
     }
 
     /// Answers `inb` with a new tagged stream of `session` now, and feeds the upstream's
-    /// `answer` into it when it comes. `upstream_headers`: the answer's headers, when it is
-    /// already here (its events then follow at once, each with an id, so the stream needs no
-    /// opening event of its own beyond priming).
+    /// answer into it: a JSON body already whole at once, else when it comes.
+    /// `upstream_headers`: the answer's headers, when it is already here (its events then
+    /// follow at once, each with an id, so the stream needs no opening event of its own
+    /// beyond priming).
     pub(super) fn commit(
         &self,
         inb: Inbound,
         session: Arc<Session>,
         upstream_headers: Option<HeaderMap>,
-        answer: Answer,
+        feed: Feed,
         source: Source,
     ) -> Response<ResBody> {
         let version = inb
@@ -99,14 +108,23 @@ impl Gateway {
             && inb.authorized.unwrap_or_else(|| {
                 self.cfg.resume_auth == ResumeAuth::None || session.principal() == inb.principal
             });
-        spawn_answer_reader(
-            self.registry.clone(),
-            session.clone(),
-            attachment.stream,
-            answer,
-            source,
-            own,
-        );
+        match feed {
+            Feed::Whole(body) => feed_whole_json(
+                &self.registry,
+                &session,
+                attachment.stream,
+                &body,
+                self.cfg.max_event_bytes,
+            ),
+            Feed::Answer(answer) => spawn_answer_reader(
+                self.registry.clone(),
+                session.clone(),
+                attachment.stream,
+                answer,
+                source,
+                own,
+            ),
+        }
         let s = session.clone();
         let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         self.sse_response(StatusCode::OK, upstream_headers, s.id(), body)

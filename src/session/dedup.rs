@@ -14,6 +14,31 @@ use std::hash::BuildHasher;
 use super::stream::{Stream, Streams};
 use super::Principal;
 
+/// A map keyed by a keyed 64-bit hash of a request id: the key is already SipHash under the
+/// map's own random key, so the map uses it as its hash instead of hashing it a second time.
+type ByHash<V> = HashMap<u64, V, std::hash::BuildHasherDefault<KeyIsHash>>;
+
+/// The [`ByHash`] maps' hasher: a `u64` key is its own hash.
+#[derive(Default)]
+struct KeyIsHash(u64);
+
+impl std::hash::Hasher for KeyIsHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys reach here (`write_u64`); any other input still hashes.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no answer
 /// yet): a retransmission of one waits for it instead of being forwarded again.
 #[derive(Debug, Default)]
@@ -70,7 +95,7 @@ pub(super) const MAX_RETIRED_IDS: usize = 4096;
 /// with the principal that sent it.
 #[derive(Debug, Default)]
 pub(super) struct Retired {
-    hashes: HashMap<u64, Principal>,
+    hashes: ByHash<Principal>,
     key: std::collections::hash_map::RandomState,
 }
 
@@ -127,7 +152,7 @@ pub(super) struct Carrier<'a> {
 /// is added when it is opened with requests and removed when it is forgotten.
 #[derive(Debug, Default)]
 pub(super) struct Carried {
-    streams: HashMap<u64, Vec<u32>>,
+    streams: ByHash<Vec<u32>>,
     key: std::collections::hash_map::RandomState,
 }
 

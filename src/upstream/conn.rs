@@ -112,7 +112,7 @@ pub struct OwnBody {
     io: Option<Box<Conn>>,
     decoder: BodyDecoder,
     /// Body bytes that came in with the head, fed before the next read.
-    early: Vec<u8>,
+    early: bytes::BytesMut,
     /// Where the connection goes when the body ends cleanly; `None`: it is closed.
     reuse: Option<Arc<Pool>>,
 }
@@ -199,10 +199,11 @@ pub(crate) async fn send(
         },
         None => connect_and_write(up, parts.uri, &head, &body, together).await?,
     };
-    let mut buf = Vec::with_capacity(4096);
+    let mut buf = bytes::BytesMut::with_capacity(4096);
     loop {
-        if let Some((head, len)) = h1::parse_head(&buf)? {
-            let early = buf.split_off(len);
+        if let Some(head) = h1::take_head(&mut buf)? {
+            // What followed the head: the body's first bytes.
+            let early = buf;
             // A response to HEAD has no body, whatever its framing headers say.
             let framing = if parts.method == Method::HEAD {
                 h1::Framing::Length(0)
@@ -265,6 +266,29 @@ impl OwnBody {
     /// Whether body bytes came in with the head (the reader has data before any read).
     pub(crate) fn has_early(&self) -> bool {
         !self.early.is_empty()
+    }
+
+    /// The whole body, when its `Content-Length` bytes all came with the head (a short JSON
+    /// answer usually does): the connection is done with at once (pooled or closed). `None`,
+    /// and nothing taken, otherwise.
+    pub(crate) fn take_whole(&mut self) -> Option<Bytes> {
+        // Known only for a `Content-Length` (or an ended body): a chunked one is not taken.
+        let n = usize::try_from(self.decoder.remaining()?).ok()?;
+        if self.early.len() < n {
+            return None;
+        }
+        let early = std::mem::take(&mut self.early);
+        let mut out = Vec::with_capacity(n);
+        if self
+            .decode(&early, &mut |s| out.extend_from_slice(s))
+            .is_err()
+        {
+            self.io = None;
+            return None;
+        }
+        debug_assert!(self.decoder.is_done());
+        self.finish();
+        Some(Bytes::from(out))
     }
 
     /// The body has ended: its connection goes back to the pool when it may, else closes.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::conn::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
-use crate::metrics::{UpgradeAnswer, UpstreamErrorKind};
+use crate::metrics::{Metrics, UpgradeAnswer, UpstreamErrorKind};
 use crate::session::{hash_id, End, Eviction, Registry, Session, UpstreamFailure};
 use crate::sse::{Decoder, Event};
 
@@ -98,25 +98,24 @@ pub(crate) fn spawn_answer_reader(
         if status == StatusCode::OK && is_json(headers) {
             metrics.json_upgrade(UpgradeAnswer::Json);
             let limit = source.upstream.cfg.max_event_bytes;
-            let end = match Limited::new(resp.into_body(), limit).collect().await {
-                Ok(body) => match json_events(&body.to_bytes()) {
+            let body = Limited::new(resp.into_body(), limit)
+                .collect()
+                .await
+                .map(|b| b.to_bytes());
+            let end = match body {
+                Ok(body) => match json_answer(&metrics, &body, limit) {
                     Ok(mut events) => {
                         deliver(&registry, &session, stream, &mut events).await;
                         End::Complete
                     }
-                    Err(why) => {
-                        metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
-                        End::Failed(UpstreamFailure::InvalidStream(why))
-                    }
+                    Err(end) => end,
                 },
                 Err(e)
                     if e.downcast_ref::<http_body_util::LengthLimitError>()
                         .is_some() =>
                 {
                     metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
-                    End::Failed(UpstreamFailure::InvalidStream(format!(
-                        "the upstream's JSON answer is larger than {limit} bytes (--max-event-bytes)"
-                    )))
+                    End::Failed(too_large(limit))
                 }
                 Err(e) => {
                     metrics.upstream_error(UpstreamErrorKind::Stream);
@@ -152,6 +151,56 @@ pub(crate) fn spawn_answer_reader(
         }
     });
     s.set_reader(stream, reader.abort_handle());
+}
+
+/// An upgraded POST's JSON answer that came whole with its head (`body`), fed into `stream`
+/// here and now: its events, then its end, without a task (a short answer's usual case).
+/// Only when the window has no room for them at once does a task deliver the rest.
+pub(crate) fn feed_whole_json(
+    registry: &Arc<Registry>,
+    session: &Arc<Session>,
+    stream: u32,
+    body: &[u8],
+    limit: usize,
+) {
+    let metrics = registry.metrics();
+    metrics.json_upgrade(UpgradeAnswer::Json);
+    let mut events = match json_answer(metrics, body, limit) {
+        Ok(events) => events,
+        Err(end) => return session.end_stream(stream, end),
+    };
+    if session.push_events(stream, &mut events, None) {
+        if registry.over_budget() {
+            registry.enforce_budget(session);
+        }
+        session.end_stream(stream, End::Complete);
+        return;
+    }
+    let (registry, s) = (registry.clone(), session.clone());
+    let task = tokio::spawn(async move {
+        deliver(&registry, &s, stream, &mut events).await;
+        s.end_stream(stream, End::Complete);
+    });
+    session.set_reader(stream, task.abort_handle());
+}
+
+/// The events of an upgraded POST's JSON answer `body`, or how its stream ends when the answer
+/// cannot be its events (larger than `limit`, `--max-event-bytes`; not JSON-RPC).
+fn json_answer(metrics: &Metrics, body: &[u8], limit: usize) -> Result<Vec<Event>, End> {
+    if body.len() > limit {
+        metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
+        return Err(End::Failed(too_large(limit)));
+    }
+    json_events(body).map_err(|why| {
+        metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
+        End::Failed(UpstreamFailure::InvalidStream(why))
+    })
+}
+
+fn too_large(limit: usize) -> UpstreamFailure {
+    UpstreamFailure::InvalidStream(format!(
+        "the upstream's JSON answer is larger than {limit} bytes (--max-event-bytes)"
+    ))
 }
 
 /// The events of an upstream's JSON answer: the message, or each message of a batch, as a

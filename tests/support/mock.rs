@@ -81,16 +81,25 @@ impl Seen {
     /// Answers with a `text/event-stream` 200 carrying `session` (if any); the test writes the
     /// body through the returned writer, and dropping the writer ends the response.
     pub fn respond_sse(self, session: Option<&str>) -> SseWriter {
+        let mut headers = vec![("cache-control", "no-cache")];
+        headers.extend(session.map(|s| ("mcp-session-id", s)));
+        self.respond_streamed("text/event-stream", &headers)
+    }
+
+    /// Answers 200 with `content_type` and `headers` at once; the test writes the body
+    /// through the returned writer (chunked, unless `headers` give a `content-length`), and
+    /// dropping the writer ends the response.
+    pub fn respond_streamed(self, content_type: &str, headers: &[(&str, &str)]) -> SseWriter {
         let (tx, rx) = mpsc::channel(1024);
         let body = ChannelBody { rx };
         let mut resp = Response::new(body.boxed());
         resp.headers_mut()
-            .insert("content-type", "text/event-stream".parse().unwrap());
-        resp.headers_mut()
-            .insert("cache-control", "no-cache".parse().unwrap());
-        if let Some(s) = session {
-            resp.headers_mut()
-                .insert("mcp-session-id", s.parse().unwrap());
+            .insert("content-type", content_type.parse().unwrap());
+        for (name, value) in headers {
+            resp.headers_mut().append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
         }
         let _ = self.respond.send(resp);
         SseWriter { tx }
