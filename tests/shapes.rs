@@ -346,6 +346,32 @@ async fn a_json_answer_whose_body_follows_its_head_becomes_the_streams_events() 
     );
 }
 
+/// A JSON answer that came whole but whose events do not all fit the session's window before
+/// its client reads: the rest follow as the client reads them (flow control), none lost.
+#[tokio::test]
+async fn a_whole_json_answer_larger_than_the_window_reaches_its_client_whole() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| {
+        c.hold_standalone = false;
+        c.window_events = 2;
+    })
+    .await;
+    init_session(&gw, &mut mock, SID).await;
+    let ids = 10..16;
+    let batch =
+        |f: fn(u64) -> String| format!("[{}]", ids.clone().map(f).collect::<Vec<_>>().join(","));
+    let pending = tokio::spawn(send(gw.addr, post(&batch(call), Some(SID))));
+    mock.next().await.respond_json(batch(result));
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let events = SseReader::new(resp).rest().await;
+    assert_eq!(messages(&events), ids.map(result).collect::<Vec<_>>());
+    assert!(
+        gw.metric("mcp_reattach_upstream_pauses_total") >= Some(1.0),
+        "the answer waited for room"
+    );
+}
+
 #[tokio::test]
 async fn a_slow_json_answer_is_resumed_across_a_cut_and_retransmissions_are_not_forwarded() {
     let (mut mock, gw) = upgrading().await;
