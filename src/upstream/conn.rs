@@ -202,8 +202,14 @@ pub(crate) async fn send(
     let mut buf = bytes::BytesMut::with_capacity(4096);
     loop {
         if let Some(head) = h1::take_head(&mut buf)? {
-            // What followed the head: the body's first bytes.
-            let early = buf;
+            // What followed the head: the body's first bytes. None: nothing is kept, for an
+            // empty `buf` still holds the rest of the read buffer (an idle held stream would
+            // keep 4 KiB for nothing).
+            let early = if buf.is_empty() {
+                bytes::BytesMut::new()
+            } else {
+                buf
+            };
             // A response to HEAD has no body, whatever its framing headers say.
             let framing = if parts.method == Method::HEAD {
                 h1::Framing::Length(0)
@@ -328,7 +334,10 @@ impl OwnBody {
         };
         let early = std::mem::take(&mut self.early);
         let mut taken = early.len();
-        if let Err(e) = self.decode(&early, &mut |s| sink(s, &mut failed)) {
+        let decoded = self.decode(&early, &mut |s| sink(s, &mut failed));
+        // Not kept while the read below waits: it shares the read buffer of the head.
+        drop(early);
+        if let Err(e) = decoded {
             self.io = None;
             return match failed {
                 Some(f) => Err(f),
