@@ -475,3 +475,66 @@ impl Drop for OwnBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// An upstream on a loopback port that answers its first request with `answer` and then
+    /// keeps the connection open.
+    async fn answering(answer: &'static [u8]) -> std::net::SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut tcp, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = tcp.read(&mut buf).await;
+            tcp.write_all(answer).await.unwrap();
+            let _ = tcp.read(&mut buf).await;
+        });
+        addr
+    }
+
+    async fn get(addr: std::net::SocketAddr) -> Response<OwnBody> {
+        let uri: http::Uri = format!("http://{addr}/mcp").parse().unwrap();
+        let up = Upstream::new(Arc::new(crate::Config::new(uri.clone())));
+        let req = up.request(
+            Method::GET,
+            uri,
+            http::HeaderMap::new(),
+            super::super::full_body(Bytes::new()),
+            None,
+        );
+        send(&up, req).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_head_that_came_alone_keeps_no_read_buffer() {
+        let addr = answering(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n").await;
+        let resp = get(addr).await;
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        assert!(!resp.body().has_early());
+        // An idle held stream waits on this body for as long as its session lives.
+        assert_eq!(resp.body().early.capacity(), 0);
+    }
+
+    #[tokio::test]
+    async fn body_bytes_that_came_with_the_head_are_read_first() {
+        let addr = answering(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n").await;
+        let mut resp = get(addr).await;
+        assert!(resp.body().has_early());
+        let mut data = Vec::new();
+        let end = resp
+            .body_mut()
+            .read(1 << 20, |s| {
+                data.extend_from_slice(s);
+                Ok::<_, ()>(())
+            })
+            .await
+            .unwrap();
+        assert!(matches!(end, ReadEnd::More), "{end:?}");
+        assert_eq!(data, b"hello");
+        assert_eq!(resp.body().early.capacity(), 0);
+    }
+}
