@@ -283,18 +283,16 @@ impl OwnBody {
         if self.early.len() < n {
             return None;
         }
-        let early = std::mem::take(&mut self.early);
-        let mut out = Vec::with_capacity(n);
-        if self
-            .decode(&early, &mut |s| out.extend_from_slice(s))
-            .is_err()
-        {
-            self.io = None;
-            return None;
+        let mut early = std::mem::take(&mut self.early);
+        let body = early.split_to(n).freeze();
+        // The decoder counts the same bytes (a length-delimited body cannot fail); bytes
+        // after them mean the connection is not used again.
+        if self.decode(&body, &mut |_| {}).is_err() || !early.is_empty() {
+            self.reuse = None;
         }
         debug_assert!(self.decoder.is_done());
         self.finish();
-        Some(Bytes::from(out))
+        Some(body)
     }
 
     /// The body has ended: its connection goes back to the pool when it may, else closes.
@@ -517,6 +515,30 @@ mod tests {
         assert!(!resp.body().has_early());
         // An idle held stream waits on this body for as long as its session lives.
         assert_eq!(resp.body().early.capacity(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_is_taken_whole_only_when_its_length_came_with_the_head() {
+        let json =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+        let mut resp = get(answering(json).await).await;
+        assert_eq!(resp.body_mut().take_whole().as_deref(), Some(&b"{}"[..]));
+        assert!(resp.body().is_end_stream());
+        assert!(
+            resp.body().io.is_none(),
+            "the connection is pooled or closed"
+        );
+        // Part of it still to come: nothing is taken, the body reads on.
+        let part =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 4\r\n\r\n{}";
+        let mut resp = get(answering(part).await).await;
+        assert_eq!(resp.body_mut().take_whole(), None);
+        assert_eq!(&resp.body().early[..], b"{}");
+        // A chunked body is never taken whole, even when all of it is here.
+        let chunked = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        let mut resp = get(answering(chunked).await).await;
+        assert_eq!(resp.body_mut().take_whole(), None);
+        assert!(resp.body().has_early());
     }
 
     #[tokio::test]
