@@ -122,13 +122,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
 pub fn take_head(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
     loop {
         let Some(end) = head_end(buf) else {
-            return match parse_head(buf)? {
-                Some((head, len)) => {
-                    let _ = buf.split_to(len);
-                    Ok(Some(head))
-                }
-                None => Ok(None),
-            };
+            return take_parsed(buf);
         };
         let bytes = buf.split_to(end).freeze();
         let value = |v: &[u8]| HeaderValue::from_maybe_shared(bytes.slice_ref(v));
@@ -140,16 +134,18 @@ pub fn take_head(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
                 let mut whole = bytes::BytesMut::from(&bytes[..]);
                 whole.extend_from_slice(buf);
                 *buf = whole;
-                return match parse_head(buf)? {
-                    Some((head, len)) => {
-                        let _ = buf.split_to(len);
-                        Ok(Some(head))
-                    }
-                    None => Ok(None),
-                };
+                return take_parsed(buf);
             }
         }
     }
+}
+
+/// [`parse_head`] on `buf`, the head's bytes split off it when complete.
+fn take_parsed(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
+    Ok(parse_head(buf)?.map(|(head, len)| {
+        let _ = buf.split_to(len);
+        head
+    }))
 }
 
 /// Where the first empty line of `buf` ends (`\n\n` or `\n\r\n`): a head's end.

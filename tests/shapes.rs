@@ -333,7 +333,6 @@ async fn a_json_answer_whose_body_follows_its_head_becomes_the_streams_events() 
         assert_eq!(resp.headers()["content-type"], "text/event-stream");
         let (first, rest) = body.split_at(body.len() / 2);
         writer.send(first.to_owned()).await;
-        tokio::time::sleep(Duration::from_millis(30)).await;
         writer.send(rest.to_owned()).await;
         drop(writer);
         let events = SseReader::new(resp).rest().await;
