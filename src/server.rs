@@ -5,12 +5,14 @@
 //! so tests run the real server on `127.0.0.1:0`.
 
 use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -70,7 +72,6 @@ pub async fn serve_gateway(
         let _ = tcp.set_nodelay(true);
         limit_unsent(&tcp);
         let gateway = gateway.clone();
-        let cfg = cfg.clone();
         let watcher = graceful.watcher();
         let metrics = gateway.registry().metrics().clone();
         metrics.connections_accepted.inc();
@@ -78,14 +79,15 @@ pub async fn serve_gateway(
         // One span per connection: every request span (and HTTP/2 stream task) nests in it.
         let span = tracing::debug_span!("connection", %remote);
         let task = async move {
-            let _slot = slot;
+            // Held until the connection ends (by reference: moved, it would be here twice).
+            let _slot = &slot;
+            let cfg = gateway.config();
             // TLS first when configured; the handshake counts against --header-read-timeout.
-            let (io, client_subject, version) = match &gateway.config().tls {
+            let (io, client_subject, version) = match &cfg.tls {
                 None => {
                     // Which HTTP the connection speaks, from its first bytes, peeked (see
                     // `sniff`); within --header-read-timeout like the head itself.
-                    let timeout = gateway.config().header_read_timeout;
-                    match tokio::time::timeout(timeout, sniff(&tcp)).await {
+                    match tokio::time::timeout(cfg.header_read_timeout, sniff(&tcp)).await {
                         Ok(Some(v)) => (crate::tls::Stream::Plain(tcp), None, Some(v)),
                         Ok(None) => {
                             metrics.connection_error(ConnectionErrorKind::ClientGone);
@@ -101,12 +103,17 @@ pub async fn serve_gateway(
                     }
                 }
                 Some(tls) => {
-                    let timeout = gateway.config().header_read_timeout;
                     // Boxed: the handshake's state is ~8 KB, and inline it would size every
                     // connection's task (plain ones too) for as long as the connection lives.
-                    match Box::pin(crate::tls::accept(tls, tcp, timeout)).await {
-                        // The version is read from the stream (hyper-util's sniff).
-                        Ok((io, subject)) => (io, subject, None),
+                    match Box::pin(crate::tls::accept(tls, tcp, cfg.header_read_timeout)).await {
+                        // ALPN's choice; without one, hyper-util reads it from the stream.
+                        Ok((io, subject)) => {
+                            let version = io.alpn_protocol().map(|p| match p {
+                                b"h2" => Version::H2,
+                                _ => Version::H1,
+                            });
+                            (io, subject, version)
+                        }
                         Err(e) => {
                             metrics.connection_error(e.kind());
                             tracing::debug!(%remote, error = ?e, "TLS connection not established");
@@ -121,11 +128,6 @@ pub async fn serve_gateway(
                 pending: Arc::default(),
                 metrics: metrics.clone(),
             };
-            let builder = match version {
-                Some(Version::H1) => connection_builder(&cfg, exec.clone()).http1_only(),
-                Some(Version::H2) => connection_builder(&cfg, exec.clone()).http2_only(),
-                None => connection_builder(&cfg, exec.clone()),
-            };
             let conn_kill = kill.clone();
             // What the connection has in flight: until a first request head arrives, it has
             // --header-read-timeout (on every protocol: hyper's own header timer covers
@@ -133,17 +135,19 @@ pub async fn serve_gateway(
             // after that, --idle-timeout whenever nothing is in flight.
             let activity = Arc::new(Activity::default());
             let seen = activity.clone();
+            let svc_exec = exec.clone();
+            let svc_gateway = gateway.clone();
             let svc = service_fn(move |req: Request<Incoming>| {
                 let in_flight = seen.begin();
                 // HTTP/1.1 has one stream per connection: a stall closes the connection. On
                 // HTTP/2 a stall ends only its own stream (the stream's task is dropped, h2
                 // resets it); the other streams on the connection keep flowing.
                 let kill = if req.version() == http::Version::HTTP_2 {
-                    exec.next_stream()
+                    svc_exec.next_stream()
                 } else {
                     conn_kill.clone()
                 };
-                let handled = gateway.clone().handle(
+                let handled = svc_gateway.clone().handle(
                     req,
                     Conn {
                         remote,
@@ -161,31 +165,41 @@ pub async fn serve_gateway(
                     }))
                 })
             });
-            // Watched: the drain tells it to finish gracefully and waits for it.
-            let serving = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
-            tokio::select! {
-                res = serving => {
-                    if let Err(e) = res {
-                        metrics.connection_error(classify(&*e));
-                        tracing::debug!(error = %e, "client connection ended with an error");
-                    }
+            let io = TokioIo::new(io);
+            let ending = Ending {
+                kill: &kill,
+                activity: &activity,
+                metrics: &metrics,
+                remote: &remote,
+                cfg,
+            };
+            // HTTP/1.1, the common case, inline: hyper's HTTP/1.1 connection is ~750 bytes
+            // where hyper-util's either-protocol one is sized for HTTP/2's (~1.6 KB), for as
+            // long as the connection lives. HTTP/2 and the unknown (TLS without ALPN) boxed.
+            match version {
+                Some(Version::H1) => {
+                    let conn = http1_builder(cfg).serve_connection(io, svc);
+                    ending.serve(pin!(watcher.watch(conn))).await
                 }
-                () = kill.notified() => {
-                    metrics.stalled_closes.inc();
-                    tracing::info!(%remote, "closed a stalled client connection");
+                Some(Version::H2) => {
+                    Box::pin(async move {
+                        let conn = http2_builder(cfg, exec).serve_connection(io, svc);
+                        ending.serve(pin!(watcher.watch(conn))).await
+                    })
+                    .await
                 }
-                first = idle(&activity, cfg.header_read_timeout, cfg.idle_timeout) => {
-                    if first {
-                        metrics.connection_error(ConnectionErrorKind::HeaderTimeout);
-                        tracing::debug!(%remote, "no request within --header-read-timeout: closed");
-                    } else {
-                        tracing::debug!(%remote, "nothing in flight for --idle-timeout: closed");
-                    }
+                None => {
+                    let either = connection_builder(cfg, exec);
+                    Box::pin(async {
+                        let conn = either.serve_connection(io, svc);
+                        ending.serve(pin!(watcher.watch(conn))).await
+                    })
+                    .await
                 }
             }
             metrics.connections.dec();
         };
-        // Boxed: spawning moves a future by value more than once, and this one is ~2 KB.
+        // Boxed: spawning moves a future by value more than once.
         tokio::spawn(Box::pin(task.instrument(span)));
     };
     drop(listener);
@@ -255,6 +269,69 @@ impl<B: hyper::body::Body> hyper::body::Body for Tracked<B> {
     }
 }
 
+/// How a served connection ends besides on its own: killed as stalled, or idle too long.
+/// Held by reference: this is in every connection's task for as long as it lives.
+struct Ending<'a> {
+    kill: &'a Notify,
+    activity: &'a Activity,
+    metrics: &'a crate::metrics::Metrics,
+    remote: &'a std::net::SocketAddr,
+    cfg: &'a Config,
+}
+
+impl<'a> Ending<'a> {
+    /// Runs `serving` (a watched connection) until it ends, the connection's kill switch
+    /// fires, or it idles out. Pinned where it was made: the connection is the largest part of
+    /// its task and is not moved again. (Not an `async fn`: its arguments would be in its
+    /// future twice.)
+    #[allow(clippy::manual_async_fn)] // see above: the layout, not the syntax
+    fn serve<E: ServedError>(
+        self,
+        serving: Pin<&'a mut impl Future<Output = Result<(), E>>>,
+    ) -> impl Future<Output = ()> + 'a {
+        async move {
+            tokio::select! {
+                res = serving => {
+                    if let Err(e) = res {
+                        self.metrics.connection_error(e.kind());
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                }
+                () = self.kill.notified() => {
+                    self.metrics.stalled_closes.inc();
+                    tracing::info!(remote = %self.remote, "closed a stalled client connection");
+                }
+                first = idle(self.activity, self.cfg.header_read_timeout, self.cfg.idle_timeout) => {
+                    if first {
+                        self.metrics.connection_error(ConnectionErrorKind::HeaderTimeout);
+                        tracing::debug!(remote = %self.remote, "no request within --header-read-timeout: closed");
+                    } else {
+                        tracing::debug!(remote = %self.remote, "nothing in flight for --idle-timeout: closed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The error a served connection ended with: hyper's, or hyper-util's boxed one.
+trait ServedError: std::fmt::Display {
+    /// The `connection_errors_total` kind.
+    fn kind(&self) -> ConnectionErrorKind;
+}
+
+impl ServedError for hyper::Error {
+    fn kind(&self) -> ConnectionErrorKind {
+        classify(self)
+    }
+}
+
+impl ServedError for Box<dyn std::error::Error + Send + Sync> {
+    fn kind(&self) -> ConnectionErrorKind {
+        classify(&**self)
+    }
+}
+
 /// Resolves once the connection has had nothing in flight for `idle`, or before its first
 /// request for `first` (then `true`).
 async fn idle(activity: &Activity, first: Duration, idle: Duration) -> bool {
@@ -314,29 +391,57 @@ async fn sniff(tcp: &tokio::net::TcpStream) -> Option<Version> {
     }
 }
 
+/// The HTTP/1.1 settings, on hyper's builder or hyper-util's view of it (the same methods).
+macro_rules! http1_settings {
+    ($builder:expr, $cfg:expr) => {{
+        let cfg: &Config = $cfg;
+        $builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(cfg.header_read_timeout)
+            // hyper panics below its minimum; a Config built in code may hold less.
+            .max_buf_size(
+                cfg.max_header_bytes
+                    .max(crate::config::MIN_HEADER_BYTES as usize),
+            );
+        // Only when it differs from hyper's own default (the same 100): set, hyper fills a
+        // header array of that size on every request head it parses (~1.7 k instructions).
+        if cfg.max_headers != HYPER_MAX_HEADERS {
+            $builder.max_headers(cfg.max_headers);
+        }
+    }};
+}
+
+/// The HTTP/2 settings, on hyper's builder or hyper-util's view of it.
+macro_rules! http2_settings {
+    ($builder:expr, $cfg:expr) => {{
+        let cfg: &Config = $cfg;
+        $builder
+            .timer(TokioTimer::new())
+            // Pings find a peer that went away without a word (its streams then detach).
+            .keep_alive_interval(cfg.keepalive)
+            .keep_alive_timeout(H2_PING_TIMEOUT)
+            .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    }};
+}
+
+fn http1_builder(cfg: &Config) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    http1_settings!(builder, cfg);
+    builder
+}
+
+/// HTTP/2, its streams run on `exec`.
+fn http2_builder(cfg: &Config, exec: StreamExec) -> http2::Builder<StreamExec> {
+    let mut builder = http2::Builder::new(exec);
+    http2_settings!(builder, cfg);
+    builder
+}
+
+/// Either protocol, read from the connection's first bytes (a TLS connection without ALPN).
 fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExec> {
     let mut builder = auto::Builder::new(exec);
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        // hyper panics below its minimum; a Config built in code may hold less than the flag.
-        .max_buf_size(
-            cfg.max_header_bytes
-                .max(crate::config::MIN_HEADER_BYTES as usize),
-        );
-    // Only when it differs from hyper's own default (the same 100): set, hyper fills a
-    // header array of that size on every request head it parses (~1.7 k instructions).
-    if cfg.max_headers != HYPER_MAX_HEADERS {
-        builder.http1().max_headers(cfg.max_headers);
-    }
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        // Pings find a peer that went away without a word (its streams then detach).
-        .keep_alive_interval(cfg.keepalive)
-        .keep_alive_timeout(H2_PING_TIMEOUT)
-        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    http1_settings!(builder.http1(), cfg);
+    http2_settings!(builder.http2(), cfg);
     builder
 }
 

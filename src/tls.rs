@@ -387,6 +387,16 @@ pub enum Stream {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
+impl Stream {
+    /// The protocol the TLS handshake agreed on by ALPN (`h2`, `http/1.1`), if any.
+    pub fn alpn_protocol(&self) -> Option<&[u8]> {
+        match self {
+            Stream::Plain(_) => None,
+            Stream::Tls(s) => s.get_ref().1.alpn_protocol(),
+        }
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,

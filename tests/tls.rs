@@ -761,6 +761,53 @@ async fn alpn_offers_h2_and_h2_requests_are_served() {
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
 }
 
+/// A client that offers no ALPN: the gateway reads which HTTP it speaks from its first bytes
+/// (HTTP/1.1, or HTTP/2 with prior knowledge), as it does on a plaintext port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_alpn_either_http_is_read_from_the_stream() {
+    let dir = scratch("no-alpn");
+    let ca = ca("test CA");
+    let pair = server_leaf(&ca, "server");
+    let cert = write(&dir, "cert.pem", &pair.cert);
+    let key = write(&dir, "key.pem", &pair.key);
+    let mut mock = Mock::start().await;
+    let gw = tls_gateway(mock.addr, &cert, &key, None, |_| {}).await;
+    let client = client_config(&ca.pem, None, &[]);
+
+    // HTTP/1.1.
+    let c = client.clone();
+    let pending = tokio::spawn(async move { tls_send(gw.addr, &c, post(INITIALIZE, None)).await });
+    let seen = mock.next().await;
+    assert_eq!(seen.method, http::Method::POST);
+    seen.respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_11);
+
+    // HTTP/2 with prior knowledge.
+    let tls = tls_connect(gw.addr, &client).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("https://localhost/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(Full::new(Bytes::from_static(INITIALIZE.as_bytes())))
+        .unwrap();
+    let pending = tokio::spawn(sender.send_request(req));
+    mock.next()
+        .await
+        .respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
+    let resp = pending.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // HTTPS upstream
 // ---------------------------------------------------------------------------------------------

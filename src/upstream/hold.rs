@@ -70,32 +70,36 @@ fn spawn(registry: &Arc<Registry>, session: &Arc<Session>, source: Source, rest:
 }
 
 /// The holder's loop: (rest,) open, read to the end, rest, open again. Waits hold only weak
-/// references, so a closed session is not kept alive by its holder.
-async fn run(
+/// references, so a closed session is not kept alive by its holder. (Not an `async fn`: its
+/// arguments would be in the task twice, for as long as the session lives.)
+#[allow(clippy::manual_async_fn)] // see above: the layout, not the syntax
+fn run(
     registry: Weak<Registry>,
     session: Weak<Session>,
     source: Source,
     mut rest: Option<Duration>,
-) {
-    loop {
-        if let Some(delay) = rest.take() {
-            if !Session::hold_wait(&session, delay).await {
-                return;
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        loop {
+            if let Some(delay) = rest.take() {
+                if !Session::hold_wait(&session, delay).await {
+                    return;
+                }
             }
-        }
-        // Boxed: opening (connect, request, head) is the largest state of this loop, and
-        // inline it would size the task for as long as the stream is held.
-        let Some(stream) = Box::pin(open(&registry, &session, &source)).await else {
-            return;
-        };
-        let (Some(registry), Some(session)) = (registry.upgrade(), session.upgrade()) else {
-            return;
-        };
-        let (held, body) = stream;
-        read_stream(&registry, &session, held, body, &source).await;
-        match session.hold_rest(held) {
-            Some(delay) => rest = Some(delay),
-            None => return,
+            // Boxed: opening (connect, request, head) is the largest state of this loop, and
+            // inline it would size the task for as long as the stream is held.
+            let Some(stream) = Box::pin(open(&registry, &session, &source)).await else {
+                return;
+            };
+            let (Some(registry), Some(session)) = (registry.upgrade(), session.upgrade()) else {
+                return;
+            };
+            let (held, body) = stream;
+            read_stream(&registry, &session, held, body, &source).await;
+            match session.hold_rest(held) {
+                Some(delay) => rest = Some(delay),
+                None => return,
+            }
         }
     }
 }
