@@ -322,6 +322,21 @@ enum State {
     Done,
 }
 
+/// A whole chunk-size line without extensions at the start of `input` (1 to 16 hex digits,
+/// then CRLF): the size and the line's length. `None` for anything else, complete or not: the
+/// byte-by-byte path decides those (and gives the errors).
+fn size_line(input: &[u8]) -> Option<(u64, usize)> {
+    let mut n = 0u64;
+    for (k, &b) in input.iter().enumerate().take(17) {
+        match b {
+            b'\r' if k > 0 => return (input.get(k + 1) == Some(&b'\n')).then_some((n, k + 2)),
+            _ if k < 16 => n = n << 4 | u64::from((b as char).to_digit(16)?),
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// The incremental decoder of a response body: feed it each read, get the data as slices of
 /// it. Bounded: it keeps a few integers, never bytes.
 #[derive(Debug, Clone)]
@@ -392,6 +407,22 @@ impl BodyDecoder {
                     } else {
                         Chunk::Data(left)
                     });
+                }
+                // The common framing in one step when it is whole in this read: a bare size
+                // line, the CRLF after a chunk's data. Anything else goes byte by byte.
+                State::Chunked(Chunk::Size(0, 0))
+                    if let Some((n, used)) = size_line(&input[i..]) =>
+                {
+                    self.state = State::Chunked(if n == 0 {
+                        Chunk::TrailerStart
+                    } else {
+                        Chunk::Data(n)
+                    });
+                    i += used;
+                }
+                State::Chunked(Chunk::DataCr) if input[i..].starts_with(b"\r\n") => {
+                    self.state = State::Chunked(Chunk::Size(0, 0));
+                    i += 2;
                 }
                 State::Chunked(c) => {
                     self.state = self.chunk_byte(c, input[i])?;
@@ -616,6 +647,26 @@ mod tests {
             at = p;
         }
         Ok((out, 0, d.is_done()))
+    }
+
+    #[test]
+    fn a_whole_bare_size_line_is_taken_in_one_step_and_nothing_else_is() {
+        assert_eq!(size_line(b"c8\r\ndata"), Some((0xc8, 4)));
+        assert_eq!(size_line(b"0\r\n\r\n"), Some((0, 3)));
+        assert_eq!(size_line(b"FFFFFFFFFFFFFFFF\r\n"), Some((u64::MAX, 18)));
+        // Left to the byte-by-byte path: incomplete, extended, padded, too long, empty, bad.
+        for line in [
+            &b"c8"[..],
+            b"c8\r",
+            b"c8;x=1\r\n",
+            b"c8 \r\n",
+            b"1FFFFFFFFFFFFFFFF\r\n",
+            b"\r\n",
+            b"g\r\n",
+            b"c8\rx",
+        ] {
+            assert_eq!(size_line(line), None, "{:?}", String::from_utf8_lossy(line));
+        }
     }
 
     #[test]

@@ -251,7 +251,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     // there is nothing to strip, or only the upstream's `transfer-encoding`.
     let mut present = [false; 9];
     for name in h.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|n| n == name) {
+        if let Some(i) = hop_by_hop(name) {
             present[i] = true;
         }
     }
@@ -285,6 +285,23 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+
+/// The index in [`HOP_BY_HOP`] of `name`, if it is one: a match on the name (its length, then
+/// its bytes) rather than a comparison with each of the nine.
+fn hop_by_hop(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => 8,
+        _ => return None,
+    })
+}
 
 /// Whether a response is an uncompressed SSE stream.
 pub fn is_sse(h: &HeaderMap) -> bool {
@@ -404,6 +421,16 @@ impl Source {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hop_by_hop_match_finds_each_name_of_the_table_at_its_index() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop(name), Some(i), "{name}");
+        }
+        for name in ["host", "accept", "mcp-session-id", "tee", "connections"] {
+            assert_eq!(hop_by_hop(&HeaderName::from_static(name)), None, "{name}");
+        }
+    }
 
     #[test]
     fn strips_hop_by_hop_and_connection_named_headers() {
