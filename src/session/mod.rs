@@ -623,10 +623,18 @@ impl Session {
         let mut aged = false;
         while !st.window.fits(len) {
             let streams = &st.streams;
+            // The entries scanned are mostly of one stream: looked up once per run of it.
+            let mut last: Option<(u32, Option<&Stream>)> = None;
             let evictable = |e: &Entry| {
-                !streams
-                    .get(&e.stream)
-                    .is_some_and(|s| s.needs(e.seq, now, stall))
+                let s = match last {
+                    Some((id, s)) if id == e.stream => s,
+                    _ => {
+                        let s = streams.get(&e.stream).map(|s| &**s);
+                        last = Some((e.stream, s));
+                        s
+                    }
+                };
+                !s.is_some_and(|s| s.needs(e.seq, now, stall))
             };
             match st.window.evict_first(evictable) {
                 Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
