@@ -212,26 +212,38 @@ pub(crate) fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
         .map_err(|_| "the upstream's JSON answer is not UTF-8".to_owned())?
         .trim();
     let not_json = |e: serde_json::Error| format!("the upstream's JSON answer is not JSON: {e}");
-    let messages: Vec<&RawValue> = if text.starts_with('[') {
-        serde_json::from_str(text).map_err(not_json)?
-    } else {
-        vec![serde_json::from_str(text).map_err(not_json)?]
-    };
+    let not_rpc = || "the upstream's JSON answer is not a JSON-RPC message or batch".to_owned();
     #[derive(serde::Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow)]
         jsonrpc: Option<&'a str>,
     }
-    let is_message = |m: &&RawValue| {
-        serde_json::from_str::<Envelope<'_>>(m.get()).is_ok_and(|e| e.jsonrpc == Some("2.0"))
-    };
-    if messages.is_empty() || !messages.iter().all(is_message) {
-        return Err("the upstream's JSON answer is not a JSON-RPC message or batch".to_owned());
+    // Whether `m` parses whole as a JSON-RPC 2.0 envelope (`Err`: it is not JSON at all).
+    fn rpc(m: &str) -> Result<bool, serde_json::Error> {
+        match serde_json::from_str::<Envelope<'_>>(m) {
+            Ok(e) => Ok(e.jsonrpc == Some("2.0")),
+            Err(e) if e.classify() == serde_json::error::Category::Data => Ok(false),
+            Err(e) => Err(e),
+        }
     }
+    let messages: Vec<&str> = if text.starts_with('[') {
+        let raw: Vec<&RawValue> = serde_json::from_str(text).map_err(not_json)?;
+        let is_message = |m: &&RawValue| rpc(m.get()).unwrap_or(false);
+        if raw.is_empty() || !raw.iter().all(is_message) {
+            return Err(not_rpc());
+        }
+        raw.into_iter().map(RawValue::get).collect()
+    } else {
+        // One message, the usual answer: its envelope's parse reads (and checks) it whole.
+        match rpc(text) {
+            Ok(true) => vec![text],
+            Ok(false) => return Err(not_rpc()),
+            Err(e) => return Err(not_json(e)),
+        }
+    };
     Ok(messages
         .into_iter()
-        .map(|m| {
-            let raw = m.get();
+        .map(|raw| {
             // An SSE data line cannot hold a line break: a message that spans lines is
             // sent compact.
             let data = if raw.contains(['\n', '\r']) {
@@ -433,6 +445,18 @@ mod tests {
             assert!(data(bad).is_err(), "{bad:?} is refused");
         }
         assert!(json_events(&[0xff, 0xfe]).is_err());
+        // Why, for one message as for a batch: not JSON at all, or JSON but not JSON-RPC.
+        for (bad, why) in [
+            ("{\"jsonrpc\":", "is not JSON"),
+            ("[{\"jsonrpc\":\"2.0\"", "is not JSON"),
+            (r#"{"jsonrpc":"2.0"} x"#, "is not JSON"),
+            (r#"{"id":1}"#, "not a JSON-RPC"),
+            (r#""text""#, "not a JSON-RPC"),
+            (r#"[{"id":1}]"#, "not a JSON-RPC"),
+        ] {
+            let e = data(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 
     /// A JSON-RPC message with an id and an arbitrary result, written compact or pretty.
