@@ -19,6 +19,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::Config;
@@ -133,7 +134,7 @@ pub async fn serve_gateway(
             // --header-read-timeout (on every protocol: hyper's own header timer covers
             // HTTP/1.1 heads only after hyper-util's version sniff, and HTTP/2 has none);
             // after that, --idle-timeout whenever nothing is in flight.
-            let activity = Arc::new(Activity::default());
+            let activity = Arc::new(Activity::new());
             let seen = activity.clone();
             let svc_exec = exec.clone();
             let svc_gateway = gateway.clone();
@@ -209,23 +210,42 @@ pub async fn serve_gateway(
 
 /// What one client connection has in flight: requests being served and responses still being
 /// written (a streaming SSE body included).
-#[derive(Default)]
 struct Activity {
     /// Requests the connection has begun.
     requests: AtomicU64,
     in_flight: AtomicUsize,
     /// Notified when nothing is in flight any more.
     quiet: Notify,
-    /// Notified when a request begins.
-    began: Notify,
+    /// When the connection was accepted, and when a request last ended after it (nanoseconds
+    /// since `opened`): the idle clock runs from the later. Kept as a time rather than armed
+    /// as a timer per request: the idle watch sleeps until the deadline it last saw, and only
+    /// then looks whether it moved (a short call armed and cancelled a timer each).
+    opened: Instant,
+    last_end: AtomicU64,
 }
 
 impl Activity {
+    fn new() -> Activity {
+        Activity {
+            requests: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            quiet: Notify::new(),
+            opened: Instant::now(),
+            last_end: AtomicU64::new(0),
+        }
+    }
+
     fn begin(self: &Arc<Self>) -> InFlight {
         self.requests.fetch_add(1, Ordering::AcqRel);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.began.notify_one();
         InFlight(self.clone())
+    }
+
+    /// When the connection is idle from, if nothing begins: the end of its last request (its
+    /// acceptance before any).
+    fn quiet_since(&self) -> Instant {
+        let ns = self.last_end.load(Ordering::Acquire);
+        self.opened + Duration::from_nanos(ns)
     }
 }
 
@@ -234,8 +254,12 @@ struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.quiet.notify_one();
+        let a = &self.0;
+        // Before the count falls: whoever sees nothing in flight sees this end too.
+        let ns = u64::try_from(a.opened.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        a.last_end.fetch_max(ns, Ordering::AcqRel);
+        if a.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            a.quiet.notify_one();
         }
     }
 }
@@ -340,16 +364,15 @@ async fn idle(activity: &Activity, first: Duration, idle: Duration) -> bool {
             activity.quiet.notified().await;
         }
         let seen = activity.requests.load(Ordering::Acquire);
-        tokio::select! {
-            () = tokio::time::sleep(if seen == 0 { first } else { idle }) => {
-                if activity.requests.load(Ordering::Acquire) == seen
-                    && activity.in_flight.load(Ordering::Acquire) == 0
-                {
-                    return seen == 0;
-                }
-            }
-            // A request began: the clock starts again once it is done.
-            () = activity.began.notified() => {}
+        let limit = if seen == 0 { first } else { idle };
+        tokio::time::sleep_until(activity.quiet_since() + limit).await;
+        // Idle all along only if nothing began since and nothing ended within the limit
+        // (else the clock starts again from the end of what did).
+        if activity.requests.load(Ordering::Acquire) == seen
+            && activity.in_flight.load(Ordering::Acquire) == 0
+            && Instant::now() >= activity.quiet_since() + limit
+        {
+            return seen == 0;
         }
     }
 }
@@ -542,6 +565,42 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
+
+    /// When `idle` resolved (time since the start, paused clock) and what it said, while
+    /// `script` begins and ends requests at its times.
+    async fn idle_outcome(script: &[(u64, u64)]) -> (Duration, bool) {
+        let t0 = Instant::now();
+        let activity = Arc::new(Activity::new());
+        for &(begin, end) in script {
+            let a = activity.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(t0 + Duration::from_secs(begin)).await;
+                let in_flight = a.begin();
+                tokio::time::sleep_until(t0 + Duration::from_secs(end)).await;
+                drop(in_flight);
+            });
+        }
+        let first = idle(&activity, Duration::from_secs(3), Duration::from_secs(10)).await;
+        (t0.elapsed(), first)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_clock_runs_from_the_end_of_the_last_request() {
+        let secs = |(d, first): (Duration, bool)| (d.as_secs(), first);
+        // No request: --header-read-timeout after the connection opened.
+        assert_eq!(secs(idle_outcome(&[]).await), (3, true));
+        // A request before it: --idle-timeout after its end, not after its start.
+        assert_eq!(secs(idle_outcome(&[(1, 2)]).await), (12, false));
+        // Longer than the idle timeout itself: counted from its end.
+        assert_eq!(secs(idle_outcome(&[(1, 30)]).await), (40, false));
+        // One beginning while the clock runs, another overlapping it: from the last end.
+        assert_eq!(
+            secs(idle_outcome(&[(1, 2), (9, 15), (14, 20)]).await),
+            (30, false)
+        );
+        // Ending just before the deadline it would have missed.
+        assert_eq!(secs(idle_outcome(&[(1, 2), (11, 12)]).await), (22, false));
+    }
 
     /// A connected pair on loopback: the client's end and the server's.
     async fn pair() -> (TcpStream, TcpStream) {
