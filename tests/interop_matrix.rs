@@ -1106,6 +1106,8 @@ mod rmcp_driver {
         conn: Arc<std::sync::atomic::AtomicU64>,
         started: std::time::Instant,
         session: Arc<Mutex<Option<String>>>,
+        /// Progress notifications seen on the wire (the handler's count catches up with it).
+        progress_on_wire: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl TapClient {
@@ -1128,6 +1130,10 @@ mod rmcp_driver {
                     Ok(sse) => {
                         let rpc = sse.data.as_deref().and_then(|d| {
                             let m: Value = serde_json::from_str(d).ok()?;
+                            if m["method"] == "notifications/progress" {
+                                me.progress_on_wire
+                                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
                             Some(json!({
                                 "m": m.get("method"),
                                 "id": m.get("id"),
@@ -1315,6 +1321,8 @@ mod rmcp_driver {
         notify_count: Arc<std::sync::atomic::AtomicUsize>,
         notify_all: Arc<tokio::sync::Notify>,
         notify_expect: Arc<std::sync::atomic::AtomicUsize>,
+        /// Progress notifications the handler has recorded.
+        progress_handled: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl ClientHandler for Handler {
@@ -1338,6 +1346,8 @@ mod rmcp_driver {
                 &self.out,
                 json!({"ev": "progress", "call": call, "progress": progress, "message": params.message}),
             );
+            self.progress_handled
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
 
         #[allow(deprecated)] // notifications/message, deprecated by SEP-2577, still what servers send
@@ -1413,6 +1423,7 @@ mod rmcp_driver {
             conn: Default::default(),
             started: std::time::Instant::now(),
             session: Default::default(),
+            progress_on_wire: Default::default(),
         };
         let transport = StreamableHttpClientTransport::with_client(
             tap.clone(),
@@ -1423,6 +1434,7 @@ mod rmcp_driver {
             notify_count: Default::default(),
             notify_all: Default::default(),
             notify_expect: Arc::new(usize::MAX.into()),
+            progress_handled: Default::default(),
         };
         let client = match tokio::time::timeout(timeout, handler.clone().serve(transport)).await {
             Ok(Ok(c)) => c,
@@ -1474,6 +1486,21 @@ mod rmcp_driver {
                 .map(|(k, c)| call(&client, &out, json!(k), c, timeout)),
         )
         .await;
+        // rmcp runs each notification handler in a task of its own, which may still be
+        // pending when the call's result is in (the last progress and the result arrive in
+        // one read): let the handler see what the wire carried before the session ends
+        // (bounded: a notification on the wire twice would never be caught up with).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline
+            && handler
+                .progress_handled
+                .load(std::sync::atomic::Ordering::SeqCst)
+                < tap
+                    .progress_on_wire
+                    .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         // Ends the session (rmcp sends DELETE when its worker stops), bounded.
         let _ = tokio::time::timeout(Duration::from_secs(3), client.cancel()).await;
         emit(&out, json!({"ev": "done"}));
