@@ -510,12 +510,33 @@ pub fn hash_id(id: &str) -> String {
     static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();
     let key = KEY.get_or_init(std::collections::hash_map::RandomState::new);
-    format!("{:016x}", key.hash_one(id))
+    hex16(key.hash_one(id))
+}
+
+/// `n` as 16 lowercase hex digits (`format!("{n:016x}")` without the formatter: the label is
+/// made for every request's access line).
+fn hex16(n: u64) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    (0..16)
+        .rev()
+        .map(|i| char::from(HEX[((n >> (i * 4)) & 0xf) as usize]))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_label_is_its_hash_in_16_hex_digits() {
+        for n in [0, 1, 0xabc, 0x0123_4567_89ab_cdef, u64::MAX] {
+            assert_eq!(hex16(n), format!("{n:016x}"));
+        }
+        let a = hash_id("4f9c-session");
+        assert_eq!(a, hash_id("4f9c-session"));
+        assert_ne!(a, hash_id("4f9c-session2"));
+        assert_eq!(a.len(), 16);
+    }
 
     #[test]
     fn minted_ids_are_unguessable_visible_ascii_of_one_form() {
