@@ -216,6 +216,8 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Notified when nothing is in flight any more.
     quiet: Notify,
+    /// Notified when the first request begins.
+    began: Notify,
     /// When the connection was accepted, and when a request last ended after it (nanoseconds
     /// since `opened`): the idle clock runs from the later. Kept as a time rather than armed
     /// as a timer per request: the idle watch sleeps until the deadline it last saw, and only
@@ -230,14 +232,18 @@ impl Activity {
             requests: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             quiet: Notify::new(),
+            began: Notify::new(),
             opened: Instant::now(),
             last_end: AtomicU64::new(0),
         }
     }
 
     fn begin(self: &Arc<Self>) -> InFlight {
-        self.requests.fetch_add(1, Ordering::AcqRel);
+        let first = self.requests.fetch_add(1, Ordering::AcqRel) == 0;
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if first {
+            self.began.notify_one();
+        }
         InFlight(self.clone())
     }
 
@@ -364,15 +370,27 @@ async fn idle(activity: &Activity, first: Duration, idle: Duration) -> bool {
             activity.quiet.notified().await;
         }
         let seen = activity.requests.load(Ordering::Acquire);
-        let limit = if seen == 0 { first } else { idle };
-        tokio::time::sleep_until(activity.quiet_since() + limit).await;
+        if seen == 0 {
+            // Before the first request: its beginning wakes the watch, whose deadline may
+            // then come sooner (--idle-timeout from the request's end).
+            tokio::select! {
+                () = tokio::time::sleep_until(activity.opened + first) => {
+                    if activity.requests.load(Ordering::Acquire) == 0 {
+                        return true;
+                    }
+                }
+                () = activity.began.notified() => {}
+            }
+            continue;
+        }
+        tokio::time::sleep_until(activity.quiet_since() + idle).await;
         // Idle all along only if nothing began since and nothing ended within the limit
         // (else the clock starts again from the end of what did).
         if activity.requests.load(Ordering::Acquire) == seen
             && activity.in_flight.load(Ordering::Acquire) == 0
-            && Instant::now() >= activity.quiet_since() + limit
+            && Instant::now() >= activity.quiet_since() + idle
         {
-            return seen == 0;
+            return false;
         }
     }
 }
@@ -569,6 +587,10 @@ mod tests {
     /// When `idle` resolved (time since the start, paused clock) and what it said, while
     /// `script` begins and ends requests at its times.
     async fn idle_outcome(script: &[(u64, u64)]) -> (Duration, bool) {
+        idle_outcome_with(script, 3, 10).await
+    }
+
+    async fn idle_outcome_with(script: &[(u64, u64)], first: u64, idle_s: u64) -> (Duration, bool) {
         let t0 = Instant::now();
         let activity = Arc::new(Activity::new());
         for &(begin, end) in script {
@@ -580,7 +602,12 @@ mod tests {
                 drop(in_flight);
             });
         }
-        let first = idle(&activity, Duration::from_secs(3), Duration::from_secs(10)).await;
+        let first = idle(
+            &activity,
+            Duration::from_secs(first),
+            Duration::from_secs(idle_s),
+        )
+        .await;
         (t0.elapsed(), first)
     }
 
@@ -600,6 +627,10 @@ mod tests {
         );
         // Ending just before the deadline it would have missed.
         assert_eq!(secs(idle_outcome(&[(1, 2), (11, 12)]).await), (22, false));
+        // An idle timeout shorter than the first request's: from that request's end, not
+        // at the first-request deadline.
+        assert_eq!(secs(idle_outcome_with(&[(1, 2)], 10, 1).await), (3, false));
+        assert_eq!(secs(idle_outcome_with(&[], 10, 1).await), (10, true));
     }
 
     /// A connected pair on loopback: the client's end and the server's.
