@@ -725,18 +725,20 @@ async fn the_handshake_deadline_fires_in_real_time() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn alpn_offers_h2_and_h2_requests_are_served() {
-    let dir = scratch("alpn");
+/// A TLS gateway (certificate from a fresh CA, in scratch dir `name`) in front of a mock.
+async fn alpn_gateway(name: &str) -> (Ca, Mock, Gw) {
+    let dir = scratch(name);
     let ca = ca("test CA");
     let pair = server_leaf(&ca, "server");
     let cert = write(&dir, "cert.pem", &pair.cert);
     let key = write(&dir, "key.pem", &pair.key);
-    let mut mock = Mock::start().await;
+    let mock = Mock::start().await;
     let gw = tls_gateway(mock.addr, &cert, &key, None, |_| {}).await;
-    let client = client_config(&ca.pem, None, &[b"h2", b"http/1.1"]);
-    let tls = tls_connect(gw.addr, &client).await.unwrap();
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    (ca, mock, gw)
+}
+
+/// An `initialize` over HTTP/2 on `tls`, the mock answering it with JSON.
+async fn h2_initialize(tls: TlsStream, mock: &mut Mock) -> Response<Incoming> {
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         TokioIo::new(tls),
@@ -754,6 +756,16 @@ async fn alpn_offers_h2_and_h2_requests_are_served() {
         .await
         .respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
     let resp = pending.await.unwrap().unwrap();
+    resp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alpn_offers_h2_and_h2_requests_are_served() {
+    let (ca, mut mock, gw) = alpn_gateway("alpn").await;
+    let client = client_config(&ca.pem, None, &[b"h2", b"http/1.1"]);
+    let tls = tls_connect(gw.addr, &client).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let resp = h2_initialize(tls, &mut mock).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_2);
     let client11 = client_config(&ca.pem, None, &[b"http/1.1"]);
@@ -765,13 +777,7 @@ async fn alpn_offers_h2_and_h2_requests_are_served() {
 /// (HTTP/1.1, or HTTP/2 with prior knowledge), as it does on a plaintext port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_alpn_either_http_is_read_from_the_stream() {
-    let dir = scratch("no-alpn");
-    let ca = ca("test CA");
-    let pair = server_leaf(&ca, "server");
-    let cert = write(&dir, "cert.pem", &pair.cert);
-    let key = write(&dir, "key.pem", &pair.key);
-    let mut mock = Mock::start().await;
-    let gw = tls_gateway(mock.addr, &cert, &key, None, |_| {}).await;
+    let (ca, mut mock, gw) = alpn_gateway("no-alpn").await;
     let client = client_config(&ca.pem, None, &[]);
 
     // HTTP/1.1.
@@ -787,23 +793,7 @@ async fn without_alpn_either_http_is_read_from_the_stream() {
     // HTTP/2 with prior knowledge.
     let tls = tls_connect(gw.addr, &client).await.unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), None);
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        TokioIo::new(tls),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    let req = Request::post("https://localhost/mcp")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .body(Full::new(Bytes::from_static(INITIALIZE.as_bytes())))
-        .unwrap();
-    let pending = tokio::spawn(sender.send_request(req));
-    mock.next()
-        .await
-        .respond_json(r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
-    let resp = pending.await.unwrap().unwrap();
+    let resp = h2_initialize(tls, &mut mock).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_2);
 }
