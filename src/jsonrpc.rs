@@ -10,6 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use memchr::memmem::Finder;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::sse;
@@ -181,9 +182,9 @@ pub fn method_label(method: &str) -> &'static str {
 }
 
 #[derive(Deserialize)]
-struct Reply {
-    #[serde(default)]
-    id: Option<Value>,
+struct Reply<'a> {
+    #[serde(default, borrow)]
+    id: Option<&'a RawValue>,
     #[serde(default)]
     method: Option<IgnoredAny>,
     #[serde(default)]
@@ -205,13 +206,47 @@ pub fn response_ids(data: &str) -> Vec<String> {
     if ID.find(b).is_none() || (RESULT.find(b).is_none() && ERROR.find(b).is_none()) {
         return Vec::new();
     }
-    let Some((msgs, _)) = one_or_many::<Reply>(data.as_bytes()) else {
-        return Vec::new();
+    let is_response =
+        |r: &Reply<'_>| r.method.is_none() && (r.result.is_some() || r.error.is_some());
+    let canonical = |r: Reply<'_>| r.id.map(canonical_id);
+    // The usual event answers one request: no vector of messages for it.
+    match b.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => serde_json::from_str::<Reply<'_>>(data)
+            .ok()
+            .filter(is_response)
+            .and_then(canonical)
+            .into_iter()
+            .collect(),
+        Some(b'[') => serde_json::from_str::<Vec<Reply<'_>>>(data)
+            .map(|msgs| {
+                msgs.into_iter()
+                    .filter(is_response)
+                    .filter_map(canonical)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+/// An id's canonical JSON text (as [`Value`] writes it, as request ids are recorded). The
+/// usual ids, a string with no escape or a short integer, are that as sent; only others are
+/// parsed and written again.
+fn canonical_id(raw: &RawValue) -> String {
+    let text = raw.get();
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let plain = if text.starts_with('"') {
+        !text.contains('\\')
+    } else {
+        // Up to 18 digits is an exact integer either way; `-0` is written `-0.0`.
+        (1..=18).contains(&digits.len())
+            && digits.bytes().all(|c| c.is_ascii_digit())
+            && text != "-0"
     };
-    msgs.into_iter()
-        .filter(|r| r.method.is_none() && (r.result.is_some() || r.error.is_some()))
-        .filter_map(|r| r.id.map(|id| id.to_string()))
-        .collect()
+    if plain {
+        return text.to_owned();
+    }
+    serde_json::from_str::<Value>(text).map_or_else(|_| text.to_owned(), |v| v.to_string())
 }
 
 #[derive(Deserialize)]
@@ -403,6 +438,43 @@ mod tests {
             vec!["1", "2"]
         );
         assert!(response_ids("garbage \"result\"").is_empty());
+        // Ids in the form requests are recorded in, however the upstream wrote them.
+        assert_eq!(
+            response_ids(r#"{"id" : "\u0078", "result":{}, "jsonrpc":"2.0"}"#),
+            vec!["\"x\""]
+        );
+        assert_eq!(response_ids(r#"{"id":1e2,"result":{}}"#), vec!["100.0"]);
+        assert!(response_ids(r#"{"id":null,"error":{}}"#).is_empty());
+    }
+
+    proptest::proptest! {
+        /// An id as an upstream may write it reads as the text `Value` writes for it, which
+        /// is how the ids of requests are recorded.
+        #[test]
+        fn response_ids_are_canonical(
+            int in proptest::num::i64::ANY,
+            big in proptest::num::u64::ANY,
+            float in proptest::num::f64::NORMAL,
+            s in "\\PC{0,12}",
+            escaped in proptest::bool::ANY,
+            digits in "-?[1-9][0-9]{0,30}|-?0",
+        ) {
+            let string = if escaped {
+                // Every character escaped, as some writers do.
+                let mut t = String::from("\"");
+                for u in s.encode_utf16() {
+                    t.push_str(&format!("\\u{u:04x}"));
+                }
+                t + "\""
+            } else {
+                serde_json::to_string(&s).unwrap()
+            };
+            for id in [int.to_string(), big.to_string(), float.to_string(), string, digits] {
+                let data = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
+                let want = serde_json::from_str::<Value>(&id).unwrap().to_string();
+                proptest::prop_assert_eq!(response_ids(&data), vec![want]);
+            }
+        }
     }
 
     #[test]

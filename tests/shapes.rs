@@ -248,6 +248,13 @@ async fn a_json_answer_becomes_a_tagged_stream_with_an_id_first() {
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["content-type"], "text/event-stream");
         assert_eq!(resp.headers()["x-custom"], "kept");
+        // All of it was here: written with its length, not as a chunked stream.
+        assert!(
+            resp.headers().get("content-length").is_some()
+                && resp.headers().get("transfer-encoding").is_none(),
+            "{version}: {:?}",
+            resp.headers()
+        );
         let events = SseReader::new(resp).rest().await;
         assert!(
             events.iter().all(|e| e.id.is_some()),
@@ -363,6 +370,8 @@ async fn a_whole_json_answer_larger_than_the_window_reaches_its_client_whole() {
     mock.next().await.respond_json(batch(result));
     let resp = pending.await.unwrap();
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    // Not all of it fits at once: it streams.
+    assert_eq!(resp.headers()["transfer-encoding"], "chunked");
     let events = SseReader::new(resp).rest().await;
     assert_eq!(messages(&events), ids.map(result).collect::<Vec<_>>());
     assert!(

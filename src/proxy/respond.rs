@@ -4,10 +4,14 @@
 //! Knows HTTP responses and the attach body; nothing of routes.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::sync::Arc;
+
+use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 
 use super::{Gateway, ResBody, MCP_SESSION_ID};
+use crate::access::StreamStats;
 use crate::attach::AttachBody;
 use crate::config::Priming;
 use crate::error::ALLOWED_METHODS;
@@ -36,17 +40,41 @@ impl Gateway {
         body: AttachBody,
     ) -> Response<ResBody> {
         let stats = body.stats();
-        let mut resp = Response::new(body.map_err(|never| match never {}).boxed_unsync());
-        resp.extensions_mut().insert(stats);
-        *resp.status_mut() = status;
-        if let Some(mut h) = upstream_headers {
-            strip_hop_by_hop(&mut h);
-            h.remove(header::CONTENT_LENGTH);
-            *resp.headers_mut() = h;
-        }
-        sse_headers(resp.headers_mut(), sid);
-        resp
+        let body = body.map_err(|never| match never {}).boxed_unsync();
+        sse_response(status, upstream_headers, sid, stats, body)
     }
+
+    /// [`Gateway::sse_response`] for a client that gets all of its stream at once (`all`,
+    /// [`AttachBody::take_ended`]): written with its length.
+    pub(super) fn whole_sse_response(
+        &self,
+        status: StatusCode,
+        upstream_headers: Option<HeaderMap>,
+        sid: &str,
+        stats: Arc<StreamStats>,
+        all: Bytes,
+    ) -> Response<ResBody> {
+        sse_response(status, upstream_headers, sid, stats, full_body(all))
+    }
+}
+
+fn sse_response(
+    status: StatusCode,
+    upstream_headers: Option<HeaderMap>,
+    sid: &str,
+    stats: Arc<StreamStats>,
+    body: ResBody,
+) -> Response<ResBody> {
+    let mut resp = Response::new(body);
+    resp.extensions_mut().insert(stats);
+    *resp.status_mut() = status;
+    if let Some(mut h) = upstream_headers {
+        strip_hop_by_hop(&mut h);
+        h.remove(header::CONTENT_LENGTH);
+        *resp.headers_mut() = h;
+    }
+    sse_headers(resp.headers_mut(), sid);
+    resp
 }
 
 /// `OPTIONS *`: what the gateway serves, and nothing forwarded.

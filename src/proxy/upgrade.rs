@@ -108,6 +108,7 @@ impl Gateway {
             && inb.authorized.unwrap_or_else(|| {
                 self.cfg.resume_auth == ResumeAuth::None || session.principal() == inb.principal
             });
+        let whole = matches!(feed, Feed::Whole(_));
         match feed {
             Feed::Whole(body) => feed_whole_json(
                 &self.registry,
@@ -126,7 +127,22 @@ impl Gateway {
             ),
         }
         let s = session.clone();
-        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
+        let mut body = AttachBody::new(session, attachment, None);
+        if whole {
+            // The usual answer: its stream has ended already, so the client gets it with
+            // its length, no chunks, no keep-alive timer, no attached body to poll.
+            if let Some(all) = body.take_ended() {
+                let stats = body.stats();
+                return self.whole_sse_response(
+                    StatusCode::OK,
+                    upstream_headers,
+                    s.id(),
+                    stats,
+                    all,
+                );
+            }
+        }
+        let body = body.keep_alive(self.cfg.keepalive);
         self.sse_response(StatusCode::OK, upstream_headers, s.id(), body)
     }
 }
