@@ -13,6 +13,9 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
+/// Headers the gateway may add to an upstream answer's head.
+const ADDED_HEADERS: usize = 4;
+
 /// Most bytes of a response head (status line and headers).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most headers in a response head.
@@ -193,7 +196,9 @@ fn one_head<E>(
         return Ok(Parsed::Informational(len));
     }
     let http10 = resp.version == Some(0);
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    // Room for the headers the gateway adds to an answer it serves as its own stream
+    // (`proxy::respond::sse_headers`): growing the map there rehashed it.
+    let mut headers = HeaderMap::with_capacity(resp.headers.len() + ADDED_HEADERS);
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| H1Error::Head("invalid header name"))?;
