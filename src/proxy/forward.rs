@@ -81,7 +81,7 @@ impl Gateway {
     /// upstream's; the gateway only forwards.
     pub(super) async fn pass_through(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
     ) -> Result<Response<ResBody>, Refusal> {
         let resp = self.send(&mut inb).await?;
         Ok(pass_through(resp))
@@ -91,7 +91,7 @@ impl Gateway {
     /// stream can be held: forwards the request, tags an SSE answer of a POST or GET.
     pub(super) async fn forward(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Option<Arc<Session>>,
         reattach: Option<Reattach>,
     ) -> Result<Response<ResBody>, Refusal> {
@@ -115,7 +115,7 @@ impl Gateway {
     /// tagged (with `--json-upgrade`, a JSON answer becomes a tagged stream too).
     pub(super) async fn answered(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Option<Arc<Session>>,
         mut resp: Response<OwnBody>,
         source: Source,
@@ -234,7 +234,7 @@ impl Gateway {
     /// for its owner, and for anyone else exactly the answer for an unknown session.
     pub(super) async fn end_minted(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Arc<Session>,
     ) -> Result<Response<ResBody>, Refusal> {
         if !self.authorized(&mut inb, &session).await {
@@ -433,7 +433,7 @@ impl Gateway {
     /// a task of its own, and this client attached to it at its start.
     fn tag(
         &self,
-        inb: Inbound,
+        inb: Box<Inbound>,
         session: Arc<Session>,
         resp: Response<OwnBody>,
         source: Source,

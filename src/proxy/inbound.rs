@@ -68,7 +68,7 @@ impl Inbound {
         bodies: &Arc<Bodies>,
         facts: &Arc<super::Facts>,
         principal: impl FnOnce(&http::HeaderMap, bool) -> (Principal, Principal),
-    ) -> Result<Inbound, Refusal> {
+    ) -> Result<Box<Inbound>, Refusal> {
         let (parts, body) = req.into_parts();
         // Only an MCP endpoint is forwarded: never a tunnel, never the server as a whole.
         if parts.method == Method::CONNECT {
@@ -99,7 +99,7 @@ impl Inbound {
         let modern = is_modern(header_version.as_deref(), &info);
         let upgrade =
             cfg.json_upgrade && !info.request_ids.is_empty() && accepts_sse(&parts.headers);
-        Ok(Inbound {
+        Ok(Box::new(Inbound {
             parts,
             body: Some(body),
             sid,
@@ -113,7 +113,7 @@ impl Inbound {
             authorized: None,
             remote: conn.remote,
             kill: conn.kill.clone(),
-        })
+        }))
     }
 
     /// The raw `Last-Event-ID`.

@@ -23,7 +23,7 @@ impl Gateway {
     /// never written to a client, then the live tail.
     pub(super) async fn attach(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Option<Arc<Session>>,
         reattach: Option<Reattach>,
     ) -> Result<Response<ResBody>, Refusal> {

@@ -24,7 +24,7 @@ impl Gateway {
     /// session's standalone stream instead ([`Gateway::attach`]).
     pub(super) async fn resume(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Option<Arc<Session>>,
     ) -> Result<Response<ResBody>, Refusal> {
         let session = session.ok_or(ProxyError::UnknownSession)?;
@@ -65,7 +65,7 @@ impl Gateway {
     /// has gone since the request was classified.
     pub(super) async fn retransmission(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Arc<Session>,
     ) -> Result<Response<ResBody>, Refusal> {
         let single_id = inb.info.single_id.clone();

@@ -37,7 +37,7 @@ impl Gateway {
     /// [`Route::Upgrade`](super::inbound::Route::Upgrade).
     pub(super) async fn upgrade(
         &self,
-        mut inb: Inbound,
+        mut inb: Box<Inbound>,
         session: Option<Arc<Session>>,
     ) -> Result<Response<ResBody>, Refusal> {
         let Ready {
@@ -78,7 +78,7 @@ impl Gateway {
     /// beyond priming).
     pub(super) fn commit(
         &self,
-        inb: Inbound,
+        inb: Box<Inbound>,
         session: Arc<Session>,
         upstream_headers: Option<HeaderMap>,
         feed: Feed,
