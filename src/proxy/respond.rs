@@ -3,10 +3,10 @@
 //!
 //! Knows HTTP responses and the attach body; nothing of routes.
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 
@@ -43,19 +43,18 @@ impl Gateway {
         let body = body.map_err(|never| match never {}).boxed_unsync();
         sse_response(status, upstream_headers, sid, stats, body)
     }
+}
 
-    /// [`Gateway::sse_response`] for a client that gets all of its stream at once (`all`,
-    /// [`AttachBody::take_ended`]): written with its length.
-    pub(super) fn whole_sse_response(
-        &self,
-        status: StatusCode,
-        upstream_headers: Option<HeaderMap>,
-        sid: &str,
-        stats: Arc<StreamStats>,
-        all: Bytes,
-    ) -> Response<ResBody> {
-        sse_response(status, upstream_headers, sid, stats, full_body(all))
-    }
+/// [`Gateway::sse_response`] for a client that gets all of its stream at once (`all`,
+/// [`AttachBody::take_ended`]): written with its length.
+pub(super) fn whole_sse_response(
+    status: StatusCode,
+    upstream_headers: Option<HeaderMap>,
+    sid: &str,
+    stats: Arc<StreamStats>,
+    all: Bytes,
+) -> Response<ResBody> {
+    sse_response(status, upstream_headers, sid, stats, full_body(all))
 }
 
 fn sse_response(

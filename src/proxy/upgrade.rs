@@ -18,6 +18,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::forward::{Prepared, Ready};
 use super::inbound::Inbound;
+use super::respond::whole_sse_response;
 use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
@@ -133,13 +134,7 @@ impl Gateway {
             // its length, no chunks, no keep-alive timer, no attached body to poll.
             if let Some(all) = body.take_ended() {
                 let stats = body.stats();
-                return self.whole_sse_response(
-                    StatusCode::OK,
-                    upstream_headers,
-                    s.id(),
-                    stats,
-                    all,
-                );
+                return whole_sse_response(StatusCode::OK, upstream_headers, s.id(), stats, all);
             }
         }
         let body = body.keep_alive(self.cfg.keepalive);
