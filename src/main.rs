@@ -156,10 +156,25 @@ impl StartError {
     }
 }
 
+/// Connections the kernel holds, handshake done, until the gateway accepts them: a reconnect
+/// storm, or every `--max-connections` slot taken. tokio's `TcpListener::bind` asks for 128,
+/// so the 129th client of a storm had its SYN dropped and retried a second later; the kernel
+/// caps this at `net.core.somaxconn` (4096 by default).
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { flag, addr, source })
+    let listen = || {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As `TcpListener::bind`: a restarted gateway binds while old connections linger.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| StartError::Bind { flag, addr, source })
 }
 
 async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
@@ -204,7 +219,13 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     ));
     tokio::spawn(signals);
     let stop = shutdown.stop_accepting(health, args.drain_delay);
-    mcp_reattach::serve_gateway(listener, gateway, stop).await?;
+    // The accept loop runs on a worker, not on the thread blocked in `block_on`: a
+    // connection's task then starts on the worker that accepted it, where a loop on this
+    // thread woke a worker for every connection and was woken by one for every accept.
+    match tokio::spawn(mcp_reattach::serve_gateway(listener, gateway, stop)).await {
+        Ok(served) => served?,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
     let _ = admin_task.await;
     tracing::info!("stopped");
     Ok(())

@@ -349,3 +349,36 @@ async fn idle_h2c_connections_cannot_hold_every_connection_slot() {
         assert!(closed.is_ok(), "the idle connection was closed");
     }
 }
+
+/// A reconnect storm larger than tokio's default listen backlog (1,024): with every
+/// `--max-connections` slot taken, 1,500 clients connecting at once all complete the TCP
+/// handshake and wait in the backlog (the gateway listens with 4,096, the kernel's default
+/// `net.core.somaxconn`); with 1,024 the rest had their SYNs dropped and retried for seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_beyond_a_1024_backlog_waits_in_the_backlog() {
+    const STORM: usize = 1_500;
+    let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    assert!(
+        somaxconn.is_some_and(|n| n > STORM),
+        "net.core.somaxconn {somaxconn:?} caps every backlog below the storm"
+    );
+    // The storm's sockets are this process's fds.
+    rlimit::increase_nofile_limit(4 * STORM as u64).unwrap();
+    let server = Server::start().await;
+    let gw = Binary::start(server.addr, &["--max-connections", "1"]).await;
+    // The one slot: a connection that sends nothing (held until --header-read-timeout, 10 s).
+    let held = TcpStream::connect(gw.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let storm: Vec<_> = (0..STORM)
+        .map(|_| tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(gw.addr)))
+        .collect();
+    let results = futures::future::join_all(storm).await;
+    let connected = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+    assert_eq!(
+        connected, STORM,
+        "connections that completed their handshake within 3 s"
+    );
+    drop(held);
+}
