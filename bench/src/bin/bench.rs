@@ -107,6 +107,9 @@ enum Arm {
     /// mcp-reattach with `--json-upgrade false`: JSON answers pass through as they came
     /// (json only: the other scenarios are answered with SSE either way).
     ReattachPlain,
+    /// nginx serving the storm's events from files (storm only): what sending the same bytes
+    /// on a fresh connection costs a server that computes nothing, the floor of a resume.
+    NginxFile,
 }
 
 impl Arm {
@@ -120,6 +123,7 @@ impl Arm {
             Arm::NginxTls => "nginx-tls",
             Arm::ReattachTls => "mcp-reattach-tls",
             Arm::ReattachPlain => "mcp-reattach-plain",
+            Arm::NginxFile => "nginx-file",
         }
     }
 
@@ -128,7 +132,12 @@ impl Arm {
     }
 
     fn is_nginx(self) -> bool {
-        matches!(self, Arm::Nginx | Arm::NginxTls)
+        matches!(self, Arm::Nginx | Arm::NginxTls | Arm::NginxFile)
+    }
+
+    /// Arms whose server keeps no gateway ids: the storm's client takes the ids as opaque.
+    fn plain_store(self) -> bool {
+        matches!(self, Arm::TsEventStore | Arm::NginxFile)
     }
 }
 
@@ -137,7 +146,7 @@ const PROXIES: [Arm; 3] = [Arm::Naive, Arm::Nginx, Arm::Reattach];
 /// The TLS arms, run in the json and saturating SSE scenarios.
 const TLS_ARMS: [Arm; 2] = [Arm::NginxTls, Arm::ReattachTls];
 /// Every arm, for summaries and for reading results back (the storm-only and TLS ones too).
-const EVERY: [Arm; 8] = [
+const EVERY: [Arm; 9] = [
     Arm::Direct,
     Arm::Naive,
     Arm::Nginx,
@@ -146,6 +155,7 @@ const EVERY: [Arm; 8] = [
     Arm::NginxTls,
     Arm::ReattachTls,
     Arm::ReattachPlain,
+    Arm::NginxFile,
 ];
 
 #[derive(Clone)]
@@ -567,7 +577,8 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         group: "storm",
         title: format!("Reconnect storm: {sn} sessions resume 100 events back at once"),
         // ts-eventstore: the same storm served by the TypeScript SDK's own event store.
-        arms: vec![Arm::Reattach, Arm::TsEventStore],
+        // nginx-file: nginx sending the same events from files, the floor of a resume.
+        arms: vec![Arm::Reattach, Arm::TsEventStore, Arm::NginxFile],
         // --wait-stdin: the client stops between setup and storm, so the serving process's
         // CPU is sampled for the storm alone.
         load: s(&[
@@ -811,6 +822,65 @@ http {{
     conf
 }
 
+/// The storm's events as files for the nginx-file arm, and its configuration: `initialize`
+/// answered with a session id, a GET without `Last-Event-ID` sent the 200 events of the
+/// setup, one with it the 100 after the storm's cursor, each under an id as long as the
+/// gateway's and in the mock's payload (200 B `data`, the sequence the client checks).
+fn nginx_file_conf(dir: &Path, listen: u16) -> PathBuf {
+    for d in ["logs", "tmp", "www"] {
+        let _ = std::fs::create_dir_all(dir.join(d));
+    }
+    let events = |from: u64| {
+        let mut out = Vec::new();
+        for seq in from..200 {
+            out.extend_from_slice(format!("id: 0123456789abcdef.1.{seq}\nevent: message\ndata: ").as_bytes());
+            mcp_reattach_bench::payload::event(seq, 13_000_000_000_000 + seq, 200, &mut out);
+            out.extend_from_slice(b"\n\n");
+        }
+        out
+    };
+    std::fs::write(dir.join("www/setup.sse"), events(0)).unwrap();
+    std::fs::write(dir.join("www/resume.sse"), events(100)).unwrap();
+    let conf = dir.join("nginx.conf");
+    let text = format!(
+        r#"# The storm's floor: nginx sending the same events from files (access log on, as the
+# gateway's one line per request).
+user root;
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/logs/error.log warn;
+worker_rlimit_nofile 20000;
+events {{ worker_connections 16384; }}
+http {{
+    access_log {dir}/logs/access.log;
+    client_body_temp_path {dir}/tmp/body;
+    proxy_temp_path {dir}/tmp/proxy;
+    fastcgi_temp_path {dir}/tmp/fastcgi;
+    uwsgi_temp_path {dir}/tmp/uwsgi;
+    scgi_temp_path {dir}/tmp/scgi;
+    keepalive_requests 1000000;
+    map $http_last_event_id $events {{ "" /setup.sse; default /resume.sse; }}
+    server {{
+        listen 127.0.0.1:{listen} backlog=4096;
+        root {dir}/www;
+        location = /mcp {{
+            if ($request_method = POST) {{
+                add_header Mcp-Session-Id nginx-file always;
+                return 200 '{{"jsonrpc":"2.0","id":1,"result":{{"protocolVersion":"2025-03-26","capabilities":{{}},"serverInfo":{{"name":"nginx-file","version":"0"}}}}}}';
+            }}
+            default_type text/event-stream;
+            rewrite ^ $events break;
+        }}
+    }}
+}}
+"#,
+        dir = dir.display(),
+    );
+    std::fs::write(&conf, text).unwrap();
+    conf
+}
+
 /// A CA and a server certificate for 127.0.0.1 (ECDSA P-256), made with openssl.
 struct Certs {
     ca: PathBuf,
@@ -940,6 +1010,14 @@ fn start_proxy(
             c.arg("-p").arg(&dir).arg("-c").arg(conf);
             c
         }
+        Arm::NginxFile => {
+            let dir = tmp.0.join(format!("nginx-file-{port}"));
+            let _ = std::fs::create_dir_all(&dir);
+            let conf = nginx_file_conf(&dir, port);
+            let mut c = pinned_rt(a, pin, !a.no_rt, 1, nginx.unwrap());
+            c.arg("-p").arg(&dir).arg("-c").arg(conf);
+            c
+        }
         Arm::Reattach | Arm::ReattachTls | Arm::ReattachPlain => {
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, &a.gateway);
             c.arg("--upstream")
@@ -1040,7 +1118,7 @@ fn run_one(
         }
     }
     load.args(&sc.load);
-    if arm == Arm::TsEventStore {
+    if arm.plain_store() {
         load.arg("--plain-store");
     }
     load.stdout(Stdio::piped())
@@ -1588,6 +1666,22 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         c,
         "≤ 50".into(),
         c.map(|v| v <= 50.0),
+    );
+    // The floor under that goal: the same bytes sent on a fresh connection by a server that
+    // computes nothing (context, no line of its own).
+    let f = med(s, "storm", Arm::NginxFile, "cpu_us_per_resume");
+    push(
+        "storm: CPU per resume, nginx-file, the same bytes from a file (µs)".into(),
+        f,
+        "–".into(),
+        None,
+    );
+    let v = ratio(c, f);
+    push(
+        "storm: CPU per resume mcp-reattach / nginx-file".into(),
+        v,
+        "–".into(),
+        None,
     );
     let failed = recs.iter().filter(|r| !r.ok).count();
     // By check (a run can fail more than one).
