@@ -111,7 +111,12 @@ impl Window {
     /// stay, in order).
     pub fn evict_first(&mut self, mut evictable: impl FnMut(&Entry) -> bool) -> Option<Entry> {
         let i = self.entries.iter().position(&mut evictable)?;
-        let e = self.entries.remove(i)?;
+        // Mostly the oldest: `remove` would work out which side to shift first.
+        let e = if i == 0 {
+            self.entries.pop_front()
+        } else {
+            self.entries.remove(i)
+        }?;
         self.bytes -= e.len();
         Some(e)
     }

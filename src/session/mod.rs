@@ -621,20 +621,23 @@ impl Session {
     fn make_room(&self, st: &mut State, len: usize, now: Instant) -> bool {
         let stall = self.cfg.stall_timeout;
         let mut aged = false;
+        // The entries scanned are mostly of one stream: what it needs is looked up once per
+        // run of it, and kept from one eviction to the next (an eviction changes it not).
+        let mut last: Option<(u32, Option<u64>)> = None;
         while !st.window.fits(len) {
             let streams = &st.streams;
-            // The entries scanned are mostly of one stream: looked up once per run of it.
-            let mut last: Option<(u32, Option<&Stream>)> = None;
             let evictable = |e: &Entry| {
-                let s = match last {
-                    Some((id, s)) if id == e.stream => s,
+                let needed_after = match last {
+                    Some((id, n)) if id == e.stream => n,
                     _ => {
-                        let s = streams.get(&e.stream).map(|s| &**s);
-                        last = Some((e.stream, s));
-                        s
+                        let n = streams
+                            .get(&e.stream)
+                            .and_then(|s| s.needed_after(now, stall));
+                        last = Some((e.stream, n));
+                        n
                     }
                 };
-                !s.is_some_and(|s| s.needs(e.seq, now, stall))
+                !needed_after.is_some_and(|acked| e.seq > acked)
             };
             match st.window.evict_first(evictable) {
                 Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
@@ -642,6 +645,7 @@ impl Session {
                 None if !aged => {
                     st.inflight.age(now, &mut st.streams);
                     aged = true;
+                    last = None;
                 }
                 None => return false,
             }

@@ -285,7 +285,13 @@ impl Stream {
     /// Whether the event `seq` of this stream must stay: not known delivered, and its client
     /// may still need it.
     pub fn needs(&self, seq: u64, now: Instant, stall: Duration) -> bool {
-        seq > self.acked && self.guarding(now, stall)
+        self.needed_after(now, stall).is_some_and(|acked| seq > acked)
+    }
+
+    /// The position after which this stream's events must stay ([`Stream::needs`] for all of
+    /// them at once); `None` when none must.
+    pub fn needed_after(&self, now: Instant, stall: Duration) -> Option<u64> {
+        self.guarding(now, stall).then_some(self.acked)
     }
 
     /// Wakes the paused upstream reader, if any (room may have been made).
