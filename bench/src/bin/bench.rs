@@ -1971,11 +1971,13 @@ const METHOD: &str = r#"## Method
   pass-through, `bench/src/bin/naive-proxy.rs`: the cost floor of one hop built from the same
   libraries), `nginx` (Debian's nginx, `proxy_buffering off`, HTTP/1.1 upstream keep-alive,
   one worker: the config is in `bench/src/bin/bench.rs`), `mcp-reattach` (the release binary,
-  default flags unless a scenario says otherwise). The storm has one more arm,
+  default flags unless a scenario says otherwise). The storm has two more arms,
   `ts-eventstore`: no gateway and no mock, the TypeScript MCP SDK resuming streams itself
   (`bench/ts-eventstore/server.mjs`: `StreamableHTTPServerTransport`, stateful sessions, the
   SDK's `InMemoryEventStore`, one per session as in the SDK's example server), placed and
-  measured as a proxy under test is.  In the `json` and saturating SSE scenarios
+  measured as a proxy under test is; and `nginx-file`: nginx sending the same events from
+  files, a server that computes nothing (its CPU per resume is the floor of the connection
+  and the bytes).  In the `json` and saturating SSE scenarios
   also `nginx-tls` and `mcp-reattach-tls`: the same two terminating TLS (ECDSA P-256
   certificate made with openssl per job; the load client speaks TLS 1.3 with rustls and ring,
   HTTP/1.1 by ALPN; the upstream hop stays plain).
