@@ -285,7 +285,8 @@ impl Stream {
     /// Whether the event `seq` of this stream must stay: not known delivered, and its client
     /// may still need it.
     pub fn needs(&self, seq: u64, now: Instant, stall: Duration) -> bool {
-        self.needed_after(now, stall).is_some_and(|acked| seq > acked)
+        self.needed_after(now, stall)
+            .is_some_and(|acked| seq > acked)
     }
 
     /// The position after which this stream's events must stay ([`Stream::needs`] for all of
