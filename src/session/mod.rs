@@ -637,7 +637,7 @@ impl Session {
                         n
                     }
                 };
-                !needed_after.is_some_and(|acked| e.seq > acked)
+                needed_after.is_none_or(|acked| e.seq <= acked)
             };
             match st.window.evict_first(evictable) {
                 Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
