@@ -194,7 +194,7 @@ struct Reply<'a> {
 }
 
 /// Ids (canonical JSON text) of the JSON-RPC responses in an event's data.
-pub fn response_ids(data: &str) -> Vec<String> {
+pub fn response_ids<D: AsRef<[u8]> + ?Sized>(data: &D) -> Vec<String> {
     // Progress and other notifications are most of a stream: skip them without parsing.
     // The searchers are built once: building one per event cost more than the search.
     // A response has an `id` (null at worst) and a `result` or an `error`; a notification,
@@ -202,7 +202,7 @@ pub fn response_ids(data: &str) -> Vec<String> {
     static ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"id\""));
     static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result\""));
     static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"error\""));
-    let b = data.as_bytes();
+    let b = data.as_ref();
     if ID.find(b).is_none() || (RESULT.find(b).is_none() && ERROR.find(b).is_none()) {
         return Vec::new();
     }
@@ -211,13 +211,13 @@ pub fn response_ids(data: &str) -> Vec<String> {
     let canonical = |r: Reply<'_>| r.id.map(canonical_id);
     // The usual event answers one request: no vector of messages for it.
     match b.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => serde_json::from_str::<Reply<'_>>(data)
+        Some(b'{') => serde_json::from_slice::<Reply<'_>>(b)
             .ok()
             .filter(is_response)
             .and_then(canonical)
             .into_iter()
             .collect(),
-        Some(b'[') => serde_json::from_str::<Vec<Reply<'_>>>(data)
+        Some(b'[') => serde_json::from_slice::<Vec<Reply<'_>>>(b)
             .map(|msgs| {
                 msgs.into_iter()
                     .filter(is_response)
@@ -261,8 +261,8 @@ struct InitResult {
 }
 
 /// The negotiated protocol version, if `data` is an `InitializeResult` response.
-pub fn initialize_version(data: &str) -> Option<String> {
-    serde_json::from_str::<InitReply>(data)
+pub fn initialize_version<D: AsRef<[u8]> + ?Sized>(data: &D) -> Option<String> {
+    serde_json::from_slice::<InitReply>(data.as_ref())
         .ok()
         .map(|r| r.result.protocol_version)
 }

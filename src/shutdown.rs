@@ -350,14 +350,14 @@ mod tests {
     }
 
     fn is_shutdown(e: &Event) -> bool {
-        e.event.as_deref() == Some(crate::jsonrpc::EVENT_RESUMPTION_REQUIRED)
-            && e.data.as_deref().is_some_and(|d| d.contains("shutdown"))
+        e.event() == Some(crate::jsonrpc::EVENT_RESUMPTION_REQUIRED)
+            && e.data().is_some_and(|d| d.contains("shutdown"))
     }
 
     async fn next_real(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Event {
         loop {
             let e = rx.recv().await.expect("an event");
-            if e.data.as_deref().is_some_and(|d| !d.is_empty()) {
+            if e.data().is_some_and(|d| !d.is_empty()) {
                 return e;
             }
         }
@@ -381,14 +381,10 @@ mod tests {
         assert_eq!(t0.elapsed(), Duration::ZERO);
         // Phase 4: the POST-started stream keeps flowing until the deadline.
         tokio::time::sleep(Duration::from_secs(20)).await;
-        let note = Event {
-            event: Some("message".into()),
-            data: Some("{\"n\":1}".into()),
-            ..Event::default()
-        };
+        let note = Event::message_of("{\"n\":1}");
         session.push_events(post, &mut vec![note], None);
         assert_eq!(
-            next_real(&mut call).await.data.as_deref(),
+            next_real(&mut call).await.data().as_deref(),
             Some("{\"n\":1}")
         );
         assert!(!drain.is_finished());
@@ -411,14 +407,14 @@ mod tests {
             async move { drain(&registry, graceful, Duration::from_secs(30), draining).await }
         });
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let answer = Event {
-            event: Some("message".into()),
-            data: Some("{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}".into()),
-            ..Event::default()
-        };
+        let answer = Event::message_of("{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}");
         session.push_events(post, &mut vec![answer], None);
         session.end_stream(post, crate::session::End::Complete);
-        assert!(next_real(&mut call).await.data.unwrap().contains("result"));
+        assert!(next_real(&mut call)
+            .await
+            .data()
+            .unwrap()
+            .contains("result"));
         assert_eq!(drain.await.unwrap(), Drained::Finished);
         assert_eq!(t0.elapsed(), Duration::from_secs(3));
     }

@@ -19,7 +19,6 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use mcp_reattach::sse::Event;
 use mcp_reattach::Priming;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

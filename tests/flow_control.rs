@@ -110,10 +110,7 @@ async fn a_client_at_a_tenth_of_the_upstream_rate_gets_everything() {
 /// client's end of the stream: before the cut the client may still be draining megabytes the
 /// path holds, for seconds on a loaded machine (CI saw a 2 s budget pass that way with a
 /// 200 ms `wait`).
-async fn cut_and_reconnect_after(
-    wait: Duration,
-    stall: Duration,
-) -> (Vec<u64>, Vec<mcp_reattach::sse::Event>) {
+async fn cut_and_reconnect_after(wait: Duration, stall: Duration) -> (Vec<u64>, Vec<Event>) {
     let mut mock = Mock::start().await;
     // The window must cover what the path holds in flight (the gateway's send buffer, the
     // relay's two sockets, the client's receive buffer): on loopback, with autotuned

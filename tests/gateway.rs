@@ -1129,7 +1129,7 @@ async fn the_mock_upstream_stops_when_its_handle_drops() {
 
 // The judge of every test above: the harness's own SSE parser (tests/support/sse.rs), checked
 // here once rather than in every test crate that includes the harness.
-fn all_splits(input: &[u8]) -> Vec<Vec<mcp_reattach::sse::Event>> {
+fn all_splits(input: &[u8]) -> Vec<Vec<Event>> {
     (0..=input.len())
         .map(|i| {
             let mut p = SseParser::new();

@@ -71,9 +71,10 @@ mod support;
 
 use std::time::Duration;
 
-use mcp_reattach::sse::Event;
 use serde_json::{json, Value};
-use support::{http_client, metric_sum, Binary, ChildProc, Relay, SseBody, SseEventExt, Upstream};
+use support::{
+    http_client, metric_sum, Binary, ChildProc, Event, Relay, SseBody, SseEventExt, Upstream,
+};
 use tokio::time::Instant;
 
 // ---------------------------------------------------------------------------------------------

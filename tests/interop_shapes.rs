@@ -52,12 +52,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcp_reattach::sse::Event;
 use serde_json::{json, Value};
 use support::{
     complete, cut_on_progress, explained_by_py_bugs, gap_error, http_client, install_shape_deps,
-    refuse_and_cut_at, run_client, tiny_window, with_gateway, Cl, Driver, Faults, Gw, Hook, Relay,
-    Run, SseBody, SseEventExt, Upstream,
+    refuse_and_cut_at, run_client, tiny_window, with_gateway, Cl, Driver, Event, Faults, Gw, Hook,
+    Relay, Run, SseBody, SseEventExt, Upstream,
 };
 use tokio::time::Instant;
 

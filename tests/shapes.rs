@@ -96,7 +96,7 @@ async fn committed(
     gw: &Gw,
     mock: &mut Mock,
     req: Request<Full<Bytes>>,
-) -> (SseReader, mcp_reattach::sse::Event, Seen) {
+) -> (SseReader, Event, Seen) {
     let pending = tokio::spawn(send(gw.addr, req));
     let seen = mock.next().await;
     let resp = pending.await.unwrap();

@@ -14,11 +14,7 @@ use mcp_reattach::Config;
 use tokio::time::Instant;
 
 fn message(data: &str) -> Event {
-    Event {
-        event: Some("message".into()),
-        data: Some(data.into()),
-        ..Event::default()
-    }
+    Event::message_of(data)
 }
 
 /// The next data frame of `body`.

@@ -46,7 +46,7 @@ use crate::config::Config;
 use crate::cursor::{new_epoch, Cursor};
 use crate::jsonrpc;
 use crate::metrics::Metrics;
-use crate::sse::{self, Event};
+use crate::sse::Event;
 use crate::window::{Entry, Window};
 
 /// Ended streams whose metadata (pending request ids, loss marks) a session keeps so that a
@@ -675,7 +675,7 @@ impl Session {
             return true;
         }
         let bytes_before = st.window.bytes();
-        let (pushed, learned_version) = self.tag_events(st, stream, events, now);
+        let (pushed, learned_version) = self.tag_events(st, stream, &mut events[..], now);
         events.drain(..pushed);
         self.metrics.events_tagged.inc_by(pushed as u64);
         self.budget.adjust(bytes_before, st.window.bytes());
@@ -699,13 +699,13 @@ impl Session {
         &self,
         st: &mut State,
         stream: u32,
-        events: &[Event],
+        events: &mut [Event],
         now: Instant,
     ) -> (usize, Option<String>) {
         let mut learned_version = None;
-        for (pushed, ev) in events.iter().enumerate() {
-            // Room first, then the copy: an event that waits is not encoded at every retry.
-            let len = sse::body_len(ev);
+        for (pushed, ev) in events.iter_mut().enumerate() {
+            // The event came in its wire form: room first, then it moves into the window.
+            let len = ev.body().len();
             let retained = st.window.retains(len);
             let room = if retained {
                 self.make_room(st, len, now)
@@ -721,23 +721,20 @@ impl Session {
             if !room {
                 return (pushed, learned_version);
             }
-            let mut body = Vec::with_capacity(len);
-            let message = sse::encode_body(ev, &mut body);
-            debug_assert_eq!(body.len(), len);
             st.last_seq += 1;
             let seq = st.last_seq;
             let Some(s) = st.streams.get_mut(&stream) else {
                 return (pushed, learned_version);
             };
             s.tagged(seq);
-            if let Some(data) = ev.data.as_deref() {
-                learned_version = Self::note_answers(s, data, seq).or(learned_version);
+            if let Some(data) = ev.data_bytes() {
+                learned_version = Self::note_answers(s, &data, seq).or(learned_version);
             }
             let entry = Entry {
                 seq,
                 stream,
-                message,
-                body: body.into_boxed_slice(),
+                message: ev.message(),
+                body: ev.take_body().into_boxed_slice(),
             };
             if retained {
                 let (streams, metrics) = (&mut st.streams, &self.metrics);
@@ -780,7 +777,7 @@ impl Session {
 
     /// Marks the requests of `s` that the event `seq` (with `data`) answers. Returns the
     /// protocol version it tells, if it answers the stream's `initialize`.
-    fn note_answers(s: &mut Stream, data: &str, seq: u64) -> Option<String> {
+    fn note_answers(s: &mut Stream, data: &[u8], seq: u64) -> Option<String> {
         if !s.requests.iter().any(|r| r.answered_at.is_none()) {
             return None;
         }

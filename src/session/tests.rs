@@ -11,11 +11,7 @@ fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
 }
 
 fn msg(data: &str) -> Event {
-    Event {
-        event: Some("message".into()),
-        data: Some(data.into()),
-        ..Event::default()
-    }
+    Event::message_of(data)
 }
 
 fn session(c: Arc<Config>) -> Session {
@@ -1185,7 +1181,7 @@ async fn an_oversized_event_is_written_in_pieces_and_counted_until_its_client_to
         "released once the client was polled past it"
     );
     let text = String::from_utf8(got).unwrap();
-    let data = big.data.unwrap();
+    let data = big.data().unwrap();
     assert!(
         text.starts_with("id: ") && text.ends_with(&format!("event: message\ndata: {data}\n\n")),
         "the event, whole and once"
@@ -1290,7 +1286,7 @@ async fn an_oversized_event_cut_half_way_is_resumed_whole_and_freed_once_nobody_
     };
     let text = String::from_utf8(drain_client(&s, stream, g2)).unwrap();
     assert!(
-        text.ends_with(&format!("data: {}\n\n", big.data.as_deref().unwrap())),
+        text.ends_with(&format!("data: {}\n\n", big.data().unwrap())),
         "whole after the resume"
     );
 

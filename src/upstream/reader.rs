@@ -254,11 +254,7 @@ pub(crate) fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
             } else {
                 raw.to_owned()
             };
-            Event {
-                event: Some("message".to_owned()),
-                data: Some(data),
-                ..Event::default()
-            }
+            Event::message_of(&data)
         })
         .collect())
 }
@@ -303,8 +299,8 @@ async fn read_batch(
 /// event of such a type reaches the client as `upstream/mcp-reattach/...`, so a client can
 /// always tell the gateway's control events from the server's.
 fn disown_control_type(e: &mut crate::sse::Event) {
-    if let Some(t) = e.event.as_mut().filter(|t| t.starts_with(CONTROL_PREFIX)) {
-        t.insert_str(0, "upstream/");
+    if e.event().is_some_and(|t| t.starts_with(CONTROL_PREFIX)) {
+        e.prefix_type("upstream/");
     }
 }
 
@@ -364,10 +360,10 @@ pub(crate) async fn read_stream(
             let ended = read_batch(&mut body, &mut decoder, &mut events, &metrics).await;
             for e in &mut events {
                 disown_control_type(e);
-                if e.id.is_some() {
-                    last_upstream_id.clone_from(&e.id);
+                if let Some(id) = e.id() {
+                    last_upstream_id = Some(id.to_owned());
                 }
-                retry = e.retry.or(retry);
+                retry = e.retry().or(retry);
             }
             if !events.is_empty() {
                 failures = 0;
@@ -423,8 +419,11 @@ mod tests {
     #[test]
     fn a_json_answer_is_its_messages_as_the_upstream_wrote_them() {
         let data = |body: &str| -> Result<Vec<String>, String> {
-            json_events(body.as_bytes())
-                .map(|v| v.into_iter().map(|e| e.data.unwrap_or_default()).collect())
+            json_events(body.as_bytes()).map(|v| {
+                v.into_iter()
+                    .map(|e| e.data().unwrap_or_default())
+                    .collect()
+            })
         };
         let one = r#"{"jsonrpc":"2.0","id":1,"result":{"b":1,"a":2}}"#;
         assert_eq!(data(&format!("{one}\n")).unwrap(), vec![one]);
@@ -500,9 +499,9 @@ mod tests {
             let got: Vec<Value> = events
                 .iter()
                 .map(|e| {
-                    let d = e.data.as_deref().unwrap();
+                    let d = e.data().unwrap();
                     assert!(!d.contains(['\n', '\r']), "one data line: {d:?}");
-                    serde_json::from_str(d).unwrap()
+                    serde_json::from_str(&d).unwrap()
                 })
                 .collect();
             proptest::prop_assert_eq!(got, want);
@@ -518,18 +517,14 @@ mod tests {
             EVENT_UPSTREAM_FAILED,
             EVENT_STREAM,
         ] {
-            let mut e = crate::sse::Event {
-                event: Some(t.to_owned()),
-                ..Default::default()
-            };
+            let mut e = crate::sse::Event::new(Some("7"), Some(t), Some("{}"), Some(5));
             disown_control_type(&mut e);
-            assert_eq!(e.event.as_deref(), Some(format!("upstream/{t}").as_str()));
+            assert_eq!(e.event(), Some(format!("upstream/{t}").as_str()));
+            let rest = (e.id(), e.data(), e.retry());
+            assert_eq!(rest, (Some("7"), Some("{}".to_owned()), Some(5)));
         }
-        let mut e = crate::sse::Event {
-            event: Some("message".to_owned()),
-            ..Default::default()
-        };
+        let mut e = crate::sse::Event::message_of("{}");
         disown_control_type(&mut e);
-        assert_eq!(e.event.as_deref(), Some("message"));
+        assert_eq!(e.event(), Some("message"));
     }
 }

@@ -1,11 +1,21 @@
 //! Reading the gateway's SSE output in tests. One parser, [`SseParser`], written from the SSE
 //! spec and independent of the crate's own decoder (a decoder bug must not hide itself by
 //! judging its own output), behind two readers: [`SseReader`] over a hyper body (in-process
-//! tests) and [`SseBody`] over a reqwest response (interop tests). Both yield the crate's plain
-//! [`Event`] record (`id`, `event`, `data`, `retry`); [`SseEventExt`] adds what the interop
-//! tests print and inspect.
+//! tests) and [`SseBody`] over a reqwest response (interop tests). Both yield a plain
+//! [`Event`] record (`id`, `event`, `data`, `retry`), the harness's own (the crate's event is
+//! held in its wire form); [`SseEventExt`] adds what the interop tests print and inspect.
 
 use super::*;
+
+/// One event as a client reads it: its fields as sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    /// The `data` lines joined with LF; `None` when the block had no `data` line.
+    pub data: Option<String>,
+    pub retry: Option<u64>,
+}
 
 /// An incremental SSE parser (the WHATWG event-stream format, LF or CRLF line endings, which is
 /// what the gateway and the SDKs write). A block with at least one field is one event (`data`
