@@ -107,10 +107,20 @@ impl Window {
         Some(e)
     }
 
-    /// Removes and returns the oldest entry that `evictable` accepts (the entries before it
-    /// stay, in order).
-    pub fn evict_first(&mut self, mut evictable: impl FnMut(&Entry) -> bool) -> Option<Entry> {
-        let i = self.entries.iter().position(&mut evictable)?;
+    /// Removes and returns the oldest entry from position `from` on that `evictable` accepts,
+    /// with its position (the entries before it stay, in order). A caller that knows the
+    /// first `from` entries must stay (none accepted by an earlier call with the same verdicts)
+    /// passes that: they are not looked at again.
+    pub fn evict_first(
+        &mut self,
+        from: usize,
+        mut evictable: impl FnMut(&Entry) -> bool,
+    ) -> Option<(usize, Entry)> {
+        let i = from
+            + self
+                .entries
+                .range(from.min(self.entries.len())..)
+                .position(&mut evictable)?;
         // Mostly the oldest: `remove` would work out which side to shift first.
         let e = if i == 0 {
             self.entries.pop_front()
@@ -118,7 +128,7 @@ impl Window {
             self.entries.remove(i)
         }?;
         self.bytes -= e.len();
-        Some(e)
+        Some((i, e))
     }
 
     /// Removes every entry of `stream`, whose positions all lie in `seqs` (its state is being
@@ -201,12 +211,23 @@ mod tests {
         for (seq, stream) in [(1, 0), (2, 1), (3, 0), (4, 1)] {
             w.push(entry(seq, stream, 5), |_| {}).unwrap();
         }
-        assert_eq!(w.evict_first(|e| e.stream == 1).map(|e| e.seq), Some(2));
-        assert_eq!(w.evict_first(|e| e.stream == 2), None);
+        let seq = |r: Option<(usize, Entry)>| r.map(|(i, e)| (i, e.seq));
+        assert_eq!(seq(w.evict_first(0, |e| e.stream == 1)), Some((1, 2)));
+        assert_eq!(seq(w.evict_first(0, |e| e.stream == 2)), None);
         let left: Vec<u64> = w.entries.iter().map(|e| e.seq).collect();
         assert_eq!(left, vec![1, 3, 4]);
         assert_eq!(w.bytes(), 15);
         assert_eq!(w.after(1, 0).map(|e| e.seq).collect::<Vec<_>>(), vec![4]);
+        // From a position on: the entries before it are not looked at.
+        let mut looked = Vec::new();
+        let all = |e: &Entry| {
+            looked.push(e.seq);
+            true
+        };
+        assert_eq!(seq(w.evict_first(1, all)), Some((1, 3)));
+        assert_eq!(looked, vec![3]);
+        assert_eq!(seq(w.evict_first(5, |_| true)), None);
+        assert_eq!(w.bytes(), 10);
     }
 
     #[test]

@@ -618,7 +618,12 @@ impl Session {
     /// Makes room in the window for an event of `len` bytes by evicting the oldest events
     /// that no client still needs (skipping over those that some client does). `false` when
     /// every retained event is still needed: the caller must wait (flow control) instead.
-    fn make_room(&self, st: &mut State, len: usize, now: Instant) -> bool {
+    ///
+    /// `kept`: how many entries at the window's front were found needed by an earlier call
+    /// of the same [`Session::tag_events`] (lock held, one `now`: their verdict cannot have
+    /// changed), so not looked at again; updated here. Without it a stream's events behind
+    /// another's needed ones were each scanned past again for every eviction.
+    fn make_room(&self, st: &mut State, len: usize, now: Instant, kept: &mut usize) -> bool {
         let stall = self.cfg.stall_timeout;
         let mut aged = false;
         // The entries scanned are mostly of one stream: what it needs is looked up once per
@@ -639,13 +644,17 @@ impl Session {
                 };
                 needed_after.is_none_or(|acked| e.seq <= acked)
             };
-            match st.window.evict_first(evictable) {
-                Some(old) => note_eviction(&self.metrics, &mut st.streams, &old),
+            match st.window.evict_first(*kept, evictable) {
+                Some((at, old)) => {
+                    *kept = at;
+                    note_eviction(&self.metrics, &mut st.streams, &old);
+                }
                 // Batches written long enough ago to a live client count as delivered.
                 None if !aged => {
                     st.inflight.age(now, &mut st.streams);
                     aged = true;
                     last = None;
+                    *kept = 0;
                 }
                 None => return false,
             }
@@ -703,12 +712,13 @@ impl Session {
         now: Instant,
     ) -> (usize, Option<String>) {
         let mut learned_version = None;
+        let mut kept = 0;
         for (pushed, ev) in events.iter_mut().enumerate() {
             // The event came in its wire form: room first, then it moves into the window.
             let len = ev.body().len();
             let retained = st.window.retains(len);
             let room = if retained {
-                self.make_room(st, len, now)
+                self.make_room(st, len, now, &mut kept)
             } else {
                 // Too large for the window: it waits in the stream's one-slot overflow for
                 // the attached client, which must first be free, and the memory budget must
