@@ -280,7 +280,14 @@ impl Decoder {
                     continue;
                 }
             }
-            match memchr::memchr2(b'\n', b'\r', chunk) {
+            // The blank line that ends an event (every other line here) is seen without a
+            // search.
+            let end = if chunk[0] == b'\n' || chunk[0] == b'\r' {
+                Some(0)
+            } else {
+                memchr::memchr2(b'\n', b'\r', chunk)
+            };
+            match end {
                 Some(i) => {
                     self.grow(i)?;
                     let line = &chunk[..i];
@@ -350,7 +357,7 @@ impl Decoder {
         };
         match name {
             b"data" => {
-                std::str::from_utf8(value).map_err(|_| SseError::InvalidUtf8)?;
+                simdutf8::basic::from_utf8(value).map_err(|_| SseError::InvalidUtf8)?;
                 self.cur.push_data(value);
             }
             b"event" => self.cur.set_event(Some(value)),
