@@ -364,7 +364,13 @@ impl Decoder {
         if line[0] == b':' {
             return Ok(()); // comment
         }
-        let (name, value) = match memchr::memchr(b':', line) {
+        // The usual fields by their prefix; others (and `data` without a colon) by a search.
+        let split = match line[0] {
+            b'd' if line.starts_with(b"data:") => Some(4),
+            b'e' if line.starts_with(b"event:") => Some(5),
+            _ => memchr::memchr(b':', line),
+        };
+        let (name, value) = match split {
             Some(i) => {
                 let v = &line[i + 1..];
                 (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
