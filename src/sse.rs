@@ -112,10 +112,18 @@ impl Event {
         Some(std::borrow::Cow::Owned(joined))
     }
 
-    /// The `data` lines joined with LF, as text.
-    pub fn data(&self) -> Option<String> {
-        self.data_bytes()
-            .map(|d| String::from_utf8_lossy(&d).into_owned())
+    /// The `data` lines joined with LF, as text (borrowed when there is one line). Checked
+    /// when decoded; converted here by the SIMD validator, cheap next to parsing it.
+    pub fn data(&self) -> Option<std::borrow::Cow<'_, str>> {
+        use std::borrow::Cow;
+        Some(match self.data_bytes()? {
+            Cow::Borrowed(b) => simdutf8::basic::from_utf8(b)
+                .map_or_else(|_| String::from_utf8_lossy(b), Cow::Borrowed),
+            Cow::Owned(v) => Cow::Owned(
+                String::from_utf8(v)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            ),
+        })
     }
 
     /// What follows the `id:` line on the wire: `write_id` + (`event: message\n` when

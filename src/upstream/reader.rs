@@ -420,8 +420,8 @@ mod tests {
     fn a_json_answer_is_its_messages_as_the_upstream_wrote_them() {
         let data = |body: &str| -> Result<Vec<String>, String> {
             json_events(body.as_bytes()).map(|v| {
-                v.into_iter()
-                    .map(|e| e.data().unwrap_or_default())
+                v.iter()
+                    .map(|e| e.data().unwrap_or_default().into_owned())
                     .collect()
             })
         };
@@ -521,7 +521,7 @@ mod tests {
             disown_control_type(&mut e);
             assert_eq!(e.event(), Some(format!("upstream/{t}").as_str()));
             let rest = (e.id(), e.data(), e.retry());
-            assert_eq!(rest, (Some("7"), Some("{}".to_owned()), Some(5)));
+            assert_eq!(rest, (Some("7"), Some("{}".into()), Some(5)));
         }
         let mut e = crate::sse::Event::message_of("{}");
         disown_control_type(&mut e);
