@@ -105,6 +105,29 @@ impl Binary {
         envs: &[(&str, &str)],
         ready_path: &str,
     ) -> Result<Binary, NotStarted> {
+        // A port found free can be taken before the binary binds it (another test's outgoing
+        // connection gets it as its ephemeral port): then the start is tried again on new
+        // ports. Any other failure is the test's to see.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let started =
+                Self::try_start_once(name, launcher, upstream, extra, envs, ready_path).await;
+            match started {
+                Err(e) if attempt < 3 && e.stderr.contains("Address already in use") => continue,
+                other => return other,
+            }
+        }
+    }
+
+    async fn try_start_once(
+        name: &str,
+        launcher: &[&str],
+        upstream: SocketAddr,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+        ready_path: &str,
+    ) -> Result<Binary, NotStarted> {
         let (addr, admin) = (free_port(), free_port());
         let upstream_url = format!("http://{upstream}");
         let (listen, admin_listen) = (addr.to_string(), admin.to_string());
