@@ -332,10 +332,12 @@ fn handed(s: &mut Stream, last: u64, whole: bool, partial: Option<(u64, usize)>)
 
 /// What the in-flight reserve needs of the session's streams.
 impl Delivery for Streams {
-    fn reading(&self, stream: u32) -> bool {
-        self.get(&stream)
-            .and_then(|s| s.sub.as_ref())
-            .is_some_and(|sub| sub.detach.is_none())
+    fn reading(&self, stream: u32, now: Instant) -> bool {
+        self.get(&stream).is_some_and(|s| {
+            s.sub.as_ref().is_some_and(|sub| sub.detach.is_none())
+                && s.stall_since
+                    .is_none_or(|t| now.duration_since(t) < reserve::INFLIGHT_AGE)
+        })
     }
 
     fn delivered(&mut self, stream: u32, last: u64) -> bool {

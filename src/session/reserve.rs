@@ -20,8 +20,11 @@ pub(super) const INFLIGHT_AGE: Duration = Duration::from_secs(1);
 
 /// What the reserve asks of the streams its batches were written to.
 pub(super) trait Delivery {
-    /// Whether the client of `stream` is still attached and reading.
-    fn reading(&self, stream: u32) -> bool;
+    /// Whether the client of `stream` is still attached and reading at `now`: taking writes
+    /// (one within the last [`INFLIGHT_AGE`]) or caught up. A client whose connection stopped
+    /// taking writes holds its batches: bytes stuck on a path that is being cut were lost
+    /// when the age alone released them (tests/flow_control.rs saw it under a loaded CI).
+    fn reading(&self, stream: u32, now: Instant) -> bool;
     /// Every event of `stream` up to `last` counts as delivered from now on; returns whether
     /// the stream's delivered mark moved.
     fn delivered(&mut self, stream: u32, last: u64) -> bool;
@@ -120,7 +123,7 @@ impl Reserve {
     pub fn age(&mut self, now: Instant, streams: &mut impl Delivery) -> bool {
         let mut moved = false;
         while let Some(b) = self.batches.front() {
-            if now.duration_since(b.at) < INFLIGHT_AGE || !streams.reading(b.stream) {
+            if now.duration_since(b.at) < INFLIGHT_AGE || !streams.reading(b.stream, now) {
                 break;
             }
             moved |= self.release_oldest(streams).unwrap_or(false);
@@ -174,7 +177,7 @@ mod tests {
     }
 
     impl Delivery for Fake {
-        fn reading(&self, stream: u32) -> bool {
+        fn reading(&self, stream: u32, _now: Instant) -> bool {
             self.reading.contains(&stream)
         }
         fn delivered(&mut self, stream: u32, last: u64) -> bool {

@@ -423,6 +423,61 @@ async fn written_events_in_the_reserve_survive_a_cut() {
     assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
 }
 
+/// A connection that stopped taking writes (a path being cut, a peer that stopped reading)
+/// keeps its written batches in the reserve however old they get: the upstream waits instead,
+/// and the client that comes back gets every event. Released by age alone, they were evicted
+/// and lost (tests/flow_control.rs, a cut under a loaded CI: 1,411 events in a gap).
+#[tokio::test(start_paused = true)]
+async fn written_events_of_a_connection_that_stopped_taking_writes_are_not_aged_out() {
+    let s = session(cfg(|c| c.window_events = 8));
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let mut pending = numbered(0, 4, 10);
+    assert!(s.push_events(stream, &mut pending, None));
+    let Step::Data(b, 4) = step(&s, stream, generation) else {
+        panic!("one batch of the reserve's size")
+    };
+    assert_eq!(ns(&String::from_utf8_lossy(&b)), vec![0, 1, 2, 3]);
+    // The client stays attached but its connection takes nothing more for seconds.
+    tokio::time::advance(reserve::INFLIGHT_AGE * 2).await;
+    let mut more = numbered(4, 20, 10);
+    assert!(
+        !s.push_events(stream, &mut more, None),
+        "the upstream waits: the written batch is not taken as delivered"
+    );
+    assert_eq!(
+        more.len(),
+        12,
+        "room for four more, not for the written ones' places"
+    );
+    // The cut shows; the client comes back within the budget and gets everything once.
+    s.detach(stream, generation);
+    let opening = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 1,
+    };
+    let Ok(Resume::Attached {
+        attachment: Attachment { generation: g2, .. },
+        replay: 8,
+    }) = s.resume(opening, None)
+    else {
+        panic!("the written events are still there")
+    };
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        if !more.is_empty() {
+            s.push_events(stream, &mut more, None);
+        }
+        if let Step::Data(b, _) = step(&s, stream, g2) {
+            got.extend(ns(&String::from_utf8_lossy(&b)));
+        }
+    }
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_streams_traffic_never_evicts_anothers_undelivered_events() {
     let s = session(cfg(|c| c.window_events = 6));
