@@ -745,9 +745,7 @@ impl Session {
                 return (pushed, learned_version);
             };
             s.tagged(seq);
-            if let Some(data) = ev.data_bytes() {
-                learned_version = Self::note_answers(s, &data, seq).or(learned_version);
-            }
+            learned_version = Self::note_answers(s, ev, seq).or(learned_version);
             let entry = Entry {
                 seq,
                 stream,
@@ -793,12 +791,15 @@ impl Session {
         s.set_overflow(None, &self.budget);
     }
 
-    /// Marks the requests of `s` that the event `seq` (with `data`) answers. Returns the
+    /// Marks the requests of `s` that the event `ev`, tagged `seq`, answers. Returns the
     /// protocol version it tells, if it answers the stream's `initialize`.
-    fn note_answers(s: &mut Stream, data: &[u8], seq: u64) -> Option<String> {
+    fn note_answers(s: &mut Stream, ev: &Event, seq: u64) -> Option<String> {
         if !s.requests.iter().any(|r| r.answered_at.is_none()) {
             return None;
         }
+        // Only now the data: joining a multi-line event's lines is for a stream that waits.
+        let data = ev.data_bytes()?;
+        let data = &*data;
         for rid in jsonrpc::response_ids(data) {
             if let Some(r) = s
                 .requests

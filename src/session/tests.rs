@@ -397,30 +397,42 @@ async fn written_events_in_the_reserve_survive_a_cut() {
     // The upstream fills the window; the written-but-unconfirmed events stay.
     let mut more = numbered(4, 20, 10);
     assert!(!s.push_events(stream, &mut more, None));
+    let (replay, got) = resume_from_the_opening(&s, stream, &mut more, 20);
+    assert_eq!(replay, 8);
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+}
+
+/// Resumes `stream` from its opening position and reads `n` events, pushing `more` as room
+/// allows: how many the resume replayed, and the numbers read.
+fn resume_from_the_opening(
+    s: &Session,
+    stream: u32,
+    more: &mut Vec<Event>,
+    n: usize,
+) -> (usize, Vec<u64>) {
     let opening = Cursor {
         epoch: s.epoch,
         stream,
         seq: 1,
     };
     let Ok(Resume::Attached {
-        attachment: Attachment { generation: g2, .. },
+        attachment: Attachment { generation, .. },
         replay,
     }) = s.resume(opening, None)
     else {
-        panic!("the in-flight events are still there")
+        panic!("the written events are still there")
     };
-    assert_eq!(replay, 8);
     let mut got = Vec::new();
-    while got.len() < 20 {
+    while got.len() < n {
         if !more.is_empty() {
-            s.push_events(stream, &mut more, None);
+            s.push_events(stream, more, None);
         }
-        if let Step::Data(b, _) = step(&s, stream, g2) {
+        if let Step::Data(b, _) = step(s, stream, generation) {
             got.extend(ns(&String::from_utf8_lossy(&b)));
         }
     }
-    assert_eq!(got, (0..20).collect::<Vec<_>>());
-    assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+    (replay, got)
 }
 
 /// A connection that stopped taking writes (a path being cut, a peer that stopped reading)
@@ -453,27 +465,8 @@ async fn written_events_of_a_connection_that_stopped_taking_writes_are_not_aged_
     );
     // The cut shows; the client comes back within the budget and gets everything once.
     s.detach(stream, generation);
-    let opening = Cursor {
-        epoch: s.epoch,
-        stream,
-        seq: 1,
-    };
-    let Ok(Resume::Attached {
-        attachment: Attachment { generation: g2, .. },
-        replay: 8,
-    }) = s.resume(opening, None)
-    else {
-        panic!("the written events are still there")
-    };
-    let mut got = Vec::new();
-    while got.len() < 20 {
-        if !more.is_empty() {
-            s.push_events(stream, &mut more, None);
-        }
-        if let Step::Data(b, _) = step(&s, stream, g2) {
-            got.extend(ns(&String::from_utf8_lossy(&b)));
-        }
-    }
+    let (replay, got) = resume_from_the_opening(&s, stream, &mut more, 20);
+    assert_eq!(replay, 8);
     assert_eq!(got, (0..20).collect::<Vec<_>>());
     assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
 }

@@ -108,61 +108,40 @@ impl Binary {
         // A port found free can be taken before the binary binds it (another test's outgoing
         // connection gets it as its ephemeral port): then the start is tried again on new
         // ports. Any other failure is the test's to see.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let started =
-                Self::try_start_once(name, launcher, upstream, extra, envs, ready_path).await;
-            match started {
-                Err(e) if attempt < 3 && e.stderr.contains("Address already in use") => continue,
-                other => return other,
-            }
-        }
-    }
-
-    async fn try_start_once(
-        name: &str,
-        launcher: &[&str],
-        upstream: SocketAddr,
-        extra: &[&str],
-        envs: &[(&str, &str)],
-        ready_path: &str,
-    ) -> Result<Binary, NotStarted> {
-        let (addr, admin) = (free_port(), free_port());
         let upstream_url = format!("http://{upstream}");
-        let (listen, admin_listen) = (addr.to_string(), admin.to_string());
-        let mut args = vec![
-            "--upstream",
-            &upstream_url,
-            "--listen",
-            &listen,
-            "--admin-listen",
-            &admin_listen,
-        ];
-        args.extend_from_slice(extra);
         let bin = env!("CARGO_BIN_EXE_mcp-reattach");
-        let mut proc = match launcher.split_first() {
-            None => ChildProc::spawn_env(name, bin, &args, &repo_dir(), envs),
-            Some((program, pre)) => {
-                let mut full = pre.to_vec();
-                full.push(bin);
-                full.extend_from_slice(&args);
-                ChildProc::spawn_env(name, program, &full, &repo_dir(), envs)
+        for attempt in 1.. {
+            let (addr, admin) = (free_port(), free_port());
+            let (listen, admin_listen) = (addr.to_string(), admin.to_string());
+            let mut args = vec![
+                "--upstream",
+                &upstream_url,
+                "--listen",
+                &listen,
+                "--admin-listen",
+                &admin_listen,
+            ];
+            args.extend_from_slice(extra);
+            let mut proc = match launcher.split_first() {
+                None => ChildProc::spawn_env(name, bin, &args, &repo_dir(), envs),
+                Some((program, pre)) => {
+                    let mut full = pre.to_vec();
+                    full.push(bin);
+                    full.extend_from_slice(&args);
+                    ChildProc::spawn_env(name, program, &full, &repo_dir(), envs)
+                }
+            };
+            let ready = format!("http://{admin}{ready_path}");
+            let code = match poll_http_ok(&mut proc, &ready, START_LIMIT).await {
+                Ok(()) => return Ok(Binary { proc, addr, admin }),
+                Err(code) => code,
+            };
+            let stderr = proc.stderr_to_end(Duration::from_secs(2)).await.join("\n");
+            if attempt == 3 || !stderr.contains("Address already in use") {
+                return Err(NotStarted { code, stderr });
             }
-        };
-        match poll_http_ok(
-            &mut proc,
-            &format!("http://{admin}{ready_path}"),
-            START_LIMIT,
-        )
-        .await
-        {
-            Ok(()) => Ok(Binary { proc, addr, admin }),
-            Err(code) => Err(NotStarted {
-                code,
-                stderr: proc.stderr_to_end(Duration::from_secs(2)).await.join("\n"),
-            }),
         }
+        unreachable!("the third attempt returns")
     }
 
     /// `http://<proxy listener>/mcp`.
