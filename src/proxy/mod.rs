@@ -190,7 +190,7 @@ impl Gateway {
         let session = req
             .headers()
             .get(MCP_SESSION_ID)
-            .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
+            .map(|v| hash_id(v.as_bytes()));
         // One span per request (inside its connection's span), so a debug log of one session
         // can be followed; a session the upstream creates now is recorded once known.
         let span = tracing::debug_span!(
@@ -248,7 +248,7 @@ impl Gateway {
             let created = resp
                 .headers()
                 .get(MCP_SESSION_ID)
-                .map(|v| hash_id(&String::from_utf8_lossy(v.as_bytes())));
+                .map(|v| hash_id(v.as_bytes()));
             if let Some(h) = &created {
                 span.record("mcp.session.id", tracing::field::display(h));
             }

@@ -505,22 +505,26 @@ pub fn is_minted_form(id: &str) -> bool {
 /// A short label for a session id in logs, stable within the process: SipHash under a key
 /// drawn at random once per process (std's `RandomState`), so a label cannot be turned back
 /// into a guessable session id without the process's key.
-pub fn hash_id(id: &str) -> String {
+pub fn hash_id(id: impl AsRef<[u8]>) -> String {
     use std::hash::BuildHasher;
     static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();
     let key = KEY.get_or_init(std::collections::hash_map::RandomState::new);
-    hex16(key.hash_one(id))
+    // The id's bytes as they came (a header value need not be UTF-8: no lossy copy first).
+    hex16(key.hash_one(id.as_ref()))
 }
 
-/// `n` as 16 lowercase hex digits (`format!("{n:016x}")` without the formatter: the label is
-/// made for every request's access line).
+/// `n` as 16 lowercase hex digits (`format!("{n:016x}")` without the formatter, and the
+/// digits put in place rather than collected as chars: the label is made for every request's
+/// access line).
 fn hex16(n: u64) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    (0..16)
-        .rev()
-        .map(|i| char::from(HEX[((n >> (i * 4)) & 0xf) as usize]))
-        .collect()
+    let mut digits = [0u8; 16];
+    for (i, d) in digits.iter_mut().enumerate() {
+        *d = HEX[((n >> ((15 - i) * 4)) & 0xf) as usize];
+    }
+    // ASCII by construction.
+    String::from_utf8(digits.to_vec()).unwrap_or_default()
 }
 
 #[cfg(test)]

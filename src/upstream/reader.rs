@@ -248,13 +248,13 @@ pub(crate) fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
         .map(|raw| {
             // An SSE data line cannot hold a line break: a message that spans lines is
             // sent compact.
-            let data = if raw.contains(['\n', '\r']) {
-                serde_json::from_str::<Value>(raw)
-                    .map_or_else(|_| raw.to_owned(), |v| v.to_string())
+            if raw.contains(['\n', '\r']) {
+                let compact = serde_json::from_str::<Value>(raw)
+                    .map_or_else(|_| raw.to_owned(), |v| v.to_string());
+                Event::message_of(&compact)
             } else {
-                raw.to_owned()
-            };
-            Event::message_of(&data)
+                Event::message_of(raw)
+            }
         })
         .collect())
 }
