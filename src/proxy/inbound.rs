@@ -6,6 +6,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::future::Future;
+use std::task::Poll;
 
 use http::header::{self, HeaderValue};
 use http::request::Parts;
@@ -258,8 +260,15 @@ async fn collect(
         room: &mut room,
         read: 0,
     };
-    let collect = Limited::new(counted, cfg.max_request_bytes).collect();
-    let collected = match tokio::time::timeout(cfg.header_read_timeout, collect).await {
+    let mut collect = std::pin::pin!(Limited::new(counted, cfg.max_request_bytes).collect());
+    // Mostly the body came with its head and is whole at the first look: the timer (armed
+    // and cancelled, a few hundred instructions) only for a body still on its way.
+    let first = std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await;
+    let timed = match first {
+        Poll::Ready(done) => Ok(done),
+        Poll::Pending => tokio::time::timeout(cfg.header_read_timeout, collect).await,
+    };
+    let collected = match timed {
         Err(_) => Err(ProxyError::BodyTimeout(cfg.header_read_timeout).into()),
         Ok(Ok(c)) => Ok(c.to_bytes()),
         Ok(Err(e))
