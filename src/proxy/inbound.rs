@@ -4,9 +4,9 @@
 //!
 //! Knows HTTP requests and the JSON-RPC inspection; nothing of how a route is served.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::future::Future;
 use std::task::Poll;
 
 use http::header::{self, HeaderValue};
