@@ -9,7 +9,7 @@ if ! rustup toolchain list 2>/dev/null | grep -q '^nightly' || ! cargo +nightly 
   echo "fuzz smoke: skipped (needs a nightly toolchain and cargo-fuzz: cargo install cargo-fuzz)"
   exit 0
 fi
-targets=(sse_decoder cursor window_model http_connection h1_response)
+targets=(sse_decoder cursor window_model http_connection h1_response h1_request)
 cargo +nightly fuzz build 2>&1 | tail -n 1
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT

@@ -1,8 +1,9 @@
-//! HTTP/1.1 framing of the upstream's responses to the gateway's own `GET`s (the held
-//! standalone stream, upstream resumes), which the gateway reads itself on the upstream
-//! socket: the request head it writes, the response head ([`parse_head`], httparse), and the
-//! body's framing ([`BodyDecoder`]: `Content-Length`, `chunked` or close-delimited), one pass
-//! over each read, the data handed out as slices of the read.
+//! HTTP/1.1 framing, both sides, pure. Upstream: the request head the gateway writes, the
+//! response head ([`parse_head`], httparse), and the body's framing ([`BodyDecoder`]:
+//! `Content-Length`, `chunked` or close-delimited), one pass over each read, the data handed
+//! out as slices of the read. Client side (`server::h1` does the I/O): a client's request head
+//! ([`parse_request`]; its body through the same decoder) and the response head the gateway
+//! writes ([`response_head`]).
 //!
 //! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
 //! `Content-Length`, differing lengths, a transfer coding other than `chunked` alone, a chunk
@@ -152,7 +153,7 @@ fn take_parsed(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
 }
 
 /// Where the first empty line of `buf` ends (`\n\n` or `\n\r\n`): a head's end.
-fn head_end(buf: &[u8]) -> Option<usize> {
+pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
     memchr::memchr_iter(b'\n', buf).find_map(|i| match buf.get(i + 1..i + 3) {
         Some([b'\n', _]) => Some(i + 2),
         Some([b'\r', b'\n']) => Some(i + 3),
@@ -501,6 +502,217 @@ impl BodyDecoder {
             _ => Err(H1Error::EarlyClose),
         }
     }
+}
+
+// ---- The client side: the requests the gateway reads and the response heads it writes ----
+
+/// Why a client's request head cannot be served; the answer is [`RequestError::status`] and
+/// the connection closes after it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("malformed request head: {0}")]
+    Head(&'static str),
+    #[error("request head larger than the limits (--max-header-bytes, --max-headers)")]
+    HeadTooLarge,
+    #[error("ambiguous request body framing: {0}")]
+    Framing(&'static str),
+}
+
+impl RequestError {
+    /// The status a client gets for it (RFC 9110 §15.5.1, RFC 6585 §5); an unknown version
+    /// is a malformed head, as hyper answered it.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RequestError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            RequestError::Head(_) | RequestError::Framing(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// A client's parsed request head.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub parts: http::request::Parts,
+    /// How its body ends: `Length` (0 without a body) or `Chunked`, never `Close`.
+    pub framing: Framing,
+    /// Whether the connection may carry another request after this one: HTTP/1.1 without
+    /// `Connection: close`, HTTP/1.0 with `Connection: keep-alive`.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` (HTTP/1.1): the client waits for a `100 Continue` before the
+    /// body, sent when the body is first asked for.
+    pub expect_continue: bool,
+}
+
+/// Most headers a request head may have before httparse needs a heap slot array.
+const STACK_HEADERS: usize = 100;
+
+/// Parses the request head at the start of `buf`: the head and its length, `None` while it is
+/// incomplete. At most `max_headers` headers; `buf`'s own bound (the caller's
+/// `--max-header-bytes`) is the caller's. Header values are slices of `buf` (a `Bytes`: the
+/// head's bytes are kept, not copied). Strict where a reverse proxy must be (RFC 9112 §6.1,
+/// §6.3): a `Transfer-Encoding` with a `Content-Length` or in HTTP/1.0, a transfer coding
+/// other than `chunked` alone, invalid or differing lengths, obs-fold and bare CR are errors.
+pub fn parse_request(
+    buf: &bytes::Bytes,
+    max_headers: usize,
+) -> Result<Option<(RequestHead, usize)>, RequestError> {
+    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let mut heap;
+    let slots: &mut [httparse::Header<'_>] = if max_headers <= STACK_HEADERS {
+        &mut stack[..max_headers]
+    } else {
+        heap = vec![httparse::EMPTY_HEADER; max_headers];
+        &mut heap
+    };
+    let mut req = httparse::Request::new(slots);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(RequestError::HeadTooLarge),
+        Err(httparse::Error::Version) => return Err(RequestError::Head("unknown HTTP version")),
+        Err(_) => return Err(RequestError::Head("not an HTTP/1.x request head")),
+    };
+    let (Some(method), Some(path), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(RequestError::Head("incomplete request line"));
+    };
+    let method = http::Method::from_bytes(method.as_bytes())
+        .map_err(|_| RequestError::Head("invalid method"))?;
+    let uri = http::Uri::from_maybe_shared(buf.slice_ref(path.as_bytes()))
+        .map_err(|_| RequestError::Head("invalid request target"))?;
+    let http10 = version == 0;
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| RequestError::Head("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(buf.slice_ref(h.value))
+            .map_err(|_| RequestError::Head("invalid header value"))?;
+        headers.append(name, value);
+    }
+    let framing = request_framing(&headers, http10)?;
+    let connection = |token: &[u8]| {
+        headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+    };
+    let keep_alive = if http10 {
+        connection(b"keep-alive")
+    } else {
+        !connection(b"close")
+    };
+    let expect_continue = !http10
+        && headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = if http10 {
+        http::Version::HTTP_10
+    } else {
+        http::Version::HTTP_11
+    };
+    parts.headers = headers;
+    Ok(Some((
+        RequestHead {
+            parts,
+            framing,
+            keep_alive,
+            expect_continue,
+        },
+        len,
+    )))
+}
+
+/// The body framing of a request (RFC 9112 §6.3): as a response's, but a request without
+/// either header has no body (never close-delimited).
+fn request_framing(headers: &HeaderMap, http10: bool) -> Result<Framing, RequestError> {
+    match framing(StatusCode::OK, headers, http10) {
+        Ok(Framing::Close) => Ok(Framing::Length(0)),
+        Ok(f) => Ok(f),
+        Err(H1Error::Framing(why)) => Err(RequestError::Framing(why)),
+        Err(_) => Err(RequestError::Framing("invalid framing")),
+    }
+}
+
+/// How a response's body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// `Content-Length`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the connection closes (a body of unknown length to an HTTP/1.0 client).
+    Close,
+    /// No body and no framing header (1xx, 204, 304), or the answer to a `HEAD`, whose
+    /// framing headers are the response's own.
+    None,
+}
+
+/// Writes a response head: the status line, `headers` (their framing headers replaced by
+/// `framing`'s, unless it is [`ResponseFraming::None`]), `Connection: close` when the
+/// connection ends after it, and `date` when `headers` have none.
+pub fn response_head(
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: ResponseFraming,
+    close: bool,
+    date: &[u8],
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let own_framing = framing != ResponseFraming::None;
+    for (name, value) in headers {
+        if name == http::header::CONNECTION
+            || (own_framing
+                && (name == http::header::CONTENT_LENGTH
+                    || name == http::header::TRANSFER_ENCODING))
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        ResponseFraming::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        ResponseFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        ResponseFraming::Close | ResponseFraming::None => {}
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !headers.contains_key(http::header::DATE) {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(date);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The size line of one chunk of `n` bytes (`<hex>\r\n`) in `out`; its length.
+pub fn chunk_size_line(n: usize, out: &mut [u8; 18]) -> usize {
+    let digits = if n == 0 {
+        1
+    } else {
+        (usize::BITS - n.leading_zeros()).div_ceil(4) as usize
+    };
+    for (i, d) in out[..digits].iter_mut().rev().enumerate() {
+        *d = b"0123456789abcdef"[(n >> (4 * i)) & 0xf];
+    }
+    out[digits] = b'\r';
+    out[digits + 1] = b'\n';
+    digits + 2
 }
 
 #[cfg(test)]

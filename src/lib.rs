@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`config`] | flags, env vars, their defaults ([`config::defaults`]), parsing of sizes and durations, [`Config`] | sockets, HTTP |
 //! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
-//! | [`h1`] | HTTP/1.1 framing of every upstream exchange: request head, response head, body decoder | I/O, sessions |
+//! | [`h1`] | HTTP/1.1 framing, pure: every upstream exchange (request head, response head, body decoder) and the client side (request heads, response heads, chunk size lines) | I/O, sessions |
 //! | [`cursor`] | event ids `<epoch>.<stream>.<seq>` | what a cursor means |
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
@@ -19,7 +19,7 @@
 //! | [`logwriter`] | the log's writer: lines gathered in one bounded buffer, written to stdout in batches by a thread of its own | what a line says |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
 //! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag, pass-through, the end of a minted session; `upgrade`: a JSON answer served as the gateway's SSE stream), `auth` decided once per request, `bodies` the bound of all request bodies held at once | retention rules |
-//! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; the first-request and idle timeouts of a connection; hands over to the drain | protocol details |
+//! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; the first-request and idle timeouts of a connection; hands over to the drain; the client side's HTTP/1.1 read and written by the gateway (`h1`: heads, bodies, pipelining, the drain's stop; HTTP/2 stays hyper's) | sessions, routes |
 //! | [`admin`] | the admin listener: `/healthz`, `/readyz`, `/metrics` | the proxy listener, sessions, the drain's phases |
 //! | [`shutdown`] | a leaf the servers consume: the drain phases (not ready, drain delay, stop accepting, deadline, end streams) and all shutdown state: the [`shutdown::Shutdown`] trigger, [`Health`], the hurry signal and the admin listener's stop ([`shutdown::Draining`]) | the gateway, listeners, signals |
 //! | [`telemetry`] | OpenTelemetry traces: the OTLP/HTTP exporter (on with the standard `OTEL_EXPORTER_OTLP_*` variables), the W3C trace context continued from clients, injected upstream, and kept by streams for their resumes | sessions' internals, routes |

@@ -1,6 +1,6 @@
 //! Every input the fuzzers ever kept (`fuzz/corpus/<target>/`), replayed through the same
 //! check the fuzz target calls (`fuzz/checks/<target>.rs`), so CI guards them on stable Rust
-//! without libFuzzer: `cursor`, `sse_decoder`, `h1_response`, `window_model` (decoded with the same
+//! without libFuzzer: `cursor`, `sse_decoder`, `h1_response`, `h1_request`, `window_model` (decoded with the same
 //! `arbitrary` version as the fuzz target), and `http_connection` (each input a real
 //! connection to an in-process gateway; the check waits for the gateway to close or to fall
 //! silent for 50 ms, so the whole corpus takes seconds).
@@ -10,6 +10,8 @@
 
 #[path = "../fuzz/checks/cursor.rs"]
 mod cursor;
+#[path = "../fuzz/checks/h1_request.rs"]
+mod h1_request;
 #[path = "../fuzz/checks/h1_response.rs"]
 mod h1_response;
 #[path = "../fuzz/checks/http_connection.rs"]
@@ -53,6 +55,16 @@ fn replay<T>(target: &str, check: fn(&[u8]) -> T) -> Vec<T> {
 fn cursor_corpus() {
     let n = replay("cursor", cursor::check).len();
     eprintln!("replayed {n} cursor corpus inputs");
+}
+
+/// The corpus holds the framings a client may send; the ambiguous one (CL with TE) is refused.
+#[test]
+fn h1_request_corpus() {
+    let framings = replay("h1_request", h1_request::check);
+    assert!(framings.contains(&Some(mcp_reattach::h1::Framing::Chunked)));
+    assert!(framings.contains(&Some(mcp_reattach::h1::Framing::Length(5))));
+    assert!(framings.contains(&None), "cl-te refused");
+    eprintln!("replayed {} h1_request corpus inputs", framings.len());
 }
 
 #[test]

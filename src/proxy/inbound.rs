@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 
+use crate::server::ClientBody;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use tokio::sync::Notify;
 
 use super::bodies::{self, Bodies, Counted, Room};
@@ -64,7 +64,7 @@ impl Inbound {
     /// Origin 403), then a POST's body within `--max-request-bytes`, the room
     /// `--max-buffered-request-bytes` leaves, and `--header-read-timeout`.
     pub async fn read(
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         cfg: &Config,
         conn: &Conn,
         bodies: &Arc<Bodies>,
@@ -235,7 +235,7 @@ fn check_origin(cfg: &Config, headers: &http::HeaderMap) -> Result<(), Refusal> 
 /// `--max-buffered-request-bytes` leaves (its room is taken up front), and a body without one
 /// once its chunks would go over.
 async fn collect(
-    body: Incoming,
+    body: ClientBody,
     headers: &http::HeaderMap,
     cfg: &Config,
     bodies: &Arc<Bodies>,

@@ -37,11 +37,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::server::ClientBody;
 use bytes::Bytes;
 use http::header::HeaderName;
 use http::{Method, Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
@@ -163,9 +163,9 @@ impl Gateway {
     }
 
     /// Handles one client request. Never fails: errors become responses.
-    pub async fn handle(
+    pub(crate) async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         conn: Conn,
     ) -> Result<Response<Observed<ResBody>>, Infallible> {
         let start = tokio::time::Instant::now();
@@ -277,7 +277,7 @@ impl Gateway {
     /// client leaves before the upstream's head (see [`Facts`]).
     async fn route(
         self: &Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         conn: &Conn,
         facts: &Arc<Facts>,
     ) -> Result<Response<ResBody>, Refusal> {

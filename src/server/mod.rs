@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::Request;
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -22,10 +22,49 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub(crate) mod h1;
+
 use crate::config::Config;
 use crate::metrics::ConnectionErrorKind;
 use crate::proxy::{Conn, Gateway};
 use crate::shutdown::{self, Draining};
+
+/// A client's request body: hyper's (HTTP/2, TLS without a named protocol) or read by the
+/// gateway's own HTTP/1.1 ([`h1`]).
+#[derive(Debug)]
+pub(crate) enum ClientBody {
+    Hyper(Incoming),
+    Own(h1::ReqBody),
+}
+
+impl hyper::body::Body for ClientBody {
+    type Data = bytes::Bytes;
+    type Error = crate::upstream::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            ClientBody::Own(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(b) => b.is_end_stream(),
+            ClientBody::Own(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            ClientBody::Hyper(b) => b.size_hint(),
+            ClientBody::Own(b) => b.size_hint(),
+        }
+    }
+}
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
 ///
@@ -47,6 +86,7 @@ pub async fn serve_gateway(
     let _reloader = cfg.tls.as_ref().map(|t| AbortOnDrop(t.spawn_reloader()));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
     let graceful = GracefulShutdown::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     let draining = loop {
         // At --max-connections, stop accepting: new connections wait in the listen backlog.
@@ -74,6 +114,7 @@ pub async fn serve_gateway(
         limit_unsent(&tcp);
         let gateway = gateway.clone();
         let watcher = graceful.watcher();
+        let stop = stop_rx.clone();
         let metrics = gateway.registry().metrics().clone();
         metrics.connections_accepted.inc();
         metrics.connections.inc();
@@ -138,7 +179,7 @@ pub async fn serve_gateway(
             let seen = activity.clone();
             let svc_exec = exec.clone();
             let svc_gateway = gateway.clone();
-            let svc = service_fn(move |req: Request<Incoming>| {
+            let serve_req = move |req: Request<ClientBody>| {
                 let in_flight = seen.begin();
                 // HTTP/1.1 has one stream per connection: a stall closes the connection. On
                 // HTTP/2 a stall ends only its own stream (the stream's task is dropped, h2
@@ -156,7 +197,7 @@ pub async fn serve_gateway(
                         client_subject: client_subject.clone(),
                     },
                 );
-                // Boxed: hyper keeps room for the service's future as long as the connection
+                // Boxed: the connection keeps room for the service's future as long as it
                 // lives (~2 KB inline); boxed, only while a request is being answered.
                 Box::pin(async move {
                     let resp = handled.await?;
@@ -165,8 +206,7 @@ pub async fn serve_gateway(
                         _in_flight: in_flight,
                     }))
                 })
-            });
-            let io = TokioIo::new(io);
+            };
             let ending = Ending {
                 kill: &kill,
                 activity: &activity,
@@ -178,11 +218,22 @@ pub async fn serve_gateway(
             // where hyper-util's either-protocol one is sized for HTTP/2's (~1.6 KB), for as
             // long as the connection lives. HTTP/2 and the unknown (TLS without ALPN) boxed.
             match version {
+                // HTTP/1.1, the common case: the gateway's own (see `h1`). The watcher is
+                // held until the connection ends so the drain counts it; the drain's stop
+                // arrives as `stop`.
                 Some(Version::H1) => {
-                    let conn = http1_builder(cfg).serve_connection(io, svc);
-                    ending.serve(pin!(watcher.watch(conn))).await
+                    let _counted = watcher;
+                    let own = move |req: Request<h1::ReqBody>| serve_req(req.map(ClientBody::Own));
+                    let conn = h1::serve(io, h1_settings(cfg), own, stop);
+                    ending.serve(pin!(conn)).await
                 }
+                // HTTP/2 and the unknown (TLS without ALPN): hyper's, boxed (hyper-util's
+                // either-protocol connection is sized for HTTP/2's, ~1.6 KB).
                 Some(Version::H2) => {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        serve_req(req.map(ClientBody::Hyper))
+                    });
+                    let io = TokioIo::new(io);
                     Box::pin(async move {
                         let conn = http2_builder(cfg, exec).serve_connection(io, svc);
                         ending.serve(pin!(watcher.watch(conn))).await
@@ -190,6 +241,10 @@ pub async fn serve_gateway(
                     .await
                 }
                 None => {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        serve_req(req.map(ClientBody::Hyper))
+                    });
+                    let io = TokioIo::new(io);
                     let either = connection_builder(cfg, exec);
                     Box::pin(async {
                         let conn = either.serve_connection(io, svc);
@@ -204,6 +259,9 @@ pub async fn serve_gateway(
         tokio::spawn(Box::pin(task.instrument(span)));
     };
     drop(listener);
+    // Every HTTP/1.1 connection finishes the response in flight and closes (hyper's are told
+    // by the drain's graceful shutdown).
+    let _ = stop_tx.send(true);
     shutdown::drain(gateway.registry(), graceful, cfg.drain_timeout, draining).await;
     Ok(())
 }
@@ -350,6 +408,12 @@ trait ServedError: std::fmt::Display {
     fn kind(&self) -> ConnectionErrorKind;
 }
 
+impl ServedError for h1::ConnError {
+    fn kind(&self) -> ConnectionErrorKind {
+        h1::ConnError::kind(self)
+    }
+}
+
 impl ServedError for hyper::Error {
     fn kind(&self) -> ConnectionErrorKind {
         classify(self)
@@ -465,10 +529,15 @@ macro_rules! http2_settings {
     }};
 }
 
-fn http1_builder(cfg: &Config) -> http1::Builder {
-    let mut builder = http1::Builder::new();
-    http1_settings!(builder, cfg);
-    builder
+/// The gateway's own HTTP/1.1's bounds.
+fn h1_settings(cfg: &Config) -> h1::Settings {
+    h1::Settings {
+        max_head_bytes: cfg
+            .max_header_bytes
+            .max(crate::config::MIN_HEADER_BYTES as usize),
+        max_headers: cfg.max_headers,
+        header_read_timeout: cfg.header_read_timeout,
+    }
 }
 
 /// HTTP/2, its streams run on `exec`.

@@ -1,0 +1,933 @@
+//! The client side's HTTP/1.1, read and written by the gateway on the connection's own task
+//! (HTTP/2, and TLS connections whose client named no protocol, stay hyper's): request heads
+//! parsed by [`crate::h1::parse_request`] (httparse, strict framing), bodies decoded by the
+//! same [`crate::h1::BodyDecoder`] as the upstream's, response heads written by
+//! [`crate::h1::response_head`], one request at a time.
+//!
+//! Why not hyper's: its server connection was ~20 k instructions of a short tool call's ~92 k
+//! (`bench/callgrind` call, the inclusive profile) and kept two 8 KiB buffers per connection
+//! while a response streamed. Here a request body that came with its head is handed over
+//! whole (no channel, no second task switch), the read buffer is small while a response
+//! streams, and a response's head goes out with its first data in one write.
+//!
+//! What hyper did that this keeps: a client that closes mid-message ends the connection and
+//! drops the request's future (`ClientGone`); bytes that arrive while a response is written
+//! are kept for the next request (pipelining), reading paused past the head bound; a request
+//! whose body was not read to its end, or that says `Connection: close`, or an HTTP/1.0 one
+//! without keep-alive, is the connection's last; `Expect: 100-continue` is answered when the
+//! body is first asked for; a bad head gets 400 (431 too large) and
+//! the connection closes; `--header-read-timeout` bounds every head after the first one (the
+//! first is the accept loop's, see `server::idle`).
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::h1::{self, BodyDecoder, Framing, RequestError, ResponseFraming};
+use crate::metrics::ConnectionErrorKind;
+
+/// Most bytes one read takes.
+const READ_BYTES: usize = 8 * 1024;
+/// Most bytes of a streamed request body read ahead of its reader.
+const BODY_AHEAD: usize = 64 * 1024;
+
+/// What a connection is held to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// `--max-header-bytes`: the most bytes of a request head.
+    pub max_head_bytes: usize,
+    /// `--max-headers`.
+    pub max_headers: usize,
+    /// `--header-read-timeout`, for each head after the first.
+    pub header_read_timeout: Duration,
+}
+
+/// How a connection ended, when not by a close of either side between requests.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    #[error("client connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0} (answered {status})", status = .0.status())]
+    Request(RequestError),
+    #[error("request head not complete within --header-read-timeout")]
+    HeaderTimeout,
+    #[error("the client closed the connection mid-message")]
+    ClientGone,
+    #[error("response body failed: {0}")]
+    Body(String),
+}
+
+impl ConnError {
+    /// The `connection_errors_total` kind.
+    pub fn kind(&self) -> ConnectionErrorKind {
+        match self {
+            ConnError::HeaderTimeout => ConnectionErrorKind::HeaderTimeout,
+            ConnError::Request(RequestError::HeadTooLarge) => ConnectionErrorKind::HeadTooLarge,
+            ConnError::ClientGone => ConnectionErrorKind::ClientGone,
+            ConnError::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                ConnectionErrorKind::ClientGone
+            }
+            _ => ConnectionErrorKind::Other,
+        }
+    }
+}
+
+/// A request body as the gateway's handler reads it.
+#[derive(Debug)]
+pub(crate) struct ReqBody(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    /// Whole already (it came with its head), or none.
+    Whole(Option<Bytes>),
+    /// Still arriving: the connection feeds it.
+    Streamed(Arc<Mutex<Shared>>),
+}
+
+/// A streamed body between the connection (writer) and the handler (reader).
+#[derive(Debug, Default)]
+struct Shared {
+    chunks: VecDeque<Bytes>,
+    queued: usize,
+    done: bool,
+    failed: Option<&'static str>,
+    /// The reader waits for more.
+    wants: bool,
+    waker: Option<Waker>,
+}
+
+impl Shared {
+    fn wake(&mut self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// Why a request body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+#[error("request body: {0}")]
+pub(crate) struct BodyError(&'static str);
+
+impl HttpBody for ReqBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match &mut self.0 {
+            Inner::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Inner::Streamed(shared) => {
+                let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = s.chunks.pop_front() {
+                    s.queued -= c.len();
+                    return Poll::Ready(Some(Ok(Frame::data(c))));
+                }
+                if let Some(why) = s.failed {
+                    return Poll::Ready(Some(Err(BodyError(why))));
+                }
+                if s.done {
+                    return Poll::Ready(None);
+                }
+                s.wants = true;
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.0 {
+            Inner::Whole(b) => b.is_none(),
+            Inner::Streamed(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.0 {
+            Inner::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Inner::Streamed(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// The connection's side of a streamed request body.
+struct Feed {
+    shared: Arc<Mutex<Shared>>,
+    decoder: BodyDecoder,
+    /// `Expect: 100-continue` not answered yet.
+    expect_continue: bool,
+    /// Bytes of `100 Continue` written so far.
+    continue_written: usize,
+}
+
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+impl Feed {
+    fn ended(&self) -> bool {
+        let s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        s.done || s.failed.is_some()
+    }
+
+    fn fail(&self, why: &'static str) {
+        let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.done && s.failed.is_none() {
+            s.failed = Some(why);
+            s.wake();
+        }
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        // The connection is gone: a reader still waiting (a request finishing on its own
+        // after its client left) gets an error, not a hang.
+        self.fail("the connection ended before the body did");
+    }
+}
+
+/// One client connection: its transport and what has been read and not yet used.
+struct Conn<IO> {
+    io: IO,
+    rbuf: BytesMut,
+    settings: Settings,
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
+    /// One read into the read buffer: how many bytes (0: the client closed).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
+        let mut rb = ReadBuf::uninit(&mut buf);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+        let read = rb.filled();
+        self.rbuf.extend_from_slice(read);
+        Poll::Ready(Ok(read.len()))
+    }
+
+    /// Writes all of `bufs`, in order, in as few writes as the transport takes.
+    async fn write_all(&mut self, bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        let mut bufs = bufs;
+        IoSlice::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            let n = poll_fn(|cx| Pin::new(&mut self.io).poll_write_vectored(cx, bufs)).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut bufs, n);
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        poll_fn(|cx| Pin::new(&mut self.io).poll_flush(cx)).await
+    }
+
+    /// The next request head, `None` when the client closed (or `stop` fired) between
+    /// requests. `first`: the connection's first request (its head's time is bounded by the
+    /// accept loop's watch).
+    async fn read_head(
+        &mut self,
+        first: bool,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Option<h1::RequestHead>, ConnError> {
+        // Empty lines before a request line are skipped (RFC 9112 §2.2).
+        let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let mut stop_gone = false;
+        loop {
+            let blank = self
+                .rbuf
+                .iter()
+                .take_while(|&&b| b == b'\r' || b == b'\n')
+                .count();
+            let _ = self.rbuf.split_to(blank);
+            if let Some(end) = h1::head_end(&self.rbuf) {
+                let bytes = self.rbuf.split_to(end).freeze();
+                return match h1::parse_request(&bytes, self.settings.max_headers) {
+                    Ok(Some((head, len))) if len == end => Ok(Some(head)),
+                    Ok(_) => Err(ConnError::Request(RequestError::Head(
+                        "malformed request head",
+                    ))),
+                    Err(e) => Err(ConnError::Request(e)),
+                };
+            }
+            if self.rbuf.len() > self.settings.max_head_bytes {
+                return Err(ConnError::Request(RequestError::HeadTooLarge));
+            }
+            if self.rbuf.is_empty() && *stop.borrow() {
+                return Ok(None);
+            }
+            if !first && !self.rbuf.is_empty() && deadline.is_none() {
+                deadline = Some(Box::pin(tokio::time::sleep(
+                    self.settings.header_read_timeout,
+                )));
+            }
+            let idle = self.rbuf.is_empty();
+            let read = tokio::select! {
+                biased;
+                () = async { deadline.as_mut().expect("armed").await }, if deadline.is_some() => {
+                    return Err(ConnError::HeaderTimeout);
+                }
+                changed = stop.changed(), if idle && !stop_gone => {
+                    // A stop between requests ends the connection (checked at the top); a
+                    // dropped sender never stops it.
+                    stop_gone = changed.is_err();
+                    continue;
+                }
+                read = poll_fn(|cx| self.poll_fill(cx)) => read?,
+            };
+            match read {
+                0 if self.rbuf.is_empty() => return Ok(None),
+                0 => return Err(ConnError::ClientGone),
+                _ => {}
+            }
+        }
+    }
+
+    /// Progress on the connection while the handler works on a request: the `100 Continue`,
+    /// the body's bytes as its reader asks for them, and afterwards a watch for the client's
+    /// close (bytes of a next request are kept). `Ready(Ok)`: something happened, look again.
+    fn poll_progress(
+        &mut self,
+        cx: &mut Context<'_>,
+        feed: &mut Option<Feed>,
+    ) -> Poll<Result<(), ConnError>> {
+        if let Some(f) = feed.as_mut() {
+            let (wants, queued) = {
+                let s = f.shared.lock().unwrap_or_else(|p| p.into_inner());
+                (s.wants, s.queued)
+            };
+            if f.expect_continue && wants {
+                while f.continue_written < CONTINUE.len() {
+                    let n = ready!(
+                        Pin::new(&mut self.io).poll_write(cx, &CONTINUE[f.continue_written..])
+                    )?;
+                    if n == 0 {
+                        return Poll::Ready(Err(std::io::Error::from(
+                            std::io::ErrorKind::WriteZero,
+                        )
+                        .into()));
+                    }
+                    f.continue_written += n;
+                }
+                f.expect_continue = false;
+                return Poll::Ready(Ok(()));
+            }
+            if !self.rbuf.is_empty() {
+                self.decode(f);
+                if f.ended() {
+                    *feed = None;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if f.expect_continue || queued >= BODY_AHEAD {
+                return Poll::Pending;
+            }
+            let n = ready!(self.poll_fill(cx))?;
+            if n == 0 {
+                f.fail("the client closed the connection before the body's end");
+                return Poll::Ready(Err(ConnError::ClientGone));
+            }
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_eof(cx)
+    }
+
+    /// Watches for the client's close while nothing is read for a request: `Ready(Err)` when
+    /// it closed; bytes it sends meanwhile stay for the next request (not read past the head
+    /// bound: then the watch pauses).
+    fn poll_eof(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+        if self.rbuf.len() > self.settings.max_head_bytes {
+            return Poll::Pending;
+        }
+        match ready!(self.poll_fill(cx)) {
+            Ok(0) => Poll::Ready(Err(ConnError::ClientGone)),
+            Ok(_) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(ConnError::Io(e))),
+        }
+    }
+
+    /// Decodes what the read buffer holds of the body into its chunks (slices of the read),
+    /// leaving what follows the body's end for the next request.
+    fn decode(&mut self, f: &mut Feed) {
+        let read = self.rbuf.split().freeze();
+        let mut data = Vec::new();
+        let used = f.decoder.decode(&read, |d| data.push(d));
+        let mut s = f.shared.lock().unwrap_or_else(|p| p.into_inner());
+        match used {
+            Ok(used) => {
+                for d in data {
+                    s.queued += d.len();
+                    s.chunks.push_back(read.slice_ref(d));
+                }
+                if f.decoder.remaining() == Some(0) {
+                    s.done = true;
+                }
+                if used < read.len() {
+                    self.rbuf = BytesMut::from(&read[used..]);
+                }
+            }
+            Err(_) => {
+                s.failed = Some("malformed chunked body");
+            }
+        }
+        s.wake();
+    }
+}
+
+/// Serves one client connection's HTTP/1.1 requests with `svc`, one at a time, until the
+/// client closes between requests, a request or response is the last, or `stop` fires
+/// (between requests: the one in flight is answered first, then the connection closes).
+pub(crate) async fn serve<IO, S, F, B>(
+    io: IO,
+    settings: Settings,
+    mut svc: S,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<ReqBody>) -> F,
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let mut conn = Conn {
+        io,
+        rbuf: BytesMut::new(),
+        settings,
+    };
+    let mut first = true;
+    loop {
+        let head = match conn.read_head(first, &mut stop).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(()),
+            Err(ConnError::Request(e)) => {
+                refuse(&mut conn, e.status()).await;
+                return Err(ConnError::Request(e));
+            }
+            Err(e) => return Err(e),
+        };
+        first = false;
+        let h1::RequestHead {
+            parts,
+            framing,
+            keep_alive,
+            expect_continue,
+        } = head;
+        let (body, mut feed) = match framing {
+            Framing::Length(0) => (ReqBody(Inner::Whole(None)), None),
+            Framing::Length(n) if n <= conn.rbuf.len() as u64 => {
+                let whole = conn.rbuf.split_to(n as usize).freeze();
+                (ReqBody(Inner::Whole(Some(whole))), None)
+            }
+            framing => {
+                let shared = Arc::new(Mutex::new(Shared::default()));
+                let mut feed = Feed {
+                    shared: shared.clone(),
+                    decoder: BodyDecoder::new(framing),
+                    expect_continue: expect_continue && conn.rbuf.is_empty(),
+                    continue_written: 0,
+                };
+                if !conn.rbuf.is_empty() {
+                    conn.decode(&mut feed);
+                }
+                let feed = (!feed.ended()).then_some(feed);
+                (ReqBody(Inner::Streamed(shared)), feed)
+            }
+        };
+        let head_only = parts.method == Method::HEAD;
+        let http10 = parts.version == http::Version::HTTP_10;
+        let body_shared = match &body.0 {
+            Inner::Streamed(s) => Some(s.clone()),
+            Inner::Whole(_) => None,
+        };
+        let req = Request::from_parts(parts, body);
+        let resp = {
+            let mut handling = pin!(svc(req));
+            poll_fn(|cx| loop {
+                if let Poll::Ready(r) = handling.as_mut().poll(cx) {
+                    return Poll::Ready(Ok(r));
+                }
+                match conn.poll_progress(cx, &mut feed) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            })
+            .await?
+        };
+        let Ok(resp) = resp;
+        // The request's body was read to its end (else what follows it is not a request).
+        let body_read = body_shared.is_none_or(|s| {
+            let s = s.lock().unwrap_or_else(|p| p.into_inner());
+            s.done && s.failed.is_none()
+        });
+        drop(feed);
+        let close = !keep_alive || !body_read || *stop.borrow();
+        let again = write_response(&mut conn, resp, head_only, http10, close).await?;
+        if !again {
+            let _ = poll_fn(|cx| Pin::new(&mut conn.io).poll_shutdown(cx)).await;
+            return Ok(());
+        }
+        // Idle between requests: no read buffer kept (a held stream's connection is idle
+        // most of its life).
+        if conn.rbuf.is_empty() {
+            conn.rbuf = BytesMut::new();
+        }
+    }
+}
+
+/// Writes `resp` (its body too, unless `head_only`): whether the connection may carry
+/// another request after it.
+async fn write_response<IO, B>(
+    conn: &mut Conn<IO>,
+    resp: Response<B>,
+    head_only: bool,
+    http10: bool,
+    mut close: bool,
+) -> Result<bool, ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let (parts, body) = resp.into_parts();
+    let status = parts.status;
+    let mut body = pin!(body);
+    let bodiless = head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        ResponseFraming::None
+    } else if let Some(n) = body.size_hint().exact() {
+        ResponseFraming::Length(n)
+    } else if http10 {
+        close = true;
+        ResponseFraming::Close
+    } else {
+        ResponseFraming::Chunked
+    };
+    let chunked = framing == ResponseFraming::Chunked;
+    // The first data, when it is ready now, goes out with the head in one write.
+    let mut next = if bodiless {
+        Next::End
+    } else {
+        next_frame(conn, body.as_mut(), true).await?
+    };
+    let mut head = Vec::with_capacity(256);
+    h1::response_head(
+        status,
+        &parts.headers,
+        framing,
+        close,
+        &date::now(),
+        &mut head,
+    );
+    let mut written: u64 = 0;
+    loop {
+        let data = match &next {
+            Next::Data(d) => Some(d.clone()),
+            Next::End | Next::NotYet => None,
+        };
+        if let Some(d) = &data {
+            written += d.len() as u64;
+            if matches!(framing, ResponseFraming::Length(n) if written > n) {
+                return Err(ConnError::Body("longer than its Content-Length".into()));
+            }
+        }
+        let end = matches!(next, Next::End);
+        let mut size = [0u8; 18];
+        let size_len = match &data {
+            Some(d) if chunked => h1::chunk_size_line(d.len(), &mut size),
+            _ => 0,
+        };
+        let data_end: &[u8] = match (&data, end && chunked && !bodiless) {
+            (Some(_), true) => b"\r\n0\r\n\r\n",
+            (Some(_), false) if chunked => b"\r\n",
+            (None, true) => b"0\r\n\r\n",
+            _ => b"",
+        };
+        if end && matches!(framing, ResponseFraming::Length(n) if written != n) {
+            return Err(ConnError::Body("shorter than its Content-Length".into()));
+        }
+        let mut bufs = [
+            IoSlice::new(&head),
+            IoSlice::new(&size[..size_len]),
+            IoSlice::new(data.as_deref().unwrap_or_default()),
+            IoSlice::new(data_end),
+        ];
+        conn.write_all(&mut bufs).await?;
+        head.clear();
+        conn.flush().await?;
+        if end {
+            break;
+        }
+        next = next_frame(conn, body.as_mut(), false).await?;
+    }
+    Ok(!close && framing != ResponseFraming::Close)
+}
+
+/// What a response body has next.
+enum Next {
+    Data(Bytes),
+    /// Its end (after which it is not polled again).
+    End,
+    /// Nothing ready yet (only asked with `now`).
+    NotYet,
+}
+
+/// The next data of a response body (trailers are dropped), or its end; with `now`,
+/// [`Next::NotYet`] when none is ready (the head then goes first). Watches for the client's
+/// close meanwhile.
+async fn next_frame<IO, B>(
+    conn: &mut Conn<IO>,
+    mut body: Pin<&mut B>,
+    now: bool,
+) -> Result<Next, ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    poll_fn(|cx| loop {
+        match body.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(d) if d.is_empty() => continue,
+                Ok(d) => return Poll::Ready(Ok(Next::Data(d))),
+                Err(_trailers) => continue,
+            },
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ConnError::Body(e.to_string()))),
+            Poll::Ready(None) => return Poll::Ready(Ok(Next::End)),
+            Poll::Pending if now => return Poll::Ready(Ok(Next::NotYet)),
+            Poll::Pending => {}
+        }
+        match conn.poll_eof(cx) {
+            Poll::Ready(Ok(())) => continue,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Answers a request whose head cannot be served, and closes.
+async fn refuse<IO: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<IO>, status: StatusCode) {
+    let mut out = Vec::with_capacity(128);
+    h1::response_head(
+        status,
+        &http::HeaderMap::new(),
+        ResponseFraming::Length(0),
+        true,
+        &date::now(),
+        &mut out,
+    );
+    let _ = conn.write_all(&mut [IoSlice::new(&out)]).await;
+    let _ = conn.flush().await;
+    let _ = poll_fn(|cx| Pin::new(&mut conn.io).poll_shutdown(cx)).await;
+}
+
+/// The `Date` header's value, formatted once a second per thread.
+mod date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    pub fn now() -> [u8; 29] {
+        thread_local! {
+            static CACHED: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
+        }
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        CACHED.with_borrow_mut(|(at, text)| {
+            if *at != secs {
+                let formatted = httpdate::fmt_http_date(now);
+                let b = formatted.as_bytes();
+                if b.len() == text.len() {
+                    text.copy_from_slice(b);
+                }
+                *at = secs;
+            }
+            *text
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    fn settings() -> Settings {
+        Settings {
+            max_head_bytes: 8 * 1024,
+            max_headers: 100,
+            header_read_timeout: Duration::from_secs(2),
+        }
+    }
+
+    type TestBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+    /// Answers each request with `<method> <path> <body>` (the body read whole).
+    async fn echo(req: Request<ReqBody>) -> Result<Response<TestBody>, std::convert::Infallible> {
+        let (parts, body) = req.into_parts();
+        let body = match body.collect().await {
+            Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+            Err(e) => format!("error: {e}"),
+        };
+        let text = format!("{} {} {}", parts.method, parts.uri.path(), body);
+        Ok(Response::new(Full::new(Bytes::from(text)).boxed_unsync()))
+    }
+
+    /// Runs a connection over an in-memory pipe with `svc`; the client's end is returned.
+    fn start<S, F>(
+        svc: S,
+    ) -> (
+        DuplexStream,
+        tokio::task::JoinHandle<Result<(), ConnError>>,
+        tokio::sync::watch::Sender<bool>,
+    )
+    where
+        S: FnMut(Request<ReqBody>) -> F + Send + 'static,
+        F: Future<Output = Result<Response<TestBody>, std::convert::Infallible>> + Send + 'static,
+    {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve(server, settings(), svc, stop));
+        (client, task, stop_tx)
+    }
+
+    /// Everything the server writes until it closes.
+    async fn read_all(mut c: DuplexStream) -> String {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// The bodies of the responses in `text`, in order (content-length framed).
+    fn bodies(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(h) = rest.find("\r\n\r\n") {
+            let head = &rest[..h];
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |n| n.parse::<usize>().unwrap());
+            out.push(rest[h + 4..h + 4 + len].to_owned());
+            rest = &rest[h + 4 + len..];
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+        let (mut c, task, _stop) = start(echo);
+        c.write_all(
+            b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nonePOST /b HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n3\r\ntwo\r\n0\r\n\r\nGET /c HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let text = read_all(c).await;
+        assert_eq!(
+            bodies(&text),
+            ["POST /a one", "POST /b two", "GET /c "],
+            "{text}"
+        );
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("\r\ndate: "), "{text}");
+        assert_eq!(text.matches("connection: close").count(), 1, "{text}");
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_in_pieces_is_read_whole_and_100_continue_comes_when_it_is_asked_for() {
+        let (mut c, task, _stop) = start(echo);
+        c.write_all(b"POST /a HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 25];
+        c.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 100 Continue\r\n\r\n");
+        c.write_all(b"2\r\nab\r\n").await.unwrap();
+        tokio::task::yield_now().await;
+        c.write_all(b"1\r\nc\r\n0\r\n\r\n").await.unwrap();
+        c.shutdown().await.unwrap();
+        let text = read_all(c).await;
+        assert_eq!(bodies(&text), ["POST /a abc"], "{text}");
+        let _ = task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_the_handler_did_not_read_ends_the_connection_after_the_answer() {
+        let (mut c, task, _stop) = start(|_req: Request<ReqBody>| async {
+            Ok(Response::new(Full::new(Bytes::from("no")).boxed_unsync()))
+        });
+        c.write_all(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc")
+            .await
+            .unwrap();
+        let text = read_all(c).await;
+        assert_eq!(bodies(&text), ["no"], "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_leaves_mid_request_drops_its_handler() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        struct Flag(Arc<AtomicUsize>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let d = dropped.clone();
+        let (mut c, task, _stop) = start(move |_req: Request<ReqBody>| {
+            let flag = Flag(d.clone());
+            async move {
+                let _flag = flag;
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+        });
+        c.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(dropped.load(Ordering::SeqCst), 0, "in flight");
+        drop(c);
+        let end = task.await.unwrap();
+        assert!(matches!(end, Err(ConnError::ClientGone)), "{end:?}");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_unknown_length_is_chunked_and_head_gets_none() {
+        let (mut c, task, _stop) = start(|req: Request<ReqBody>| async move {
+            let frames = ["ab", "", "cde"]
+                .map(|s| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(s))));
+            let _ = req;
+            Ok(Response::new(
+                StreamBody::new(futures::stream::iter(frames)).boxed_unsync(),
+            ))
+        });
+        c.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nHEAD /a HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let text = read_all(c).await;
+        let first = text.split("HTTP/1.1 200 OK").nth(1).unwrap();
+        assert!(first.contains("transfer-encoding: chunked\r\n"), "{text}");
+        assert!(
+            first.ends_with("\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"),
+            "{text}"
+        );
+        let head = text.split("HTTP/1.1 200 OK").nth(2).unwrap();
+        assert!(
+            head.ends_with("\r\n\r\n") && !head.contains("chunked"),
+            "{text}"
+        );
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn http_10_without_keep_alive_closes_after_its_answer_and_streams_until_close() {
+        let (mut c, task, _stop) = start(|_req: Request<ReqBody>| async {
+            let frames = [Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(
+                "streamed",
+            )))];
+            Ok(Response::new(
+                StreamBody::new(futures::stream::iter(frames)).boxed_unsync(),
+            ))
+        });
+        c.write_all(b"GET /a HTTP/1.0\r\n\r\n").await.unwrap();
+        let text = read_all(c).await;
+        assert!(text.ends_with("\r\n\r\nstreamed"), "{text}");
+        assert!(
+            !text.contains("chunked") && !text.contains("content-length"),
+            "{text}"
+        );
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn bad_heads_are_answered_and_close_the_connection() {
+        for (raw, status) in [
+            (&b"GET /a HTTP/1.1\r\nbad header\r\n\r\n"[..], "400"),
+            (b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n", "400"),
+            (b"GET /a HTTP/1.2\r\n\r\n", "400"),
+        ] {
+            let (mut c, task, _stop) = start(echo);
+            c.write_all(raw).await.unwrap();
+            let text = read_all(c).await;
+            assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
+            assert!(matches!(task.await.unwrap(), Err(ConnError::Request(_))));
+        }
+        let (mut c, task, _stop) = start(echo);
+        let big = format!("GET /a HTTP/1.1\r\nx: {}\r\n", "a".repeat(9000));
+        c.write_all(big.as_bytes()).await.unwrap();
+        let text = read_all(c).await;
+        assert!(text.starts_with("HTTP/1.1 431 "), "{text}");
+        assert!(matches!(
+            task.await.unwrap(),
+            Err(ConnError::Request(RequestError::HeadTooLarge))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_head_is_bounded_by_the_header_read_timeout() {
+        let (mut c, task, _stop) = start(echo);
+        c.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let end = task.await.unwrap();
+        assert!(matches!(end, Err(ConnError::HeaderTimeout)), "{end:?}");
+        let text = read_all(c).await;
+        assert_eq!(bodies(&text), ["GET /a "], "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_stop_closes_an_idle_connection_and_one_in_flight_after_its_answer() {
+        let (c, task, stop) = start(echo);
+        stop.send(true).unwrap();
+        task.await.unwrap().unwrap();
+        drop(c);
+        let release = Arc::new(tokio::sync::Notify::new());
+        let r = release.clone();
+        let (mut c, task, stop) = start(move |_req: Request<ReqBody>| {
+            let r = r.clone();
+            async move {
+                r.notified().await;
+                Ok(Response::new(Full::new(Bytes::from("last")).boxed_unsync()))
+            }
+        });
+        c.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        stop.send(true).unwrap();
+        release.notify_one();
+        let text = read_all(c).await;
+        assert_eq!(bodies(&text), ["last"], "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        task.await.unwrap().unwrap();
+    }
+}
