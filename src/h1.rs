@@ -2,7 +2,7 @@
 //! response head ([`parse_head`], httparse), and the body's framing ([`BodyDecoder`]:
 //! `Content-Length`, `chunked` or close-delimited), one pass over each read, the data handed
 //! out as slices of the read. Client side (`server::h1` does the I/O): a client's request head
-//! ([`parse_request`]; its body through the same decoder) and the response head the gateway
+//! ([`take_request`]; its body through the same decoder) and the response head the gateway
 //! writes ([`response_head`]).
 //!
 //! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
@@ -153,7 +153,7 @@ fn take_parsed(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
 }
 
 /// Where the first empty line of `buf` ends (`\n\n` or `\n\r\n`): a head's end.
-pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
+fn head_end(buf: &[u8]) -> Option<usize> {
     memchr::memchr_iter(b'\n', buf).find_map(|i| match buf.get(i + 1..i + 3) {
         Some([b'\n', _]) => Some(i + 2),
         Some([b'\r', b'\n']) => Some(i + 3),
@@ -546,26 +546,29 @@ pub struct RequestHead {
 /// Most headers a request head may have before httparse needs a heap slot array.
 const STACK_HEADERS: usize = 100;
 
-/// Parses the request head at the start of `buf`: the head and its length, `None` while it is
-/// incomplete. At most `max_headers` headers; `buf`'s own bound (the caller's
-/// `--max-header-bytes`) is the caller's. Header values are slices of `buf` (a `Bytes`: the
-/// head's bytes are kept, not copied). Strict where a reverse proxy must be (RFC 9112 §6.1,
-/// §6.3): a `Transfer-Encoding` with a `Content-Length` or in HTTP/1.0, a transfer coding
+/// Parses the request head at the start of `buf` and splits its bytes off it (it keeps what
+/// followed them: the body's first bytes, a next request), `None` while it is incomplete. At
+/// most `max_headers` headers; `buf`'s own bound (the caller's `--max-header-bytes`) is the
+/// caller's. Header values are slices of the head's bytes, not copies. Empty lines before the
+/// request line are skipped (RFC 9112 §2.2). Strict where a reverse proxy must be (RFC 9112
+/// §6.1, §6.3): a `Transfer-Encoding` with a `Content-Length` or in HTTP/1.0, a transfer coding
 /// other than `chunked` alone, invalid or differing lengths, obs-fold and bare CR are errors.
-pub fn parse_request(
-    buf: &bytes::Bytes,
+pub fn take_request(
+    buf: &mut bytes::BytesMut,
     max_headers: usize,
-) -> Result<Option<(RequestHead, usize)>, RequestError> {
-    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+) -> Result<Option<RequestHead>, RequestError> {
+    use std::mem::MaybeUninit;
+    let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
     let mut heap;
-    let slots: &mut [httparse::Header<'_>] = if max_headers <= STACK_HEADERS {
+    let slots: &mut [MaybeUninit<httparse::Header<'_>>] = if max_headers <= STACK_HEADERS {
         &mut stack[..max_headers]
     } else {
-        heap = vec![httparse::EMPTY_HEADER; max_headers];
+        heap = Vec::with_capacity(max_headers);
+        heap.resize_with(max_headers, MaybeUninit::uninit);
         &mut heap
     };
-    let mut req = httparse::Request::new(slots);
-    let len = match req.parse(buf) {
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, slots) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(RequestError::HeadTooLarge),
@@ -577,24 +580,44 @@ pub fn parse_request(
     };
     let method = http::Method::from_bytes(method.as_bytes())
         .map_err(|_| RequestError::Head("invalid method"))?;
-    let uri = http::Uri::from_maybe_shared(buf.slice_ref(path.as_bytes()))
-        .map_err(|_| RequestError::Head("invalid request target"))?;
-    let http10 = version == 0;
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    let base = buf.as_ptr() as usize;
+    let at = |s: &[u8]| {
+        let from = s.as_ptr() as usize - base;
+        from..from + s.len()
+    };
+    let path = at(path.as_bytes());
+    // The names now, the values once the head's bytes are split off (slices of them); the
+    // framing headers noted on the way, not looked up again.
+    let mut names = Vec::with_capacity(req.headers.len());
+    let mut seen = Seen::default();
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| RequestError::Head("invalid header name"))?;
-        let value = HeaderValue::from_maybe_shared(buf.slice_ref(h.value))
+        seen.note(&name);
+        names.push((name, at(h.value)));
+    }
+    let head = buf.split_to(len).freeze();
+    let uri = http::Uri::from_maybe_shared(head.slice(path))
+        .map_err(|_| RequestError::Head("invalid request target"))?;
+    let mut headers = HeaderMap::with_capacity(names.len());
+    for (name, value) in names {
+        let value = HeaderValue::from_maybe_shared(head.slice(value))
             .map_err(|_| RequestError::Head("invalid header value"))?;
         headers.append(name, value);
     }
-    let framing = request_framing(&headers, http10)?;
+    let http10 = version == 0;
+    let framing = if seen.framing {
+        request_framing(&headers, http10)?
+    } else {
+        Framing::Length(0)
+    };
     let connection = |token: &[u8]| {
-        headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+        seen.connection
+            && headers
+                .get_all(http::header::CONNECTION)
+                .iter()
+                .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
     };
     let keep_alive = if http10 {
         connection(b"keep-alive")
@@ -602,6 +625,7 @@ pub fn parse_request(
         !connection(b"close")
     };
     let expect_continue = !http10
+        && seen.expect
         && headers
             .get(http::header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
@@ -614,15 +638,41 @@ pub fn parse_request(
         http::Version::HTTP_11
     };
     parts.headers = headers;
-    Ok(Some((
-        RequestHead {
-            parts,
-            framing,
-            keep_alive,
-            expect_continue,
-        },
-        len,
-    )))
+    Ok(Some(RequestHead {
+        parts,
+        framing,
+        keep_alive,
+        expect_continue,
+    }))
+}
+
+/// [`take_request`] on a copy of `buf`: the head and its length, `buf` left as it is.
+pub fn parse_request(
+    buf: &[u8],
+    max_headers: usize,
+) -> Result<Option<(RequestHead, usize)>, RequestError> {
+    let mut copy = bytes::BytesMut::from(buf);
+    Ok(take_request(&mut copy, max_headers)?.map(|head| (head, buf.len() - copy.len())))
+}
+
+/// Which of the headers that decide a request's framing and its connection's fate it has.
+#[derive(Default)]
+struct Seen {
+    framing: bool,
+    connection: bool,
+    expect: bool,
+}
+
+impl Seen {
+    fn note(&mut self, name: &HeaderName) {
+        if name == http::header::TRANSFER_ENCODING || name == http::header::CONTENT_LENGTH {
+            self.framing = true;
+        } else if name == http::header::CONNECTION {
+            self.connection = true;
+        } else if name == http::header::EXPECT {
+            self.expect = true;
+        }
+    }
 }
 
 /// The body framing of a request (RFC 9112 §6.3): as a response's, but a request without
@@ -718,6 +768,39 @@ pub fn chunk_size_line(n: usize, out: &mut [u8; 18]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_head_is_split_off_its_buffer_with_what_it_says() {
+        let mut buf = bytes::BytesMut::from(
+            &b"\r\nPOST /mcp?x=1 HTTP/1.1\r\nHost: a\r\nConnection: close\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhe"[..],
+        );
+        let whole = buf.clone();
+        for cut in 1..whole.len() - 12 {
+            let mut part = bytes::BytesMut::from(&whole[..cut]);
+            assert!(take_request(&mut part, 100).unwrap().is_none(), "{cut}");
+            assert_eq!(part.len(), cut, "an incomplete head leaves its bytes");
+        }
+        let head = take_request(&mut buf, 100).unwrap().expect("complete");
+        assert_eq!(&buf[..], b"5\r\nhe", "the body's first bytes stay");
+        assert_eq!(head.parts.method, http::Method::POST);
+        assert_eq!(head.parts.uri, "/mcp?x=1");
+        assert_eq!(head.parts.headers["host"], "a");
+        assert_eq!(head.framing, Framing::Chunked);
+        assert!(!head.keep_alive && head.expect_continue);
+        let mut plain =
+            bytes::BytesMut::from(&b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"[..]);
+        let head = take_request(&mut plain, 100).unwrap().unwrap();
+        assert_eq!(
+            (head.framing, head.keep_alive, head.expect_continue),
+            (Framing::Length(0), true, false)
+        );
+        let mut many =
+            bytes::BytesMut::from(&b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n"[..]);
+        assert_eq!(
+            take_request(&mut many, 2).unwrap_err(),
+            RequestError::HeadTooLarge
+        );
+    }
     use proptest::prelude::*;
 
     fn head(raw: &str) -> Result<Option<(Head, usize)>, H1Error> {

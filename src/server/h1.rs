@@ -1,6 +1,6 @@
 //! The client side's HTTP/1.1, read and written by the gateway on the connection's own task
 //! (HTTP/2, and TLS connections whose client named no protocol, stay hyper's): request heads
-//! parsed by [`crate::h1::parse_request`] (httparse, strict framing), bodies decoded by the
+//! parsed by [`crate::h1::take_request`] (httparse, strict framing), bodies decoded by the
 //! same [`crate::h1::BodyDecoder`] as the upstream's, response heads written by
 //! [`crate::h1::response_head`], one request at a time.
 //!
@@ -253,21 +253,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
         let mut stop_gone = false;
         loop {
-            let blank = self
-                .rbuf
-                .iter()
-                .take_while(|&&b| b == b'\r' || b == b'\n')
-                .count();
-            let _ = self.rbuf.split_to(blank);
-            if let Some(end) = h1::head_end(&self.rbuf) {
-                let bytes = self.rbuf.split_to(end).freeze();
-                return match h1::parse_request(&bytes, self.settings.max_headers) {
-                    Ok(Some((head, len))) if len == end => Ok(Some(head)),
-                    Ok(_) => Err(ConnError::Request(RequestError::Head(
-                        "malformed request head",
-                    ))),
-                    Err(e) => Err(ConnError::Request(e)),
-                };
+            if let Some(head) = h1::take_request(&mut self.rbuf, self.settings.max_headers)
+                .map_err(ConnError::Request)?
+            {
+                return Ok(Some(head));
             }
             if self.rbuf.len() > self.settings.max_head_bytes {
                 return Err(ConnError::Request(RequestError::HeadTooLarge));
