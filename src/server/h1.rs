@@ -533,9 +533,15 @@ where
     );
     let mut written: u64 = 0;
     loop {
-        let data = match &next {
-            Next::Data(d) => Some(d.clone()),
-            Next::End | Next::NotYet => None,
+        let (data, end) = match std::mem::replace(&mut next, Next::NotYet) {
+            Next::Data(d) => {
+                // Whether the body ends right after it (the usual short answer): then its
+                // end goes out in the same write.
+                next = next_frame(conn, body.as_mut(), true).await?;
+                (Some(d), matches!(next, Next::End))
+            }
+            Next::End => (None, true),
+            Next::NotYet => (None, false),
         };
         if let Some(d) = &data {
             written += d.len() as u64;
@@ -543,21 +549,20 @@ where
                 return Err(ConnError::Body("longer than its Content-Length".into()));
             }
         }
-        let end = matches!(next, Next::End);
+        if end && matches!(framing, ResponseFraming::Length(n) if written != n) {
+            return Err(ConnError::Body("shorter than its Content-Length".into()));
+        }
         let mut size = [0u8; 18];
         let size_len = match &data {
             Some(d) if chunked => h1::chunk_size_line(d.len(), &mut size),
             _ => 0,
         };
-        let data_end: &[u8] = match (&data, end && chunked && !bodiless) {
+        let data_end: &[u8] = match (&data, end && chunked) {
             (Some(_), true) => b"\r\n0\r\n\r\n",
             (Some(_), false) if chunked => b"\r\n",
             (None, true) => b"0\r\n\r\n",
             _ => b"",
         };
-        if end && matches!(framing, ResponseFraming::Length(n) if written != n) {
-            return Err(ConnError::Body("shorter than its Content-Length".into()));
-        }
         let mut bufs = [
             IoSlice::new(&head),
             IoSlice::new(&size[..size_len]),
@@ -565,12 +570,15 @@ where
             IoSlice::new(data_end),
         ];
         conn.write_all(&mut bufs).await?;
-        head.clear();
+        // Not kept while a stream goes on.
+        head = Vec::new();
         conn.flush().await?;
         if end {
             break;
         }
-        next = next_frame(conn, body.as_mut(), false).await?;
+        if !matches!(next, Next::Data(_)) {
+            next = next_frame(conn, body.as_mut(), false).await?;
+        }
     }
     Ok(!close && framing != ResponseFraming::Close)
 }
