@@ -383,16 +383,8 @@ async fn a_slow_reader_gets_everything_and_the_upstream_waits_for_it() {
 #[tokio::test(start_paused = true)]
 async fn written_events_in_the_reserve_survive_a_cut() {
     let s = session(cfg(|c| c.window_events = 8));
-    let Attachment {
-        stream, generation, ..
-    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
-    let mut pending = numbered(0, 4, 10);
-    assert!(s.push_events(stream, &mut pending, None));
     // Written to the socket, then the connection dies before the client read it.
-    let Step::Data(b, 4) = step(&s, stream, generation) else {
-        panic!("one batch of the reserve's size")
-    };
-    assert_eq!(ns(&String::from_utf8_lossy(&b)), vec![0, 1, 2, 3]);
+    let (stream, generation) = one_batch_written(&s);
     s.detach(stream, generation);
     // The upstream fills the window; the written-but-unconfirmed events stay.
     let mut more = numbered(4, 20, 10);
@@ -401,6 +393,21 @@ async fn written_events_in_the_reserve_survive_a_cut() {
     assert_eq!(replay, 8);
     assert_eq!(got, (0..20).collect::<Vec<_>>());
     assert_eq!(s.metrics.events_evicted_undelivered.get(), 0);
+}
+
+/// Opens a POST stream of `s`, pushes events 0..4 and has them written in one batch (the
+/// reserve's size): the stream and the client's generation.
+fn one_batch_written(s: &Session) -> (u32, u64) {
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    let mut pending = numbered(0, 4, 10);
+    assert!(s.push_events(stream, &mut pending, None));
+    let Step::Data(b, 4) = step(s, stream, generation) else {
+        panic!("one batch of the reserve's size")
+    };
+    assert_eq!(ns(&String::from_utf8_lossy(&b)), vec![0, 1, 2, 3]);
+    (stream, generation)
 }
 
 /// Resumes `stream` from its opening position and reads `n` events, pushing `more` as room
@@ -442,15 +449,7 @@ fn resume_from_the_opening(
 #[tokio::test(start_paused = true)]
 async fn written_events_of_a_connection_that_stopped_taking_writes_are_not_aged_out() {
     let s = session(cfg(|c| c.window_events = 8));
-    let Attachment {
-        stream, generation, ..
-    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
-    let mut pending = numbered(0, 4, 10);
-    assert!(s.push_events(stream, &mut pending, None));
-    let Step::Data(b, 4) = step(&s, stream, generation) else {
-        panic!("one batch of the reserve's size")
-    };
-    assert_eq!(ns(&String::from_utf8_lossy(&b)), vec![0, 1, 2, 3]);
+    let (stream, generation) = one_batch_written(&s);
     // The client stays attached but its connection takes nothing more for seconds.
     tokio::time::advance(reserve::INFLIGHT_AGE * 2).await;
     let mut more = numbered(4, 20, 10);
