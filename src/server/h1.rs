@@ -798,8 +798,11 @@ mod tests {
             }
         }
         let d = dropped.clone();
+        let started = Arc::new(tokio::sync::Notify::new());
+        let st = started.clone();
         let (mut c, task, _stop) = start(move |_req: Request<ReqBody>| {
             let flag = Flag(d.clone());
+            st.notify_one();
             async move {
                 let _flag = flag;
                 std::future::pending::<()>().await;
@@ -809,7 +812,8 @@ mod tests {
         c.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The request is handed over: its handler is in flight.
+        started.notified().await;
         assert_eq!(dropped.load(Ordering::SeqCst), 0, "in flight");
         drop(c);
         let end = task.await.unwrap();
@@ -908,9 +912,11 @@ mod tests {
         task.await.unwrap().unwrap();
         drop(c);
         let release = Arc::new(tokio::sync::Notify::new());
-        let r = release.clone();
+        let started = Arc::new(tokio::sync::Notify::new());
+        let (r, st) = (release.clone(), started.clone());
         let (mut c, task, stop) = start(move |_req: Request<ReqBody>| {
             let r = r.clone();
+            st.notify_one();
             async move {
                 r.notified().await;
                 Ok(Response::new(Full::new(Bytes::from("last")).boxed_unsync()))
@@ -919,7 +925,8 @@ mod tests {
         c.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The stop comes while the request is in flight.
+        started.notified().await;
         stop.send(true).unwrap();
         release.notify_one();
         let text = read_all(c).await;
