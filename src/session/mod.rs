@@ -653,7 +653,22 @@ impl Session {
                 };
                 needed_after.is_none_or(|acked| e.seq <= acked)
             };
-            match st.window.evict_first(scan.kept, evictable) {
+            // Past the highest position any stream lets go, nothing is evictable: its
+            // `acked` when it guards its events, else its last (a stream's entries are no
+            // later than that; every entry's stream is in `streams`, which a stream leaves
+            // with its entries).
+            let upto = || {
+                streams
+                    .values()
+                    .map(|s| {
+                        s.needed_after(now, stall)
+                            .unwrap_or(s.last_seq)
+                            .min(s.last_seq)
+                    })
+                    .max()
+                    .unwrap_or(u64::MAX)
+            };
+            match st.window.evict_first(scan.kept, upto, evictable) {
                 Some((at, old)) => {
                     scan.kept = at;
                     note_eviction(&self.metrics, &mut st.streams, &old);

@@ -1366,3 +1366,33 @@ async fn an_oversized_event_cut_half_way_is_resumed_whole_and_freed_once_nobody_
         Ok(Resume::GapWithErrors { .. })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn room_is_made_behind_another_streams_needed_events() {
+    let s = session(cfg(|c| {
+        c.window_events = 6;
+        c.stall_timeout = Duration::from_secs(1);
+    }));
+    // The oldest three belong to a stream whose client is attached and has read nothing:
+    // they stay. The next three belong to a stream whose client left longer ago than the
+    // stall budget: they may go.
+    let Attachment { stream: a, .. } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    assert!(s.push_events(a, &mut numbered(0, 3, 0), None));
+    let Attachment {
+        stream: b,
+        generation: gb,
+        ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    assert!(s.push_events(b, &mut numbered(3, 6, 0), None));
+    s.detach(b, gb);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The window is full: room comes from behind the front, one eviction an event.
+    assert!(s.push_events(b, &mut numbered(6, 8, 0), None));
+    assert_eq!(s.metrics.window_evictions.get(), 2);
+    // More than the window holds behind them: stream b's own go, oldest first.
+    assert!(s.push_events(b, &mut numbered(8, 12, 0), None));
+    assert_eq!(s.metrics.window_evictions.get(), 6);
+    // Stream a's events are all still there for its client.
+    let ga = current_generation(&s, a);
+    assert_eq!(ns(&text(step(&s, a, ga))), vec![0, 1, 2]);
+}
