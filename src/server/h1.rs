@@ -38,6 +38,9 @@ use crate::metrics::ConnectionErrorKind;
 
 /// Most bytes one read takes.
 const READ_BYTES: usize = 8 * 1024;
+
+/// Response frames ready at once that go out in one write at most.
+const GATHER: usize = 4;
 /// Most bytes of a streamed request body read ahead of its reader.
 const BODY_AHEAD: usize = 64 * 1024;
 
@@ -205,6 +208,22 @@ impl Drop for Feed {
     }
 }
 
+/// One read of up to [`READ_BYTES`] from `io`, appended to `into`: how many bytes (0: the
+/// peer closed). Read into the stack first, so `into` grows by what came, never to a read's
+/// full size (a held stream's head keeps its buffer as long as the stream lives).
+pub(crate) fn poll_read_into<IO: AsyncRead>(
+    io: Pin<&mut IO>,
+    cx: &mut Context<'_>,
+    into: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
+    let mut rb = ReadBuf::uninit(&mut buf);
+    ready!(io.poll_read(cx, &mut rb))?;
+    let read = rb.filled();
+    into.extend_from_slice(read);
+    Poll::Ready(Ok(read.len()))
+}
+
 /// One client connection: its transport and what has been read and not yet used.
 struct Conn<IO> {
     io: IO,
@@ -215,12 +234,7 @@ struct Conn<IO> {
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// One read into the read buffer: how many bytes (0: the client closed).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
-        let mut rb = ReadBuf::uninit(&mut buf);
-        ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
-        let read = rb.filled();
-        self.rbuf.extend_from_slice(read);
-        Poll::Ready(Ok(read.len()))
+        poll_read_into(Pin::new(&mut self.io), cx, &mut self.rbuf)
     }
 
     /// Writes all of `bufs`, in order, in as few writes as the transport takes.
@@ -385,8 +399,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
 /// Serves one client connection's HTTP/1.1 requests with `svc`, one at a time, until the
 /// client closes between requests, a request or response is the last, or `stop` fires
 /// (between requests: the one in flight is answered first, then the connection closes).
+/// `read`: what was already read from `io` (the accept loop's first read).
 pub(crate) async fn serve<IO, S, F, B>(
     io: IO,
+    read: BytesMut,
     settings: Settings,
     mut svc: S,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -400,7 +416,7 @@ where
 {
     let mut conn = Conn {
         io,
-        rbuf: BytesMut::new(),
+        rbuf: read,
         settings,
     };
     let mut first = true;
@@ -533,43 +549,54 @@ where
     );
     let mut written: u64 = 0;
     loop {
-        let (data, end) = match std::mem::replace(&mut next, Next::NotYet) {
-            Next::Data(d) => {
-                // Whether the body ends right after it (the usual short answer): then its
-                // end goes out in the same write.
-                next = next_frame(conn, body.as_mut(), true).await?;
-                (Some(d), matches!(next, Next::End))
+        // What is ready now goes out in one write: up to GATHER frames (a resume's `resumed`
+        // event and its replay; a short answer's data and its end).
+        let mut data: [Bytes; GATHER] = Default::default();
+        let mut frames = 0;
+        let end = loop {
+            match std::mem::replace(&mut next, Next::NotYet) {
+                Next::Data(d) if frames < GATHER => {
+                    written += d.len() as u64;
+                    data[frames] = d;
+                    frames += 1;
+                    next = next_frame(conn, body.as_mut(), true).await?;
+                }
+                // Kept for the next write.
+                more @ Next::Data(_) => {
+                    next = more;
+                    break false;
+                }
+                Next::End => break true,
+                Next::NotYet => break false,
             }
-            Next::End => (None, true),
-            Next::NotYet => (None, false),
         };
-        if let Some(d) = &data {
-            written += d.len() as u64;
-            if matches!(framing, ResponseFraming::Length(n) if written > n) {
-                return Err(ConnError::Body("longer than its Content-Length".into()));
-            }
+        if matches!(framing, ResponseFraming::Length(n) if written > n) {
+            return Err(ConnError::Body("longer than its Content-Length".into()));
         }
         if end && matches!(framing, ResponseFraming::Length(n) if written != n) {
             return Err(ConnError::Body("shorter than its Content-Length".into()));
         }
-        let mut size = [0u8; 18];
-        let size_len = match &data {
-            Some(d) if chunked => h1::chunk_size_line(d.len(), &mut size),
-            _ => 0,
-        };
-        let data_end: &[u8] = match (&data, end && chunked) {
-            (Some(_), true) => b"\r\n0\r\n\r\n",
-            (Some(_), false) if chunked => b"\r\n",
-            (None, true) => b"0\r\n\r\n",
-            _ => b"",
-        };
-        let mut bufs = [
-            IoSlice::new(&head),
-            IoSlice::new(&size[..size_len]),
-            IoSlice::new(data.as_deref().unwrap_or_default()),
-            IoSlice::new(data_end),
-        ];
-        conn.write_all(&mut bufs).await?;
+        let mut sizes = [[0u8; 18]; GATHER];
+        let mut bufs: [IoSlice<'_>; 2 + 3 * GATHER] = std::array::from_fn(|_| IoSlice::new(&[]));
+        bufs[0] = IoSlice::new(&head);
+        let mut at = 1;
+        for (d, size) in data[..frames].iter().zip(&mut sizes) {
+            if chunked {
+                let n = h1::chunk_size_line(d.len(), size);
+                bufs[at] = IoSlice::new(&size[..n]);
+                bufs[at + 1] = IoSlice::new(d);
+                bufs[at + 2] = IoSlice::new(b"\r\n");
+                at += 3;
+            } else {
+                bufs[at] = IoSlice::new(d);
+                at += 1;
+            }
+        }
+        if end && chunked {
+            bufs[at] = IoSlice::new(b"0\r\n\r\n");
+            at += 1;
+        }
+        conn.write_all(&mut bufs[..at]).await?;
         // Not kept while a stream goes on.
         head = Vec::new();
         conn.flush().await?;
@@ -709,7 +736,7 @@ mod tests {
     {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve(server, settings(), svc, stop));
+        let task = tokio::spawn(serve(server, BytesMut::new(), settings(), svc, stop));
         (client, task, stop_tx)
     }
 

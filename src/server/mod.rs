@@ -4,11 +4,14 @@
 //! [`crate::shutdown`]'s, the admin listener [`crate::admin`]'s, binding and signals `main`'s,
 //! so tests run the real server on `127.0.0.1:0`.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use bytes::BytesMut;
 
 use http::Request;
 use hyper::body::Incoming;
@@ -17,6 +20,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -85,6 +89,7 @@ pub async fn serve_gateway(
     let cfg = gateway.config().clone();
     let _reloader = cfg.tls.as_ref().map(|t| AbortOnDrop(t.spawn_reloader()));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+    let inherited = std::env::var_os("NOINHERIT").is_none() && set_accepted_options(&listener);
     let graceful = GracefulShutdown::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
@@ -110,8 +115,9 @@ pub async fn serve_gateway(
             },
             draining = &mut shutdown => break draining,
         };
-        let _ = tcp.set_nodelay(true);
-        limit_unsent(&tcp);
+        if !inherited {
+            set_socket_options(socket2::SockRef::from(&tcp));
+        }
         let gateway = gateway.clone();
         let watcher = graceful.watcher();
         let stop = stop_rx.clone();
@@ -125,12 +131,15 @@ pub async fn serve_gateway(
             let _slot = &slot;
             let cfg = gateway.config();
             // TLS first when configured; the handshake counts against --header-read-timeout.
-            let (io, client_subject, version) = match &cfg.tls {
+            let (io, read, client_subject, version) = match &cfg.tls {
                 None => {
                     // Which HTTP the connection speaks, from its first bytes, peeked (see
                     // `sniff`); within --header-read-timeout like the head itself.
-                    match tokio::time::timeout(cfg.header_read_timeout, sniff(&tcp)).await {
-                        Ok(Some(v)) => (crate::tls::Stream::Plain(tcp), None, Some(v)),
+                    let mut tcp = tcp;
+                    match tokio::time::timeout(cfg.header_read_timeout, sniff(&mut tcp)).await {
+                        Ok(Some((v, read))) => {
+                            (crate::tls::Stream::Plain(tcp), read, None, Some(v))
+                        }
                         Ok(None) => {
                             metrics.connection_error(ConnectionErrorKind::ClientGone);
                             metrics.connections.dec();
@@ -154,7 +163,7 @@ pub async fn serve_gateway(
                                 b"h2" => Version::H2,
                                 _ => Version::H1,
                             });
-                            (io, subject, version)
+                            (io, BytesMut::new(), subject, version)
                         }
                         Err(e) => {
                             metrics.connection_error(e.kind());
@@ -224,7 +233,7 @@ pub async fn serve_gateway(
                 Some(Version::H1) => {
                     let _counted = watcher;
                     let own = move |req: Request<h1::ReqBody>| serve_req(req.map(ClientBody::Own));
-                    let conn = h1::serve(io, h1_settings(cfg), own, stop);
+                    let conn = h1::serve(io, read, h1_settings(cfg), own, stop);
                     ending.serve(pin!(conn)).await
                 }
                 // HTTP/2 and the unknown (TLS without ALPN): hyper's, boxed (hyper-util's
@@ -233,7 +242,7 @@ pub async fn serve_gateway(
                     let svc = service_fn(move |req: Request<Incoming>| {
                         serve_req(req.map(ClientBody::Hyper))
                     });
-                    let io = TokioIo::new(io);
+                    let io = TokioIo::new(Prefixed { read, io });
                     Box::pin(async move {
                         let conn = http2_builder(cfg, exec).serve_connection(io, svc);
                         ending.serve(pin!(watcher.watch(conn))).await
@@ -470,29 +479,87 @@ enum Version {
 /// What an HTTP/2 connection opens with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Which HTTP a plaintext connection speaks, from its first bytes, peeked: HTTP/2 if they are
-/// its preface, else HTTP/1.1. `None`: the client closed (or the socket failed) first.
+/// Which HTTP a plaintext connection speaks, from its first bytes: HTTP/2 if they are its
+/// preface, else HTTP/1.1; with the bytes read, which the connection's reader takes first.
+/// `None`: the client closed (or the socket failed) first.
 ///
-/// hyper-util's own sniff reads the first 24 bytes and hands them to hyper as a read of
-/// their own; hyper's read buffer, 8 KiB, then grew to 16 KiB at the next read (it held
-/// unread bytes when it asked for 8 KiB more), on every connection for as long as it lived.
-/// Peeking leaves every byte for hyper's first read.
-async fn sniff(tcp: &tokio::net::TcpStream) -> Option<Version> {
-    let mut buf = [0u8; H2_PREFACE.len()];
+/// Read, not peeked: a peek is a `recvfrom` of its own before the read that takes the same
+/// bytes again, and one more when the connection is accepted before its first bytes arrive
+/// (most are); the gateway's HTTP/1.1 starts from the bytes read here, and hyper's HTTP/2
+/// reads them again first ([`Prefixed`]).
+async fn sniff(tcp: &mut tokio::net::TcpStream) -> Option<(Version, BytesMut)> {
+    let mut read = BytesMut::new();
     loop {
-        let n = tcp.peek(&mut buf).await.ok()?;
+        let n = poll_fn(|cx| h1::poll_read_into(Pin::new(&mut *tcp), cx, &mut read))
+            .await
+            .ok()?;
         if n == 0 {
             return None;
         }
-        if buf[..n] != H2_PREFACE[..n] {
-            return Some(Version::H1);
+        let k = read.len().min(H2_PREFACE.len());
+        if read[..k] != H2_PREFACE[..k] {
+            return Some((Version::H1, read));
         }
-        if n == H2_PREFACE.len() {
-            return Some(Version::H2);
+        if k == H2_PREFACE.len() {
+            return Some((Version::H2, read));
         }
-        // A prefix of the preface so far: `peek` returns at once while those bytes wait,
-        // so wait a little for the rest (bounded by the caller's timeout).
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // A prefix of the preface so far: wait for more.
+    }
+}
+
+/// A transport some of whose bytes were already read: `read` is read again first.
+struct Prefixed<IO> {
+    read: BytesMut,
+    io: IO,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.read.is_empty() {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        }
+        let n = this.read.len().min(buf.remaining());
+        buf.put_slice(&this.read.split_to(n));
+        if this.read.is_empty() {
+            // Not kept for the connection's life.
+            this.read = BytesMut::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
@@ -619,15 +686,28 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// kernel queue that a cut loses; hyper stops polling the body once this much is queued.
 const NOTSENT_LOWAT: u32 = 16 * 1024;
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn limit_unsent(tcp: &tokio::net::TcpStream) {
-    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_notsent_lowat(NOTSENT_LOWAT) {
+/// `TCP_NODELAY` (answers go out as written) and `TCP_NOTSENT_LOWAT` (see [`NOTSENT_LOWAT`])
+/// on a client socket, or on the listener whose accepted sockets inherit them.
+fn set_socket_options(sock: socket2::SockRef<'_>) {
+    let _ = sock.set_tcp_nodelay(true);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Err(e) = sock.set_tcp_notsent_lowat(NOTSENT_LOWAT) {
         tracing::debug!(error = %e, "TCP_NOTSENT_LOWAT not set");
     }
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn limit_unsent(_tcp: &tokio::net::TcpStream) {}
+/// Sets the client sockets' options once, on the listener, where accepted sockets inherit
+/// them (Linux copies a listener's TCP options into each socket it accepts): two
+/// `setsockopt` calls fewer per connection. Returns whether they are inherited; elsewhere
+/// each connection sets its own.
+fn set_accepted_options(listener: &TcpListener) -> bool {
+    if cfg!(any(target_os = "linux", target_os = "android")) {
+        set_socket_options(socket2::SockRef::from(listener));
+        true
+    } else {
+        false
+    }
+}
 
 /// The kind of error a client connection ended with, for the metric.
 fn classify(e: &(dyn std::error::Error + 'static)) -> ConnectionErrorKind {
@@ -650,7 +730,7 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     /// When `idle` resolved (time since the start, paused clock) and what it said, while
@@ -712,7 +792,8 @@ mod tests {
 
     /// Sends `pieces` with a pause between them; returns what `sniff` made of them.
     async fn sniffed(pieces: &[&[u8]]) -> Option<Version> {
-        let (mut client, server) = pair().await;
+        let (mut client, mut server) = pair().await;
+        let sent: Vec<u8> = pieces.concat();
         let pieces: Vec<Vec<u8>> = pieces.iter().map(|p| p.to_vec()).collect();
         let writer = tokio::spawn(async move {
             for p in pieces {
@@ -721,16 +802,18 @@ mod tests {
             }
             client
         });
-        let v = tokio::time::timeout(Duration::from_secs(5), sniff(&server))
+        let sniffed = tokio::time::timeout(Duration::from_secs(5), sniff(&mut server))
             .await
             .expect("sniff decides within the pauses");
-        // Every byte is still there for hyper: sniffing only peeked.
-        let mut first = [0u8; 1];
-        if v.is_some() {
-            assert_eq!(server.peek(&mut first).await.unwrap(), 1);
-        }
-        drop(writer.await.unwrap());
-        v
+        let client = writer.await.unwrap();
+        let (v, read) = sniffed?;
+        // What it read, then the rest from the socket: every byte sent, once, in order.
+        let mut io = Prefixed { read, io: server };
+        drop(client);
+        let mut all = Vec::new();
+        io.read_to_end(&mut all).await.unwrap();
+        assert_eq!(all, sent);
+        Some(v)
     }
 
     #[tokio::test]
@@ -756,10 +839,22 @@ mod tests {
         assert_eq!(sniffed(&[b"GET / HTTP/1.1\r\n"]).await, Some(Version::H1));
     }
 
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[tokio::test]
+    async fn accepted_sockets_inherit_the_listeners_options() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert!(set_accepted_options(&l));
+        let _client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, _) = l.accept().await.unwrap();
+        let sock = socket2::SockRef::from(&server);
+        assert!(sock.tcp_nodelay().unwrap());
+        assert_eq!(sock.tcp_notsent_lowat().unwrap(), NOTSENT_LOWAT);
+    }
+
     #[tokio::test]
     async fn a_client_that_closes_first_is_none() {
-        let (client, server) = pair().await;
+        let (client, mut server) = pair().await;
         drop(client);
-        assert_eq!(sniff(&server).await, None);
+        assert_eq!(sniff(&mut server).await, None);
     }
 }
