@@ -372,6 +372,13 @@ impl Decoder {
         if line[0] == b':' {
             return Ok(()); // comment
         }
+        // The usual line, without the general field match below.
+        if let Some(v) = line.strip_prefix(b"data:") {
+            let value = v.strip_prefix(b" ").unwrap_or(v);
+            simdutf8::basic::from_utf8(value).map_err(|_| SseError::InvalidUtf8)?;
+            self.cur.push_data(value);
+            return Ok(());
+        }
         // The usual fields by their prefix; others (and `data` without a colon) by a search.
         let split = match line[0] {
             b'd' if line.starts_with(b"data:") => Some(4),
