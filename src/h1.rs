@@ -419,6 +419,22 @@ impl BodyDecoder {
                 State::Chunked(Chunk::Size(0, 0))
                     if let Some((n, used)) = size_line(&input[i..]) =>
                 {
+                    // The usual small chunk whole in this read, the CRLF after its data too:
+                    // taken at once, back at the next size line (one pass of this loop a
+                    // chunk, not three).
+                    let data_at = i + used;
+                    let whole = usize::try_from(n)
+                        .ok()
+                        .filter(|&len| len > 0)
+                        .and_then(|len| Some((len, data_at.checked_add(len)?)))
+                        .filter(|&(_, end)| {
+                            end.checked_add(2).and_then(|e| input.get(end..e)) == Some(b"\r\n")
+                        });
+                    if let Some((_, end)) = whole {
+                        data(&input[data_at..end]);
+                        i = end + 2;
+                        continue;
+                    }
                     self.state = State::Chunked(if n == 0 {
                         Chunk::TrailerStart
                     } else {
