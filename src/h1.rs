@@ -423,14 +423,14 @@ impl BodyDecoder {
                     // taken at once, back at the next size line (one pass of this loop a
                     // chunk, not three).
                     let data_at = i + used;
-                    let whole = usize::try_from(n)
+                    let end = usize::try_from(n)
                         .ok()
                         .filter(|&len| len > 0)
-                        .and_then(|len| Some((len, data_at.checked_add(len)?)))
-                        .filter(|&(_, end)| {
+                        .and_then(|len| data_at.checked_add(len))
+                        .filter(|&end| {
                             end.checked_add(2).and_then(|e| input.get(end..e)) == Some(b"\r\n")
                         });
-                    if let Some((_, end)) = whole {
+                    if let Some(end) = end {
                         data(&input[data_at..end]);
                         i = end + 2;
                         continue;

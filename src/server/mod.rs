@@ -89,7 +89,7 @@ pub async fn serve_gateway(
     let cfg = gateway.config().clone();
     let _reloader = cfg.tls.as_ref().map(|t| AbortOnDrop(t.spawn_reloader()));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
-    let inherited = std::env::var_os("NOINHERIT").is_none() && set_accepted_options(&listener);
+    let inherited = set_accepted_options(&listener);
     let graceful = GracefulShutdown::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
