@@ -87,6 +87,32 @@ struct State {
     /// The last frames of the clients attached when the session closed, by (stream,
     /// generation): each learns explicitly that its calls will not be answered.
     closing: Vec<(u32, u64, Bytes)>,
+    /// The last sweep found nothing to watch (see [`Session::sweep`]): the registry's sweeper
+    /// skips the session until its TTL could run out, unless told otherwise ([`Session::stir`]).
+    quiet: bool,
+}
+
+/// What [`Session::sweep`] found.
+#[derive(Clone, Copy, Debug)]
+struct Swept {
+    /// No client attached.
+    idle: bool,
+    /// The session's last activity.
+    since: Instant,
+    /// Nothing for a sweep to do until the TTL may have run out.
+    quiet: bool,
+}
+
+/// Ids of sessions that stopped being quiet since the registry's last sweep (see
+/// [`Session::stir`]): the sweeper visits them again at its next round.
+#[derive(Debug, Default)]
+pub(crate) struct Stirred(Mutex<Vec<String>>);
+
+impl Stirred {
+    /// The ids gathered since the last call.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.0))
+    }
 }
 
 /// One MCP session as the gateway sees it.
@@ -116,6 +142,8 @@ pub struct Session {
     forward_settled: Notify,
     /// Woken when the session closes (see [`Session::closed`]).
     closed_signal: Notify,
+    /// Where the session says it needs the sweeper again (see [`Session::stir`]).
+    stirred: Arc<Stirred>,
 }
 
 /// A forwarded POST's request ids, in flight until this drops (see [`Session::begin_forward`]).
@@ -407,6 +435,7 @@ impl Session {
                 paused: Vec::new(),
                 running: Default::default(),
                 closing: Vec::new(),
+                quiet: false,
             }),
             cfg,
             metrics,
@@ -419,6 +448,21 @@ impl Session {
             hold_kick: Arc::new(Notify::new()),
             forward_settled: Notify::new(),
             closed_signal: Notify::new(),
+            stirred: Arc::default(),
+        }
+    }
+
+    /// The session, telling `stirred` when it needs the sweeper again.
+    pub(crate) fn stirring(self, stirred: Arc<Stirred>) -> Session {
+        Session { stirred, ..self }
+    }
+
+    /// Something the sweeper watches began (a client attached, an upstream reader paused,
+    /// an oversized event held): a session the last sweep found quiet is visited again at
+    /// the next one. Called under the state lock, with its `quiet`.
+    fn stir(&self, quiet: &mut bool) {
+        if std::mem::take(quiet) {
+            lock(&self.stirred.0).push(self.id.clone());
         }
     }
 
@@ -599,6 +643,7 @@ impl Session {
         }
         self.metrics.streams_attached.inc();
         st.last_activity = Instant::now();
+        self.stir(&mut st.quiet);
         drop(st);
         let opening = if announce {
             Some(self.announcement(stream, seq))
@@ -718,8 +763,11 @@ impl Session {
             return true;
         };
         let done = Self::wake_or_pause(s, pushed > 0, events.is_empty(), reader, now);
-        if !done && reader.is_some() && !st.paused.contains(&stream) {
-            st.paused.push(stream);
+        if !done && reader.is_some() {
+            self.stir(&mut st.quiet);
+            if !st.paused.contains(&stream) {
+                st.paused.push(stream);
+            }
         }
         done
     }
@@ -774,6 +822,7 @@ impl Session {
                     .push(entry, |old| note_eviction(metrics, streams, &old));
             } else {
                 s.set_overflow(Some(entry), &self.budget);
+                self.stir(&mut st.quiet);
             }
         }
         (events.len(), learned_version)
@@ -959,6 +1008,7 @@ impl Session {
                 w.wake();
             }
         }
+        self.stir(&mut st.quiet);
         let prelude = control::resumed(&here, cursor.stream, s.kind, replay, s.end.is_some());
         st.inflight.forget(cursor.stream);
         Ok(Resume::Attached {
@@ -1131,6 +1181,7 @@ impl Session {
                 w.wake();
             }
         }
+        self.stir(&mut st.quiet);
         Some(Attachment {
             stream,
             generation,
@@ -1349,12 +1400,17 @@ impl Session {
     /// budget, closes connections stuck writing, frees oversized events no client may come
     /// back for any more, and wakes paused upstream readers (a guard may have run out, or the
     /// memory budget have room again). Returns whether the session is idle (no client
-    /// attached) and since when.
-    fn sweep(&self, now: Instant) -> (bool, Instant) {
+    /// attached), since when, and whether it is quiet: no client, no paused reader and no
+    /// oversized event held, so nothing for a sweep to do until its TTL may have run out
+    /// (the session says when that changes: [`Session::stir`]).
+    fn sweep(&self, now: Instant) -> Swept {
         let stall = self.cfg.stall_timeout;
         let mut st = lock(&self.state);
+        let st = &mut *st;
         let mut attached = false;
+        let mut watched = false;
         for s in st.streams.values_mut() {
+            watched |= s.paused_reader.is_some();
             s.wake_reader();
             if s.overflow
                 .as_ref()
@@ -1362,6 +1418,7 @@ impl Session {
             {
                 self.drop_overflow(s);
             }
+            watched |= s.overflow.is_some();
             let stall_since = s.stall_since;
             let Some(sub) = s.sub.as_mut() else { continue };
             attached = true;
@@ -1385,7 +1442,12 @@ impl Session {
                 }
             }
         }
-        (!attached, st.last_activity)
+        st.quiet = !attached && !watched;
+        Swept {
+            idle: !attached,
+            since: st.last_activity,
+            quiet: st.quiet,
+        }
     }
 
     /// Retained window events and bytes (for tests and metrics).

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
-use super::{lock, Session, StreamKind};
+use super::{lock, Session, Stirred, StreamKind};
 use crate::config::Config;
 /// Why a session's state was dropped (the `session_evictions_total` label).
 pub use crate::metrics::Eviction;
@@ -86,13 +86,27 @@ pub struct Registry {
     cfg: Arc<Config>,
     metrics: Arc<Metrics>,
     budget: Arc<Budget>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    sessions: Mutex<Sessions>,
+    /// Sessions that stopped being quiet since the last sweep (see [`Registry::sweep`]).
+    stirred: Arc<Stirred>,
     /// Places taken by `initialize`s on their way to the upstream ([`Reservation`]s); they
     /// count against the session cap like sessions. Raised only under the `sessions` lock.
     reserved: Arc<AtomicUsize>,
     /// Told of each session the gateway sheds (the cap, the budget): the proxy ends it
     /// upstream too. Called under the registry's lock: it may only hand the work on.
     on_shed: std::sync::OnceLock<OnShed>,
+}
+
+type Sessions = HashMap<String, Slot>;
+
+/// A live session and when the sweeper next needs to look at it.
+#[derive(Debug)]
+struct Slot {
+    session: Arc<Session>,
+    /// `None`: at every sweep. A quiet session (nothing to watch) is next looked at when its
+    /// TTL may have run out, or sooner when it says so ([`Stirred`]): the sweep does not
+    /// touch the memory of sessions that only wait.
+    next_visit: Option<Instant>,
 }
 
 /// What is done with a session the gateway sheds (see [`Registry::on_shed`]).
@@ -166,6 +180,7 @@ impl Registry {
             metrics,
             budget,
             sessions: Mutex::new(HashMap::new()),
+            stirred: Arc::default(),
             reserved: Arc::new(AtomicUsize::new(0)),
             on_shed: std::sync::OnceLock::new(),
         }
@@ -181,15 +196,15 @@ impl Registry {
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        lock(&self.sessions).get(id).cloned()
+        lock(&self.sessions).get(id).map(|e| e.session.clone())
     }
 
     /// The session `id`, created if the gateway has not seen it (sheds an idle session at
     /// the cap; errs when every session is in use).
     pub fn get_or_create(&self, id: &str, owner: Owner) -> Result<Arc<Session>, AtCapacity> {
         let mut map = lock(&self.sessions);
-        if let Some(s) = map.get(id) {
-            return Ok(s.clone());
+        if let Some(e) = map.get(id) {
+            return Ok(e.session.clone());
         }
         self.make_room(&mut map, owner.share)?;
         Ok(self.insert(&mut map, id, owner))
@@ -205,7 +220,7 @@ impl Registry {
     ) -> Arc<Session> {
         let mut map = lock(&self.sessions);
         let s = match map.get(id) {
-            Some(s) => s.clone(),
+            Some(e) => e.session.clone(),
             None => self.insert(&mut map, id, owner),
         };
         // Released under the lock: the new session takes the reservation's place atomically.
@@ -237,31 +252,29 @@ impl Registry {
         Ok(s)
     }
 
-    fn insert(
-        &self,
-        map: &mut HashMap<String, Arc<Session>>,
-        id: &str,
-        owner: Owner,
-    ) -> Arc<Session> {
+    fn insert(&self, map: &mut Sessions, id: &str, owner: Owner) -> Arc<Session> {
         self.insert_as(map, id, owner, false)
     }
 
-    fn insert_as(
-        &self,
-        map: &mut HashMap<String, Arc<Session>>,
-        id: &str,
-        owner: Owner,
-        minted: bool,
-    ) -> Arc<Session> {
-        let s = Arc::new(Session::new(
+    fn insert_as(&self, map: &mut Sessions, id: &str, owner: Owner, minted: bool) -> Arc<Session> {
+        let s = Arc::new(
+            Session::new(
+                id.to_owned(),
+                self.cfg.clone(),
+                self.metrics.clone(),
+                self.budget.clone(),
+                owner,
+                minted,
+            )
+            .stirring(self.stirred.clone()),
+        );
+        map.insert(
             id.to_owned(),
-            self.cfg.clone(),
-            self.metrics.clone(),
-            self.budget.clone(),
-            owner,
-            minted,
-        ));
-        map.insert(id.to_owned(), s.clone());
+            Slot {
+                session: s.clone(),
+                next_visit: None,
+            },
+        );
         tracing::debug!(mcp.session = %hash_id(id), "session created");
         s
     }
@@ -280,11 +293,7 @@ impl Registry {
 
     /// Room for one more session of `share`: under the session cap (sessions and
     /// reservations) and the memory budget, shedding sessions if needed ([`Registry::shed_one`]).
-    fn make_room(
-        &self,
-        map: &mut HashMap<String, Arc<Session>>,
-        share: Principal,
-    ) -> Result<(), AtCapacity> {
+    fn make_room(&self, map: &mut Sessions, share: Principal) -> Result<(), AtCapacity> {
         while map.len() + self.reserved.load(Ordering::SeqCst) >= self.cfg.max_sessions {
             self.shed_one(map, Eviction::SessionCap, share)?;
         }
@@ -326,14 +335,15 @@ impl Registry {
     /// others out; with one share this is the plain order of idleness.
     fn shed_one(
         &self,
-        map: &mut HashMap<String, Arc<Session>>,
+        map: &mut Sessions,
         why: Eviction,
         asker: Principal,
     ) -> Result<(), AtCapacity> {
         let by_bytes = why == Eviction::MemoryBudget;
         let facts: Vec<_> = map
             .iter()
-            .map(|(k, s)| {
+            .map(|(k, e)| {
+                let s = &e.session;
                 let used = if by_bytes { s.window_usage().1 } else { 1 };
                 (k, s.share(), s.idle_since(), used)
             })
@@ -367,8 +377,8 @@ impl Registry {
             .min()
             .map(|(_, k)| k.clone())
             .ok_or(AtCapacity)?;
-        if let Some(s) = map.remove(&victim) {
-            self.closed(&victim, &s, why);
+        if let Some(e) = map.remove(&victim) {
+            self.closed(&victim, &e.session, why);
         }
         Ok(())
     }
@@ -386,9 +396,9 @@ impl Registry {
 
     /// Drops the session `id`'s state (DELETE, upstream 404).
     pub fn remove(&self, id: &str, why: Eviction) {
-        let s = lock(&self.sessions).remove(id);
-        if let Some(s) = s {
-            self.closed(id, &s, why);
+        let e = lock(&self.sessions).remove(id);
+        if let Some(e) = e {
+            self.closed(id, &e.session, why);
         }
     }
 
@@ -403,24 +413,47 @@ impl Registry {
     fn all(&self) -> Vec<(String, Arc<Session>)> {
         lock(&self.sessions)
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, e)| (k.clone(), e.session.clone()))
             .collect()
     }
 
     /// One sweep: flags stalled clients and drops sessions idle for longer than the TTL.
-    pub fn sweep(&self) {
+    /// Sessions the last sweep found quiet are looked at again only when their TTL may have
+    /// run out or they stopped being quiet ([`Slot::next_visit`]): an idle session costs no
+    /// work per sweep. Returns how many sessions were looked at.
+    pub fn sweep(&self) -> usize {
         let now = Instant::now();
-        for (id, s) in self.all() {
-            let (idle, since) = s.sweep(now);
-            if idle && now.duration_since(since) >= self.cfg.session_ttl {
-                let mut map = lock(&self.sessions);
-                if map.get(&id).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
-                    map.remove(&id);
-                    drop(map);
-                    self.closed(&id, &s, Eviction::Ttl);
+        let stirred = self.stirred.take();
+        let due: Vec<(String, Arc<Session>)> = {
+            let mut map = lock(&self.sessions);
+            for id in &stirred {
+                if let Some(e) = map.get_mut(id) {
+                    e.next_visit = None;
                 }
             }
+            map.iter()
+                .filter(|(_, e)| e.next_visit.is_none_or(|t| t <= now))
+                .map(|(k, e)| (k.clone(), e.session.clone()))
+                .collect()
+        };
+        let looked_at = due.len();
+        for (id, s) in due {
+            let swept = s.sweep(now);
+            let expired = swept.idle && now.duration_since(swept.since) >= self.cfg.session_ttl;
+            let mut map = lock(&self.sessions);
+            let Some(e) = map.get_mut(&id).filter(|e| Arc::ptr_eq(&e.session, &s)) else {
+                continue;
+            };
+            if expired {
+                map.remove(&id);
+                drop(map);
+                self.closed(&id, &s, Eviction::Ttl);
+            } else if swept.quiet {
+                // Stirred since its sweep: in `stirred` for the next one, which clears this.
+                e.next_visit = Some(swept.since + self.cfg.session_ttl);
+            }
         }
+        looked_at
     }
 
     /// Runs [`Registry::sweep`] every `sweep_interval` until the registry is dropped.

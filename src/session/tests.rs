@@ -66,6 +66,97 @@ async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_quiet_session_is_looked_at_again_only_at_its_ttl_or_when_stirred() {
+    let reg = Registry::new(
+        cfg(|c| c.session_ttl = Duration::from_secs(60)),
+        Arc::default(),
+    );
+    let s = reg
+        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
+    assert_eq!(reg.sweep(), 1, "a new session is looked at");
+    assert_eq!(reg.sweep(), 0, "nothing to watch: skipped");
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    assert_eq!(reg.sweep(), 1, "a client attached: looked at");
+    assert_eq!(reg.sweep(), 1, "and at every sweep while it is");
+    s.detach(stream, generation);
+    assert_eq!(reg.sweep(), 1, "found quiet");
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert_eq!(reg.sweep(), 0);
+    assert_eq!(reg.len(), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(reg.sweep(), 1, "its TTL may have run out");
+    assert_eq!(reg.len(), 0, "and it did");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_attached_to_a_quiet_session_is_still_detached_when_it_stalls() {
+    let reg = Registry::new(
+        cfg(|c| {
+            c.session_ttl = Duration::from_secs(300);
+            c.stall_timeout = Duration::from_secs(30);
+        }),
+        Arc::default(),
+    );
+    let s = reg
+        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
+    reg.sweep();
+    assert_eq!(reg.sweep(), 0, "quiet");
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
+    s.push_events(stream, &mut vec![msg("{\"n\":1}")], None);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    reg.sweep();
+    let out = text(step(&s, stream, generation));
+    assert!(
+        out.contains("event: mcp-reattach/resumption-required"),
+        "{out}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_paused_in_a_quiet_session_is_woken_when_its_guard_runs_out() {
+    let reg = Registry::new(
+        cfg(|c| {
+            c.session_ttl = Duration::from_secs(300);
+            c.stall_timeout = Duration::from_secs(30);
+            c.window_events = 8;
+        }),
+        Arc::default(),
+    );
+    let s = reg
+        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
+    let mut pending = numbered(0, 4, 10);
+    assert!(s.push_events(stream, &mut pending, None));
+    s.detach(stream, generation);
+    reg.sweep();
+    assert_eq!(reg.sweep(), 0, "quiet: no client, no paused reader");
+    // The stream's detached client may come back for its events: the window fills and the
+    // upstream reader waits.
+    let (reader, wakes) = counting_waker();
+    let mut pending = numbered(4, 40, 10);
+    assert!(
+        !s.push_events(stream, &mut pending, Some(&reader)),
+        "paused"
+    );
+    tokio::time::advance(Duration::from_secs(31)).await;
+    assert_eq!(reg.sweep(), 1, "a paused reader is watched");
+    assert_eq!(wakes.load(Ordering::SeqCst), 1, "woken: the guard ran out");
+    assert!(
+        s.push_events(stream, &mut pending, Some(&reader)),
+        "room now"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn stalled_client_gets_resumption_required_with_retry() {
     let s = session(cfg(|c| c.stall_timeout = Duration::from_secs(30)));
     let Attachment {
