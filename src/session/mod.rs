@@ -435,7 +435,8 @@ impl Session {
                 paused: Vec::new(),
                 running: Default::default(),
                 closing: Vec::new(),
-                quiet: false,
+                // Nothing to watch yet: whatever begins stirs it (see `Registry::sweep`).
+                quiet: true,
             }),
             cfg,
             metrics,

@@ -89,6 +89,10 @@ pub struct Registry {
     sessions: Mutex<Sessions>,
     /// Sessions that stopped being quiet since the last sweep (see [`Registry::sweep`]).
     stirred: Arc<Stirred>,
+    /// Set when the last sweep left every session quiet: the earliest time one's TTL may run
+    /// out. Until then a sweep with nothing stirred does not walk the sessions at all. Taken
+    /// under the `sessions` lock.
+    walk_after: Mutex<Option<Instant>>,
     /// Places taken by `initialize`s on their way to the upstream ([`Reservation`]s); they
     /// count against the session cap like sessions. Raised only under the `sessions` lock.
     reserved: Arc<AtomicUsize>,
@@ -181,6 +185,7 @@ impl Registry {
             budget,
             sessions: Mutex::new(HashMap::new()),
             stirred: Arc::default(),
+            walk_after: Mutex::new(None),
             reserved: Arc::new(AtomicUsize::new(0)),
             on_shed: std::sync::OnceLock::new(),
         }
@@ -424,15 +429,30 @@ impl Registry {
     pub fn sweep(&self) -> usize {
         let now = Instant::now();
         let stirred = self.stirred.take();
+        // The earliest TTL of a quiet session, and whether every session is quiet.
+        let mut earliest: Option<Instant> = None;
+        let mut all_quiet = true;
         let due: Vec<(String, Arc<Session>)> = {
             let mut map = lock(&self.sessions);
+            let mut walk_after = lock(&self.walk_after);
+            if stirred.is_empty() && walk_after.is_some_and(|t| now < t) {
+                return 0;
+            }
+            *walk_after = None;
+            drop(walk_after);
             for id in &stirred {
                 if let Some(e) = map.get_mut(id) {
                     e.next_visit = None;
                 }
             }
             map.iter()
-                .filter(|(_, e)| e.next_visit.is_none_or(|t| t <= now))
+                .filter(|(_, e)| match e.next_visit {
+                    Some(t) if t > now => {
+                        earliest = Some(earliest.map_or(t, |x| x.min(t)));
+                        false
+                    }
+                    _ => true,
+                })
                 .map(|(k, e)| (k.clone(), e.session.clone()))
                 .collect()
         };
@@ -450,8 +470,18 @@ impl Registry {
                 self.closed(&id, &s, Eviction::Ttl);
             } else if swept.quiet {
                 // Stirred since its sweep: in `stirred` for the next one, which clears this.
-                e.next_visit = Some(swept.since + self.cfg.session_ttl);
+                let t = swept.since + self.cfg.session_ttl;
+                e.next_visit = Some(t);
+                earliest = Some(earliest.map_or(t, |x| x.min(t)));
+            } else {
+                all_quiet = false;
             }
+        }
+        if all_quiet {
+            // A session created since is quiet until stirred, and its TTL runs out after
+            // `earliest`: nothing is missed by not walking until then.
+            let _map = lock(&self.sessions);
+            *lock(&self.walk_after) = earliest;
         }
         looked_at
     }

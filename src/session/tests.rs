@@ -76,6 +76,16 @@ async fn a_quiet_session_is_looked_at_again_only_at_its_ttl_or_when_stirred() {
         .unwrap();
     assert_eq!(reg.sweep(), 1, "a new session is looked at");
     assert_eq!(reg.sweep(), 0, "nothing to watch: skipped");
+    // A session created while every other is quiet, and attached to, is looked at.
+    let b = reg
+        .get_or_create("b", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
+    let attached = b.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    assert_eq!(reg.sweep(), 1, "the new session, stirred by its client");
+    b.detach(attached.stream, attached.generation);
+    assert_eq!(reg.sweep(), 1, "found quiet");
+    assert_eq!(reg.sweep(), 0);
+    reg.remove("b", Eviction::Delete);
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
