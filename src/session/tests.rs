@@ -25,6 +25,15 @@ fn session(c: Arc<Config>) -> Session {
     )
 }
 
+/// A registry configured by `f` holding one session, `a`.
+fn registry_with_a(f: impl FnOnce(&mut Config)) -> (Registry, Arc<Session>) {
+    let reg = Registry::new(cfg(f), Arc::default());
+    let s = reg
+        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
+        .unwrap();
+    (reg, s)
+}
+
 fn step(s: &Session, stream: u32, generation: u64) -> Step {
     s.poll_step(stream, generation, Waker::noop())
 }
@@ -38,13 +47,7 @@ fn text(step: Step) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
-    let reg = Registry::new(
-        cfg(|c| c.session_ttl = Duration::from_secs(60)),
-        Arc::default(),
-    );
-    let s = reg
-        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
-        .unwrap();
+    let (reg, s) = registry_with_a(|c| c.session_ttl = Duration::from_secs(60));
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
@@ -67,13 +70,7 @@ async fn ttl_counts_from_the_last_activity_and_only_without_clients() {
 
 #[tokio::test(start_paused = true)]
 async fn a_quiet_session_is_looked_at_again_only_at_its_ttl_or_when_stirred() {
-    let reg = Registry::new(
-        cfg(|c| c.session_ttl = Duration::from_secs(60)),
-        Arc::default(),
-    );
-    let s = reg
-        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
-        .unwrap();
+    let (reg, s) = registry_with_a(|c| c.session_ttl = Duration::from_secs(60));
     assert_eq!(reg.sweep(), 1, "a new session is looked at");
     assert_eq!(reg.sweep(), 0, "nothing to watch: skipped");
     // A session created while every other is quiet, and attached to, is looked at.
@@ -103,16 +100,10 @@ async fn a_quiet_session_is_looked_at_again_only_at_its_ttl_or_when_stirred() {
 
 #[tokio::test(start_paused = true)]
 async fn a_client_attached_to_a_quiet_session_is_still_detached_when_it_stalls() {
-    let reg = Registry::new(
-        cfg(|c| {
-            c.session_ttl = Duration::from_secs(300);
-            c.stall_timeout = Duration::from_secs(30);
-        }),
-        Arc::default(),
-    );
-    let s = reg
-        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
-        .unwrap();
+    let (reg, s) = registry_with_a(|c| {
+        c.session_ttl = Duration::from_secs(300);
+        c.stall_timeout = Duration::from_secs(30);
+    });
     reg.sweep();
     assert_eq!(reg.sweep(), 0, "quiet");
     let Attachment {
@@ -130,17 +121,11 @@ async fn a_client_attached_to_a_quiet_session_is_still_detached_when_it_stalls()
 
 #[tokio::test(start_paused = true)]
 async fn a_reader_paused_in_a_quiet_session_is_woken_when_its_guard_runs_out() {
-    let reg = Registry::new(
-        cfg(|c| {
-            c.session_ttl = Duration::from_secs(300);
-            c.stall_timeout = Duration::from_secs(30);
-            c.window_events = 8;
-        }),
-        Arc::default(),
-    );
-    let s = reg
-        .get_or_create("a", Owner::new(Principal::default(), "/mcp"))
-        .unwrap();
+    let (reg, s) = registry_with_a(|c| {
+        c.session_ttl = Duration::from_secs(300);
+        c.stall_timeout = Duration::from_secs(30);
+        c.window_events = 8;
+    });
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
