@@ -88,13 +88,27 @@ impl Gw {
 
 /// Sends one request on a fresh connection; the response body streams from that connection
 /// and dropping it closes the connection.
-pub async fn send(addr: SocketAddr, mut req: Request<Full<Bytes>>) -> Response<Incoming> {
+pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incoming> {
+    send_on(TcpStream::connect(addr).await.unwrap(), req).await
+}
+
+/// Receive buffer a [`send_small_window`] client asks for (the kernel doubles it).
+const SMALL_RECEIVE_BUFFER: u32 = 32 * 1024;
+
+/// [`send`] from a socket with a small fixed receive buffer (no autotuning): behind a relay
+/// with small buffers, what the path to this client holds in flight stays in kilobytes.
+pub async fn send_small_window(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incoming> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(SMALL_RECEIVE_BUFFER).unwrap();
+    send_on(socket.connect(addr).await.unwrap(), req).await
+}
+
+async fn send_on(tcp: TcpStream, mut req: Request<Full<Bytes>>) -> Response<Incoming> {
     // As every HTTP/1.1 client does (hyper's connection-level client does not add it).
     if !req.headers().contains_key("host") {
         req.headers_mut()
             .insert("host", http::HeaderValue::from_static("mcp.example"));
     }
-    let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .unwrap();

@@ -32,6 +32,10 @@ pub struct RelayOptions {
     /// Keeps a copy of every byte forwarded from clients to the target
     /// ([`Relay::recorded_up`]).
     pub record_up: bool,
+    /// The small socket buffers of a rate-limited relay without its rate cap: what the path
+    /// holds in flight stays in kilobytes (with a client whose receive buffer is small too,
+    /// [`super::send_small_window`]), not in the megabytes loopback's autotuning allows.
+    pub small_buffers: bool,
 }
 
 /// Which way bytes flow through a [`Relay`].
@@ -190,7 +194,7 @@ impl Relay {
         let listener = {
             let _guard = runtime.enter();
             let socket = TcpSocket::new_v4().expect("relay socket");
-            if options.down_bytes_per_sec.is_some() {
+            if options.down_bytes_per_sec.is_some() || options.small_buffers {
                 // Accepted sockets inherit it: the relay's writes to its clients stay small.
                 socket
                     .set_send_buffer_size(LIMITED_SOCKET_BUFFER)
@@ -489,7 +493,7 @@ async fn relay_conn(
     done_tx: std_mpsc::Sender<()>,
 ) {
     let _ = client.set_nodelay(true);
-    let limited = shared.options.down_bytes_per_sec.is_some();
+    let limited = shared.options.down_bytes_per_sec.is_some() || shared.options.small_buffers;
     let connect = async move {
         let socket = TcpSocket::new_v4()?;
         if limited {

@@ -1457,11 +1457,12 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             c.map(|v| v <= 1.0),
         );
         let v = ratio(c, med(s, sc, Arm::Nginx, "cpu_us_per_event"));
+        // Issue 23: at most twice nginx's (issue 10 had three times).
         push(
             format!("{sc}: proxy CPU per event mcp-reattach / nginx"),
             v,
-            "≤ 3.00".into(),
-            v.map(|v| v <= 3.0),
+            "≤ 2.00".into(),
+            v.map(|v| v <= 2.0),
         );
     }
     // One event per upstream write (the same sizes and stream counts).
