@@ -222,6 +222,12 @@ pub mod procfs {
 
     /// utime + stime of the processes, in seconds.
     pub fn cpu_seconds(pids: &[u32]) -> f64 {
+        let (user, system) = cpu_split(pids);
+        user + system
+    }
+
+    /// [`cpu_seconds`] as (user, system) seconds: utime and stime apart.
+    pub fn cpu_split(pids: &[u32]) -> (f64, f64) {
         let tck = clk_tck() as f64;
         pids.iter()
             .filter_map(|&p| stat_fields(p))
@@ -229,9 +235,9 @@ pub mod procfs {
                 // Fields after the comm: state is [0]; utime is field 14 → index 11, stime 12.
                 let u: u64 = f[11].parse().unwrap_or(0);
                 let s: u64 = f[12].parse().unwrap_or(0);
-                (u + s) as f64 / tck
+                (u as f64 / tck, s as f64 / tck)
             })
-            .sum()
+            .fold((0.0, 0.0), |(a, b), (u, s)| (a + u, b + s))
     }
 
     /// On-CPU time of the processes' live threads in ns (`/proc/PID/task/TID/schedstat`,

@@ -1111,7 +1111,7 @@ fn run_one(
         .map(|p| procfs::tree(p.pid()))
         .unwrap_or_default();
     let rss0 = procfs::rss_kib(&pids);
-    let cpu0 = procfs::cpu_seconds(&pids);
+    let split0 = procfs::cpu_split(&pids);
     let mut load = pinned_if(a, pin, 0, &a.bin.join("load"));
     load.arg("--target").arg(target.to_string());
     if arm.tls() {
@@ -1169,7 +1169,7 @@ fn run_one(
                     rss_held = proxy
                         .as_ref()
                         .map(|p| procfs::rss_kib(&procfs::tree(p.pid())));
-                    cpu_held = Some(procfs::cpu_seconds(&pids));
+                    cpu_held = Some(procfs::cpu_split(&pids));
                     drop(stdin.take());
                 } else if line == "SETUP-DONE" {
                     cpu_setup_done = Some(procfs::cpu_ns(&pids));
@@ -1193,7 +1193,7 @@ fn run_one(
     let _ = child.wait();
     let _ = err_fwd.join();
     let wall = t0.elapsed().as_secs_f64();
-    let cpu1 = cpu_held.unwrap_or_else(|| procfs::cpu_seconds(&pids));
+    let split1 = cpu_held.unwrap_or_else(|| procfs::cpu_split(&pids));
     let cpu1_ns = procfs::cpu_ns(&pids);
     let rss1 = rss_held.unwrap_or_else(|| procfs::rss_kib(&pids));
     drop(proxy);
@@ -1227,7 +1227,9 @@ fn run_one(
     }
     rec.ok = rec.failures.is_empty();
     let m = &mut rec.metrics;
-    let cpu = cpu1 - cpu0;
+    // User and system time apart: where a proxy's CPU goes (its own work or the kernel's).
+    let (user, system) = (split1.0 - split0.0, split1.1 - split0.1);
+    let cpu = user + system;
     // "proxy": the process under test (for ts-eventstore, the server itself).
     let has_proxy = arm != Arm::Direct;
     m.insert("wall_s".into(), wall);
@@ -1252,6 +1254,8 @@ fn run_one(
             let n = raw["requests"].as_f64().unwrap_or(0.0);
             if has_proxy && n > 0.0 {
                 m.insert("cpu_us_per_req".into(), cpu * 1e6 / n);
+                m.insert("user_us_per_req".into(), user * 1e6 / n);
+                m.insert("sys_us_per_req".into(), system * 1e6 / n);
             }
         }
         "sse" | "paced" => {
@@ -1267,6 +1271,8 @@ fn run_one(
             lat(m, &raw["latency"]);
             if has_proxy && ev > 0.0 {
                 m.insert("cpu_us_per_event".into(), cpu * 1e6 / ev);
+                m.insert("user_us_per_event".into(), user * 1e6 / ev);
+                m.insert("sys_us_per_event".into(), system * 1e6 / ev);
                 let secs = raw["seconds"].as_f64().unwrap_or(wall);
                 m.insert("proxy_cpu_util".into(), cpu / secs.max(1e-3));
             }
@@ -1923,6 +1929,8 @@ fn markdown(
             "json" if sc.key == "json" || sc.key == "calls" => vec![
                 ("req_per_s", "req/s"),
                 ("cpu_us_per_req", "proxy CPU µs/req"),
+                ("user_us_per_req", "of it user µs"),
+                ("sys_us_per_req", "system µs"),
                 ("p50_us", "p50 µs"),
                 ("p99_us", "p99 µs"),
             ],
@@ -1938,6 +1946,8 @@ fn markdown(
                 ("events_per_s", "events/s"),
                 ("mb_per_s", "data MB/s"),
                 ("cpu_us_per_event", "proxy CPU µs/event"),
+                ("user_us_per_event", "of it user µs"),
+                ("sys_us_per_event", "system µs"),
                 ("proxy_cpu_util", "proxy CPU util"),
                 ("p50_us", "event age p50 µs"),
             ],
@@ -2055,7 +2065,9 @@ const METHOD: &str = r#"## Method
   keep-alive connections; paced JSON uses one blocking thread per connection and measures from
   the actual send.
 - **CPU** = utime + stime of the proxy's processes from `/proc/PID/stat` (clock ticks) over the
-  load run, divided by the events or requests the client received. **RSS** = `VmRSS` from
+  load run, divided by the events or requests the client received; the JSON, calls and SSE
+  tables also give the two apart (*of it user*: the proxy's own work; *system*: the kernel's
+  on its behalf, its socket reads and writes first). **RSS** = `VmRSS` from
   `/proc/PID/status`, summed over the proxy's processes, sampled 0.5 s after the client
   reported READY, minus the RSS of the fresh proxy before the load.
 - **Window memory.** Each session: `initialize`, then one POST stream of 600 events of exactly
