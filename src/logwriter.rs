@@ -392,11 +392,13 @@ mod tests {
         let burst = capacities().0;
         assert!(burst >= 300_000, "{burst}");
         through.send(()).unwrap();
-        started_rx.recv().unwrap(); // the burst's write, held
-        w.append(b"more\n"); // the log stays busy
+        // The burst's write, held; one more line keeps the log busy.
+        started_rx.recv().unwrap();
+        w.append(b"more\n");
         through.send(()).unwrap();
-        started_rx.recv().unwrap(); // the write of "more", held
-                                    // The buffer the burst was written from gathers the next batch: not made afresh.
+        // The write of "more", held: the buffer the burst was written from gathers the next
+        // batch, not one made afresh.
+        started_rx.recv().unwrap();
         assert_eq!(capacities().0, burst, "the burst's buffer is reused");
         through.send(()).unwrap();
         // No more lines: the writer goes idle and frees what it kept.

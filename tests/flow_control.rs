@@ -111,6 +111,8 @@ async fn a_client_at_a_tenth_of_the_upstream_rate_gets_everything() {
 /// path holds, for seconds on a loaded machine (CI saw a 2 s budget pass that way with a
 /// 200 ms `wait`).
 async fn cut_and_reconnect_after(wait: Duration, stall: Duration) -> (Vec<u64>, Vec<Event>) {
+    /// The client asks the relay for the cut once it has read this many progress events.
+    const CUT_AFTER: usize = 300;
     let mut mock = Mock::start().await;
     // The window's in-flight reserve (¾ of it) must cover what the path holds in flight (the
     // gateway's send buffer, the relay's two sockets, the client's receive buffer;
@@ -151,7 +153,7 @@ async fn cut_and_reconnect_after(wait: Duration, stall: Duration) -> (Vec<u64>, 
         };
         cursor = e.id.clone().unwrap();
         got.extend(e.data.as_deref().and_then(progress_of));
-        if got.len() == 300 {
+        if got.len() == CUT_AFTER {
             // The relay's cut waits for its sockets to close: off this runtime's thread.
             let r = relay.clone();
             tokio::task::spawn_blocking(move || r.cut_all());
@@ -166,7 +168,7 @@ async fn cut_and_reconnect_after(wait: Duration, stall: Duration) -> (Vec<u64>, 
     }
     upstream.abort();
     eprintln!(
-        "cut asked after 300 events, {read_before_cut} read before it took effect, reconnect after {wait:?}: first event {:?}, {} progress events in all",
+        "cut asked after {CUT_AFTER} events, {read_before_cut} read before it took effect, reconnect after {wait:?}: first event {:?}, {} progress events in all",
         events[0].event,
         got.len()
     );

@@ -220,13 +220,7 @@ pub mod procfs {
         all
     }
 
-    /// utime + stime of the processes, in seconds.
-    pub fn cpu_seconds(pids: &[u32]) -> f64 {
-        let (user, system) = cpu_split(pids);
-        user + system
-    }
-
-    /// [`cpu_seconds`] as (user, system) seconds: utime and stime apart.
+    /// utime and stime of the processes, in seconds: (user, system).
     pub fn cpu_split(pids: &[u32]) -> (f64, f64) {
         let tck = clk_tck() as f64;
         pids.iter()

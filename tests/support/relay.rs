@@ -38,6 +38,14 @@ pub struct RelayOptions {
     pub small_buffers: bool,
 }
 
+impl RelayOptions {
+    /// Whether the relay's sockets get [`LIMITED_SOCKET_BUFFER`]s: a rate-limited relay's,
+    /// or one asked for [`RelayOptions::small_buffers`].
+    fn small_sockets(&self) -> bool {
+        self.down_bytes_per_sec.is_some() || self.small_buffers
+    }
+}
+
 /// Which way bytes flow through a [`Relay`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dir {
@@ -68,7 +76,7 @@ pub enum Fault {
 /// Largest read of a relay's pump, and the burst of a rate-limited relay's bucket.
 pub const CHUNK: usize = 16 * 1024;
 
-/// Socket buffer size a rate-limited relay asks for (the kernel doubles it): the receive
+/// Socket buffer size a rate-limited or small-buffered relay asks for (the kernel doubles it): the receive
 /// buffer towards the target and the send buffer towards the client. Small, so that what the
 /// relay has not yet forwarded stays in the target's socket, not in the relay's.
 const LIMITED_SOCKET_BUFFER: u32 = 32 * 1024;
@@ -194,7 +202,7 @@ impl Relay {
         let listener = {
             let _guard = runtime.enter();
             let socket = TcpSocket::new_v4().expect("relay socket");
-            if options.down_bytes_per_sec.is_some() || options.small_buffers {
+            if options.small_sockets() {
                 // Accepted sockets inherit it: the relay's writes to its clients stay small.
                 socket
                     .set_send_buffer_size(LIMITED_SOCKET_BUFFER)
@@ -493,10 +501,10 @@ async fn relay_conn(
     done_tx: std_mpsc::Sender<()>,
 ) {
     let _ = client.set_nodelay(true);
-    let limited = shared.options.down_bytes_per_sec.is_some() || shared.options.small_buffers;
+    let small = shared.options.small_sockets();
     let connect = async move {
         let socket = TcpSocket::new_v4()?;
-        if limited {
+        if small {
             // A small receive window towards the target: what the relay does not read yet
             // stays in the target's send buffer (it must feel the slow link).
             socket.set_recv_buffer_size(LIMITED_SOCKET_BUFFER)?;
