@@ -215,9 +215,9 @@ impl Carried {
             .filter_map(|id| self.streams.get(&self.hash(id)))
             .flatten()
             .copied()
-            .filter(|n| streams.get(n).is_some_and(|s| carries(s)))
+            .filter(|n| streams.get(n).is_some_and(&carries))
             .min()?;
-        let s = &streams[&stream];
+        let s = streams.get(&stream)?;
         let id = ids.iter().find(|id| s.carries(id))?;
         Some(Carrier {
             stream,
@@ -252,7 +252,6 @@ pub(super) fn carrier<'a>(
 mod tests {
     use super::*;
     use crate::session::StreamKind;
-    use std::collections::BTreeMap;
 
     fn p(n: u8) -> Principal {
         Principal([n; 16])
@@ -297,7 +296,7 @@ mod tests {
                 None,
             ))
         };
-        let streams = BTreeMap::from([
+        let streams = Streams::from_iter([
             (
                 0,
                 Box::new(Stream::new(
@@ -344,7 +343,7 @@ mod tests {
             asks in proptest::collection::vec((0u8..3, proptest::collection::vec(0u8..8, 0..4)), 1..16),
         ) {
             let id = |n: u8| n.to_string();
-            let mut streams = BTreeMap::new();
+            let mut streams = Streams::default();
             let mut index = Carried::default();
             for (n, (principal, requests, forgotten)) in opened.into_iter().enumerate() {
                 let n = n as u32;
@@ -354,7 +353,8 @@ mod tests {
                 streams.insert(n, Box::new(s));
                 if forgotten {
                     // An older stream is forgotten (the oldest ended one, in the session).
-                    if let Some((&old, _)) = streams.iter().next() {
+                    let oldest = streams.iter().next().map(|(&n, _)| n);
+                    if let Some(old) = oldest {
                         let gone = streams.remove(&old).unwrap();
                         index.remove(old, &gone);
                     }
@@ -383,7 +383,7 @@ mod tests {
         );
         let mut theirs = Stream::new(StreamKind::Post, 1, ids(&["2"]), false, None);
         theirs.principal = p(2);
-        let streams = BTreeMap::from([(0, Box::new(theirs))]);
+        let streams = Streams::from_iter([(0, Box::new(theirs))]);
         assert_eq!(carrier(&streams, p(1), &ids(&["2"])), None);
         assert_eq!(
             carrier(&streams, p(2), &ids(&["2"])).map(|c| c.stream),

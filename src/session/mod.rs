@@ -21,7 +21,7 @@ mod registry;
 mod reserve;
 mod stream;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Duration;
@@ -419,7 +419,7 @@ impl Session {
                 window: Window::new(cfg.window_events, cfg.window_bytes),
                 last_seq: 0,
                 next_stream: 0,
-                streams: BTreeMap::new(),
+                streams: Streams::default(),
                 ended: VecDeque::new(),
                 last_activity: Instant::now(),
                 protocol_version: None,

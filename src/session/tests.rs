@@ -387,7 +387,10 @@ fn detached_calls_are_the_running_posts_without_a_client() {
 }
 
 fn current_generation(s: &Session, stream: u32) -> u64 {
-    lock(&s.state).streams[&stream]
+    lock(&s.state)
+        .streams
+        .get(&stream)
+        .unwrap()
         .sub
         .as_ref()
         .expect("attached")
@@ -1445,7 +1448,7 @@ async fn an_oversized_event_cut_half_way_is_resumed_whole_and_freed_once_nobody_
     let opening = Cursor {
         epoch: s.epoch,
         stream,
-        seq: lock(&s.state).streams[&stream].first_seq,
+        seq: lock(&s.state).streams.get(&stream).unwrap().first_seq,
     };
     assert!(matches!(
         s.resume(opening, None),
