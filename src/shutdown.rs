@@ -382,7 +382,7 @@ mod tests {
         // Phase 4: the POST-started stream keeps flowing until the deadline.
         tokio::time::sleep(Duration::from_secs(20)).await;
         let note = Event::message_of("{\"n\":1}");
-        session.push_events(post, &mut vec![note], None);
+        session.push_events(post, &mut [note].into(), None);
         assert_eq!(
             next_real(&mut call).await.data().as_deref(),
             Some("{\"n\":1}")
@@ -408,7 +408,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_secs(3)).await;
         let answer = Event::message_of("{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}");
-        session.push_events(post, &mut vec![answer], None);
+        session.push_events(post, &mut [answer].into(), None);
         session.end_stream(post, crate::session::End::Complete);
         assert!(next_real(&mut call)
             .await

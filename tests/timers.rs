@@ -44,7 +44,7 @@ async fn keepalives_come_after_each_idle_interval_and_data_restarts_the_clock() 
     let s2 = session.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(10)).await;
-        s2.push_events(stream, &mut vec![message("{\"n\":1}")], None);
+        s2.push_events(stream, &mut [message("{\"n\":1}")].into(), None);
     });
     let data = next(&mut body).await;
     assert!(String::from_utf8_lossy(&data).contains("{\"n\":1}"));

@@ -739,7 +739,7 @@ impl Session {
     pub fn push_events(
         &self,
         stream: u32,
-        events: &mut Vec<Event>,
+        events: &mut VecDeque<Event>,
         reader: Option<&Waker>,
     ) -> bool {
         if events.is_empty() {
@@ -753,7 +753,7 @@ impl Session {
             return true;
         }
         let bytes_before = st.window.bytes();
-        let (pushed, learned_version) = self.tag_events(st, stream, &mut events[..], now);
+        let (pushed, learned_version) = self.tag_events(st, stream, events, now);
         events.drain(..pushed);
         self.metrics.events_tagged.inc_by(pushed as u64);
         self.budget.adjust(bytes_before, st.window.bytes());
@@ -780,7 +780,7 @@ impl Session {
         &self,
         st: &mut State,
         stream: u32,
-        events: &mut [Event],
+        events: &mut VecDeque<Event>,
         now: Instant,
     ) -> (usize, Option<String>) {
         let mut learned_version = None;

@@ -109,7 +109,7 @@ async fn a_client_attached_to_a_quiet_session_is_still_detached_when_it_stalls()
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
-    s.push_events(stream, &mut vec![msg("{\"n\":1}")], None);
+    s.push_events(stream, &mut VecDeque::from([msg("{\"n\":1}")]), None);
     tokio::time::advance(Duration::from_secs(31)).await;
     reg.sweep();
     let out = text(step(&s, stream, generation));
@@ -157,13 +157,13 @@ async fn stalled_client_gets_resumption_required_with_retry() {
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
-    s.push_events(stream, &mut vec![msg("{\"n\":1}")], None);
+    s.push_events(stream, &mut VecDeque::from([msg("{\"n\":1}")]), None);
     assert!(text(step(&s, stream, generation)).contains("{\"n\":1}"));
     // The client stops polling while events keep coming.
-    s.push_events(stream, &mut vec![msg("{\"n\":2}")], None);
+    s.push_events(stream, &mut VecDeque::from([msg("{\"n\":2}")]), None);
     tokio::time::advance(Duration::from_secs(29)).await;
     s.sweep(Instant::now());
-    s.push_events(stream, &mut vec![msg("{\"n\":3}")], None);
+    s.push_events(stream, &mut VecDeque::from([msg("{\"n\":3}")]), None);
     tokio::time::advance(Duration::from_secs(2)).await;
     s.sweep(Instant::now());
     let out = text(step(&s, stream, generation));
@@ -201,7 +201,11 @@ async fn a_client_that_keeps_up_is_never_detached() {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
     for i in 0..100 {
-        s.push_events(stream, &mut vec![msg(&format!("{{\"n\":{i}}}"))], None);
+        s.push_events(
+            stream,
+            &mut VecDeque::from([msg(&format!("{{\"n\":{i}}}"))]),
+            None,
+        );
         tokio::time::advance(Duration::from_millis(100)).await;
         s.sweep(Instant::now());
         assert!(matches!(step(&s, stream, generation), Step::Data(..)));
@@ -228,10 +232,10 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
         for i in 0..3 {
             s.push_events(
                 stream,
-                &mut vec![msg(&format!(
+                &mut VecDeque::from([msg(&format!(
                     "{{\"n\":{i},\"pad\":\"{}\"}}",
                     "p".repeat(40)
-                ))],
+                ))]),
                 None,
             );
         }
@@ -244,7 +248,7 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
         };
         s.detach(stream, generation);
         // The client may come back for them: the reader is held back, nothing is evicted.
-        let mut more: Vec<Event> = (3..10)
+        let mut more: VecDeque<Event> = (3..10)
             .map(|i| msg(&format!("{{\"n\":{i},\"pad\":\"{}\"}}", "p".repeat(40))))
             .collect();
         assert!(!s.push_events(stream, &mut more, None));
@@ -283,7 +287,7 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
     s.detach(stream, generation);
     s.push_events(
         stream,
-        &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
+        &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)]),
         None,
     ); // seq 2
     let after_first = Cursor {
@@ -295,7 +299,7 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
     for _ in 0..3 {
         s.push_events(
             stream,
-            &mut vec![msg(r#"{"jsonrpc":"2.0","method":"p"}"#)],
+            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"p"}"#)]),
             None,
         );
     }
@@ -319,7 +323,7 @@ fn ended_stream_metadata_is_bounded() {
         } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
         s.push_events(
             stream,
-            &mut vec![msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)],
+            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)]),
             None,
         );
         s.detach(stream, generation);
@@ -397,7 +401,7 @@ fn current_generation(s: &Session, stream: u32) -> u64 {
         .generation
 }
 
-fn numbered(from: u64, to: u64, pad: usize) -> Vec<Event> {
+fn numbered(from: u64, to: u64, pad: usize) -> VecDeque<Event> {
     (from..to)
         .map(|i| msg(&format!("{{\"n\":{i},\"pad\":\"{}\"}}", "p".repeat(pad))))
         .collect()
@@ -504,7 +508,7 @@ fn one_batch_written(s: &Session) -> (u32, u64) {
 fn resume_from_the_opening(
     s: &Session,
     stream: u32,
-    more: &mut Vec<Event>,
+    more: &mut VecDeque<Event>,
     n: usize,
 ) -> (usize, Vec<u64>) {
     let opening = Cursor {
@@ -716,7 +720,7 @@ fn a_retransmitted_request_is_a_resume_of_its_stream() {
     s.push_events(stream, &mut numbered(0, 2, 0), None);
     s.push_events(
         stream,
-        &mut vec![msg(r#"{"jsonrpc":"2.0","id":7,"result":{"n":9}}"#)],
+        &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","id":7,"result":{"n":9}}"#)]),
         None,
     );
     s.detach(stream, generation);
@@ -838,7 +842,7 @@ mod model {
             let Attachment { stream, mut generation, .. } =
                 s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
             let mut next = 0u64;
-            let mut reader: Vec<Event> = Vec::new();
+            let mut reader: VecDeque<Event> = VecDeque::new();
             let mut got: Vec<u64> = Vec::new();
             // What the client has processed, and its cursor; the last batch is in flight
             // until the next read confirms it.
@@ -850,7 +854,7 @@ mod model {
                 let id = t.lines().filter_map(|l| l.strip_prefix("id: ")).next_back().unwrap().to_owned();
                 Cursor::parse(id.as_bytes()).unwrap().seq
             };
-            let drain = |s: &Session, g: u64, got: &mut Vec<u64>, reader: &mut Vec<Event>| -> Option<(usize, u64)> {
+            let drain = |s: &Session, g: u64, got: &mut Vec<u64>, reader: &mut VecDeque<Event>| -> Option<(usize, u64)> {
                 let mut at = None;
                 for _ in 0..1000 {
                     if !reader.is_empty() {
@@ -1171,7 +1175,7 @@ async fn the_memory_budget_sheds_the_share_over_its_part_first() {
         let Attachment {
             stream, generation, ..
         } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
-        let mut events: Vec<Event> = (0..n).map(|i| msg(&format!("{i:0>990}"))).collect();
+        let mut events: VecDeque<Event> = (0..n).map(|i| msg(&format!("{i:0>990}"))).collect();
         assert!(s.push_events(stream, &mut events, None));
         s.detach(stream, generation);
     };
@@ -1291,7 +1295,7 @@ async fn an_oversized_event_is_written_in_pieces_and_counted_until_its_client_to
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let big = padded(300 << 10);
-    assert!(s.push_events(stream, &mut vec![big.clone()], None));
+    assert!(s.push_events(stream, &mut VecDeque::from([big.clone()]), None));
     let held = budget.used();
     assert!(held > 300 << 10, "held for its client: {held}");
     let mut got = Vec::new();
@@ -1340,7 +1344,7 @@ async fn a_client_that_never_takes_its_last_frame_is_closed_after_the_stall_time
             ..OpenStream::new(StreamKind::Post, vec!["1".into()])
         });
         let answer = msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
-        assert!(s.push_events(stream, &mut vec![answer], None));
+        assert!(s.push_events(stream, &mut VecDeque::from([answer]), None));
         s.end_stream(stream, End::Complete);
         assert!(matches!(step(&s, stream, generation), Step::Data(..)));
         if flushed {
@@ -1369,8 +1373,8 @@ async fn an_oversized_event_waits_for_room_in_the_memory_budget() {
     let s = session_with_budget(cfg(|c| c.window_bytes = 8 << 10), &budget);
     let open = |id: &str| s.open_stream(OpenStream::new(StreamKind::Post, vec![id.into()]));
     let (a, b) = (open("1"), open("2"));
-    assert!(s.push_events(a.stream, &mut vec![padded(600 << 10)], None));
-    let mut second = vec![padded(600 << 10)];
+    assert!(s.push_events(a.stream, &mut VecDeque::from([padded(600 << 10)]), None));
+    let mut second = VecDeque::from([padded(600 << 10)]);
     assert!(
         !s.push_events(b.stream, &mut second, None),
         "no room in the budget: it waits"
@@ -1384,7 +1388,7 @@ async fn an_oversized_event_waits_for_room_in_the_memory_budget() {
         .contains("\"pad\":\"ooo"));
     assert_eq!(budget.used(), 0);
     // Alone, an event larger than the whole budget still moves.
-    assert!(s.push_events(a.stream, &mut vec![padded(2 << 20)], None));
+    assert!(s.push_events(a.stream, &mut VecDeque::from([padded(2 << 20)]), None));
 }
 
 /// Issue 22 item 5: a client cut half-way through an oversized event gets it whole when it
@@ -1405,7 +1409,7 @@ async fn an_oversized_event_cut_half_way_is_resumed_whole_and_freed_once_nobody_
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["1".into()]));
     let big = padded(200 << 10);
-    assert!(s.push_events(stream, &mut vec![big.clone()], None));
+    assert!(s.push_events(stream, &mut VecDeque::from([big.clone()]), None));
     assert!(matches!(step(&s, stream, generation), Step::Data(..)));
     s.detach(stream, generation);
     let opening = Cursor {
@@ -1430,7 +1434,7 @@ async fn an_oversized_event_cut_half_way_is_resumed_whole_and_freed_once_nobody_
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["2".into()]));
-    assert!(s.push_events(stream, &mut vec![padded(200 << 10)], None));
+    assert!(s.push_events(stream, &mut VecDeque::from([padded(200 << 10)]), None));
     assert!(matches!(step(&s, stream, generation), Step::Data(..)));
     tokio::time::advance(Duration::from_secs(31)).await;
     s.sweep(Instant::now());

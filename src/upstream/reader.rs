@@ -6,6 +6,7 @@
 //! Knows the upstream body and the session API; the rules of what may be evicted live in
 //! `session`.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -106,8 +107,8 @@ pub(crate) fn spawn_answer_reader(
                 .map(|b| b.to_bytes());
             let end = match body {
                 Ok(body) => match json_answer(&metrics, &body, limit) {
-                    Ok(mut events) => {
-                        deliver(&registry, &session, stream, &mut events).await;
+                    Ok(events) => {
+                        deliver(&registry, &session, stream, &mut events.into()).await;
                         End::Complete
                     }
                     Err(end) => end,
@@ -168,7 +169,7 @@ pub(crate) fn feed_whole_json(
     let metrics = registry.metrics();
     metrics.json_upgrade(UpgradeAnswer::Json);
     let mut events = match json_answer(metrics, body, limit) {
-        Ok(events) => events,
+        Ok(events) => VecDeque::from(events),
         Err(end) => return session.end_stream(stream, end),
     };
     if session.push_events(stream, &mut events, None) {
@@ -309,7 +310,12 @@ const CONTROL_PREFIX: &str = "mcp-reattach/";
 
 /// Hands `events` to the session, waiting while its window has no room (flow control: the
 /// body is not polled meanwhile, so the upstream's TCP window closes). Counts pauses.
-async fn deliver(registry: &Registry, session: &Session, stream: u32, events: &mut Vec<Event>) {
+async fn deliver(
+    registry: &Registry,
+    session: &Session,
+    stream: u32,
+    events: &mut VecDeque<Event>,
+) {
     let mut paused: Option<Instant> = None;
     std::future::poll_fn(|cx| {
         if session.push_events(stream, events, Some(cx.waker())) {
@@ -368,7 +374,12 @@ pub(crate) async fn read_stream(
             if !events.is_empty() {
                 failures = 0;
             }
-            deliver(registry, session, stream, &mut events).await;
+            // Delivered from a deque: a paused reader's events are taken a window's room at
+            // a time, from the front, without moving the rest. (Both conversions keep the
+            // buffer and move nothing: the deque is empty when delivered.)
+            let mut delivering = VecDeque::from(std::mem::take(&mut events));
+            deliver(registry, session, stream, &mut delivering).await;
+            events = Vec::from(delivering);
             if let Some(end) = ended {
                 break end;
             }
