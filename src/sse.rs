@@ -90,6 +90,7 @@ impl Event {
 
     /// The `data` lines joined with LF (borrowed when there is one line, the usual case);
     /// `None` when the block had no `data` field. UTF-8, checked when decoded.
+    #[inline]
     pub fn data_bytes(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
         if self.data_at == NO_DATA {
             return None;
@@ -98,6 +99,11 @@ impl Event {
         if self.data_lines == 1 {
             return Some(std::borrow::Cow::Borrowed(&lines[6..lines.len() - 1]));
         }
+        Some(std::borrow::Cow::Owned(self.joined_data(lines)))
+    }
+
+    /// The `data` lines of a multi-line event, joined with LF.
+    fn joined_data(&self, lines: &[u8]) -> Vec<u8> {
         let mut joined = Vec::with_capacity(lines.len());
         for (i, line) in lines
             .split(|b| *b == b'\n')
@@ -109,7 +115,7 @@ impl Event {
             }
             joined.extend_from_slice(&line[6..]);
         }
-        Some(std::borrow::Cow::Owned(joined))
+        joined
     }
 
     /// The `data` lines joined with LF, as text (borrowed when there is one line). Checked
