@@ -123,7 +123,14 @@ impl Window {
         // adapters were ~250 instructions an eviction, `bench/callgrind` sse-200-burst).
         let first = self.entries.get(from)?;
         let (i, e) = if evictable(first) {
-            (from, self.entries.remove(from))
+            // The oldest, the usual one: `remove(0)` still called the general shift (~20
+            // instructions).
+            let e = if from == 0 {
+                self.entries.pop_front()
+            } else {
+                self.entries.remove(from)
+            };
+            (from, e)
         } else {
             // A full window of one stream behind its client: none is, and the scan that
             // found none went over the whole window each time the reader met a full window
@@ -138,7 +145,6 @@ impl Window {
                     .position(&mut evictable)?;
             (i, self.entries.remove(i))
         };
-        // `remove(0)` is a `pop_front`: it shifts the shorter side.
         let e = e?;
         self.bytes -= e.len();
         Some((i, e))
