@@ -377,7 +377,6 @@ impl Delivery for Streams {
     }
 }
 
-/// Records the eviction of `old` against its stream: a resume before it is now a gap.
 /// What one [`Session::tag_events`] call learns of the window while it makes room, valid for
 /// the whole call (the lock is held and one `now` used, so no stream's verdict changes, until
 /// batches are aged): how many entries at the front were found needed (not looked at again),
@@ -391,6 +390,7 @@ struct Scan {
     last: Option<(u32, Option<u64>)>,
 }
 
+/// Records the eviction of `old` against its stream: a resume before it is now a gap.
 fn note_eviction(metrics: &Metrics, streams: &mut Streams, old: &Entry) {
     metrics.window_evictions.inc();
     if let Some(o) = streams.get_mut(&old.stream) {
