@@ -430,19 +430,58 @@ fn push_timestamp(out: &mut String, now: std::time::SystemTime) {
 
 /// `ip` as its Display writes it (an IPv4 address without the formatter).
 pub(crate) fn push_ip(out: &mut String, ip: std::net::IpAddr) {
-    use std::fmt::Write as _;
-    match ip {
-        std::net::IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
+    out.push_str(IpText::new(ip).as_str());
+}
+
+/// An IP address as its `Display` writes it, on the stack: an IPv4 address without the
+/// formatter (the access line's `client`, the upstream request's `X-Forwarded-For`).
+pub(crate) struct IpText {
+    buf: [u8; IpText::MAX],
+    len: usize,
+}
+
+impl IpText {
+    /// The longest an address's text can be (`ffff:…:255.255.255.255`).
+    const MAX: usize = 45;
+
+    pub(crate) fn new(ip: std::net::IpAddr) -> IpText {
+        use std::fmt::Write as _;
+        let mut text = IpText {
+            buf: [0; IpText::MAX],
+            len: 0,
+        };
+        match ip {
+            std::net::IpAddr::V4(v4) => {
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        text.push(b".");
+                    }
+                    text.push(itoa::Buffer::new().format(octet).as_bytes());
                 }
-                out.push_str(itoa::Buffer::new().format(octet));
+            }
+            std::net::IpAddr::V6(_) => {
+                let _ = write!(text, "{ip}");
             }
         }
-        std::net::IpAddr::V6(_) => {
-            let _ = write!(out, "{ip}");
-        }
+        text
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let end = (self.len + bytes.len()).min(IpText::MAX);
+        self.buf[self.len..end].copy_from_slice(&bytes[..end - self.len]);
+        self.len = end;
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // Only ASCII is ever pushed.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.push(s.as_bytes());
+        Ok(())
     }
 }
 
@@ -520,6 +559,32 @@ impl<B: Body> Body for Observed<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn an_address_reads_as_display_writes_it(v4 in proptest::prelude::any::<[u8; 4]>(), v6 in proptest::prelude::any::<[u16; 8]>()) {
+            for ip in [
+                std::net::IpAddr::from(v4),
+                std::net::IpAddr::from(v6),
+                std::net::IpAddr::from(std::net::Ipv4Addr::from(v4).to_ipv6_mapped()),
+            ] {
+                let text = IpText::new(ip);
+                proptest::prop_assert_eq!(text.as_str(), ip.to_string());
+            }
+        }
+    }
+
+    #[test]
+    fn the_longest_addresses_fit() {
+        for ip in [
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "::ffff:255.255.255.255",
+            "255.255.255.255",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+        }
+    }
 
     #[test]
     fn the_timestamp_is_humantimes_to_the_microsecond() {

@@ -63,21 +63,36 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
+/// What a proxy adds to the head of a request it forwards, as the head is written: the
+/// client's address appended to the first `X-Forwarded-For` (which replaces any others; a
+/// value that is not visible ASCII is replaced by the address alone), and
+/// `X-Forwarded-Proto` unless the hop in front set one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forwarded<'a> {
+    /// The client's address; `None`: `X-Forwarded-For` is left as it is.
+    pub for_addr: Option<&'a str>,
+    /// `http` or `https`: how the client reached the gateway.
+    pub proto: &'static str,
+}
+
 /// Writes the head of a request: `method` for `path_and_query` with `headers` (their values
 /// cannot hold a line break: `HeaderValue` refuses them), framed by a `Content-Length` of
-/// `body_len` when it is `Some`. The gateway sends every body whole, so the framing headers
-/// of `headers` are left out, and so is `Expect` (nothing waits for a `100 Continue`).
+/// `body_len` when it is `Some`, with what `forwarded` adds. The gateway sends every body
+/// whole, so the framing headers of `headers` are left out, and so is `Expect` (nothing
+/// waits for a `100 Continue`).
 pub fn request_head(
     method: &http::Method,
     path_and_query: &str,
     headers: &HeaderMap,
     body_len: Option<usize>,
+    forwarded: Option<Forwarded<'_>>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path_and_query.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    let (mut for_written, mut proto_seen) = (false, false);
     for (name, value) in headers {
         if name == http::header::CONTENT_LENGTH
             || name == http::header::TRANSFER_ENCODING
@@ -85,10 +100,43 @@ pub fn request_head(
         {
             continue;
         }
+        if let Some(f) = forwarded {
+            match name.as_str() {
+                "x-forwarded-for" => {
+                    if let Some(addr) = f.for_addr {
+                        if !for_written {
+                            out.extend_from_slice(b"x-forwarded-for: ");
+                            if value.to_str().is_ok() {
+                                out.extend_from_slice(value.as_bytes());
+                                out.extend_from_slice(b", ");
+                            }
+                            out.extend_from_slice(addr.as_bytes());
+                            out.extend_from_slice(b"\r\n");
+                            for_written = true;
+                        }
+                        continue;
+                    }
+                }
+                "x-forwarded-proto" => proto_seen = true,
+                _ => {}
+            }
+        }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+    if let Some(f) = forwarded {
+        if let (Some(addr), false) = (f.for_addr, for_written) {
+            out.extend_from_slice(b"x-forwarded-for: ");
+            out.extend_from_slice(addr.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if !proto_seen {
+            out.extend_from_slice(b"x-forwarded-proto: ");
+            out.extend_from_slice(f.proto.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
     }
     if let Some(n) = body_len {
         out.extend_from_slice(b"content-length: ");
@@ -916,12 +964,76 @@ mod tests {
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         h.insert("expect", HeaderValue::from_static("100-continue"));
         assert_eq!(
-            String::from_utf8(request_head(&http::Method::GET, "/mcp?x=1", &h, None)).unwrap(),
+            String::from_utf8(request_head(&http::Method::GET, "/mcp?x=1", &h, None, None))
+                .unwrap(),
             "GET /mcp?x=1 HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
         );
         assert_eq!(
-            String::from_utf8(request_head(&http::Method::POST, "/mcp", &h, Some(42))).unwrap(),
+            String::from_utf8(request_head(
+                &http::Method::POST,
+                "/mcp",
+                &h,
+                Some(42),
+                None
+            ))
+            .unwrap(),
             "POST /mcp HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 42\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn the_forwarded_headers_are_added_as_the_head_is_written() {
+        let head = |pairs: &[(&str, &[u8])], forwarded| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.append(
+                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    HeaderValue::from_bytes(v).unwrap(),
+                );
+            }
+            let out = request_head(&http::Method::GET, "/", &h, None, forwarded);
+            String::from_utf8_lossy(&out).into_owned()
+        };
+        let from = Some(Forwarded {
+            for_addr: Some("10.0.0.7"),
+            proto: "http",
+        });
+        // None there: both added, after the client's own headers.
+        assert_eq!(
+            head(&[("host", b"up")], from),
+            "GET / HTTP/1.1\r\nhost: up\r\nx-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n\r\n"
+        );
+        // The hop in front's: the address appended to the first, in its place; the others
+        // dropped; its proto kept.
+        assert_eq!(
+            head(
+                &[
+                    ("x-forwarded-for", b"1.1.1.1"),
+                    ("x-forwarded-proto", b"https"),
+                    ("x-forwarded-for", b"2.2.2.2"),
+                    ("host", b"up"),
+                ],
+                from
+            ),
+            "GET / HTTP/1.1\r\nx-forwarded-for: 1.1.1.1, 10.0.0.7\r\nx-forwarded-proto: https\r\nhost: up\r\n\r\n"
+        );
+        // A value that is not visible ASCII is replaced by the address alone.
+        assert_eq!(
+            head(&[("x-forwarded-for", b"caf\xc3\xa9")], from),
+            "GET / HTTP/1.1\r\nx-forwarded-for: 10.0.0.7\r\nx-forwarded-proto: http\r\n\r\n"
+        );
+        // A request the gateway sends on its own: the client's X-Forwarded-For as it is.
+        let own = Some(Forwarded {
+            for_addr: None,
+            proto: "https",
+        });
+        assert_eq!(
+            head(&[("x-forwarded-for", b"1.1.1.1")], own),
+            "GET / HTTP/1.1\r\nx-forwarded-for: 1.1.1.1\r\nx-forwarded-proto: https\r\n\r\n"
+        );
+        assert_eq!(
+            head(&[("x-forwarded-for", b"1.1.1.1")], None),
+            "GET / HTTP/1.1\r\nx-forwarded-for: 1.1.1.1\r\n\r\n"
         );
     }
 

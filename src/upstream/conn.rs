@@ -18,7 +18,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
@@ -26,7 +26,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::{BoxError, Connector, UpBody, Upstream};
+use super::{BoxError, Connector, UpRequest, Upstream};
 use crate::h1::{self, BodyDecoder, H1Error};
 
 /// Bytes of one read from the upstream socket (on the stack: nothing is kept between reads).
@@ -162,10 +162,8 @@ impl SendError {
 
 /// Sends `req` (built by [`Upstream::request`]; its body is sent whole, with a
 /// `Content-Length`) on a pooled or new connection and reads the response head.
-pub(crate) async fn send(
-    up: &Upstream,
-    req: Request<UpBody>,
-) -> Result<Response<OwnBody>, SendError> {
+pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBody>, SendError> {
+    let UpRequest { req, forwarded_for } = req;
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(SendError::Body)?.to_bytes();
     let mut headers = parts.headers;
@@ -185,7 +183,22 @@ pub(crate) async fn send(
             parts.method,
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         );
-    let mut head = h1::request_head(&parts.method, pq, &headers, framed.then_some(body.len()));
+    let addr = forwarded_for.map(crate::access::IpText::new);
+    let forwarded = h1::Forwarded {
+        for_addr: addr.as_ref().map(|a| a.as_str()),
+        proto: if up.cfg.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+    };
+    let mut head = h1::request_head(
+        &parts.method,
+        pq,
+        &headers,
+        framed.then_some(body.len()),
+        Some(forwarded),
+    );
     let together = body.len() <= COALESCE_BODY_BYTES;
     if together {
         head.extend_from_slice(&body);
