@@ -63,6 +63,32 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
+/// A header's name: one MCP traffic carries on most requests and answers as a static name
+/// (`HeaderName::from_bytes` copies a name outside `http`'s standard table into an
+/// allocation of its own, and frees it with the head), any other as `from_bytes` makes it.
+fn header_name(bytes: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    const SESSION: HeaderName = HeaderName::from_static("mcp-session-id");
+    const VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+    const CURSOR: HeaderName = HeaderName::from_static("last-event-id");
+    const TRACE: HeaderName = HeaderName::from_static("traceparent");
+    const FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    const PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    let known = match bytes.len() {
+        14 => SESSION,
+        20 => VERSION,
+        13 => CURSOR,
+        11 => TRACE,
+        15 => FOR,
+        17 => PROTO,
+        _ => return HeaderName::from_bytes(bytes),
+    };
+    if known.as_str().as_bytes().eq_ignore_ascii_case(bytes) {
+        Ok(known)
+    } else {
+        HeaderName::from_bytes(bytes)
+    }
+}
+
 /// What a proxy adds to the head of a request it forwards, as the head is written: the
 /// client's address appended to the first `X-Forwarded-For` (which replaces any others; a
 /// value that is not visible ASCII is replaced by the address alone), and
@@ -254,8 +280,8 @@ fn one_head<E>(
     // (`proxy::respond::sse_headers`): growing the map there rehashed it.
     let mut headers = HeaderMap::with_capacity(resp.headers.len() + ADDED_HEADERS);
     for h in resp.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| H1Error::Head("invalid header name"))?;
+        let name =
+            header_name(h.name.as_bytes()).map_err(|_| H1Error::Head("invalid header name"))?;
         let value = value(h.value).map_err(|_| H1Error::Head("invalid header value"))?;
         headers.append(name, value);
     }
@@ -660,7 +686,7 @@ pub fn take_request(
     let mut names = Vec::with_capacity(req.headers.len());
     let mut seen = Seen::default();
     for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
+        let name = header_name(h.name.as_bytes())
             .map_err(|_| RequestError::Head("invalid header name"))?;
         seen.note(&name);
         names.push((name, at(h.value)));
@@ -979,6 +1005,34 @@ mod tests {
             .unwrap(),
             "POST /mcp HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 42\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_known_name_is_the_name_from_bytes_makes() {
+        for name in [
+            "Mcp-Session-Id",
+            "mcp-session-id",
+            "MCP-PROTOCOL-VERSION",
+            "Last-Event-ID",
+            "traceparent",
+            "X-Forwarded-For",
+            "x-forwarded-proto",
+            "accept-charset",
+            "mcp-session-iD",
+            "mcp_session-id",
+            "mcp-session-ix",
+            "content-type",
+            "x",
+        ] {
+            assert_eq!(
+                header_name(name.as_bytes()).unwrap(),
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                "{name}"
+            );
+        }
+        for bad in ["mcp-session id", "mcp-session-i\u{e9}", "traceparen\n", ""] {
+            assert!(header_name(bad.as_bytes()).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
