@@ -101,32 +101,52 @@ pub struct Forwarded<'a> {
     pub proto: &'static str,
 }
 
-/// Writes the head of a request: `method` for `path_and_query` with `headers` (their values
-/// cannot hold a line break: `HeaderValue` refuses them), framed by a `Content-Length` of
-/// `body_len` when it is `Some`, with what `forwarded` adds. The gateway sends every body
-/// whole, so the framing headers of `headers` are left out, and so is `Expect` (nothing
-/// waits for a `100 Continue`).
+/// What the head of a forwarded request gets beside the client's headers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Added<'a> {
+    /// `Host`, when the client's headers have none (an HTTP/2 client's `:authority`).
+    pub host: Option<&'a str>,
+    /// Headers of the gateway's own (a trace context), written after the client's; a client
+    /// header of the same name is left out.
+    pub own: Option<&'a HeaderMap>,
+    pub forwarded: Option<Forwarded<'a>>,
+}
+
+/// Writes the start of a request's head: the request line for `method` and
+/// `path_and_query`, then `headers` (their values cannot hold a line break: `HeaderValue`
+/// refuses them) less those `skip` names, then what `added` adds. The gateway sends every
+/// body whole and frames it itself ([`end_request_head`]), so the framing headers of
+/// `headers` are left out, and so is `Expect` (nothing waits for a `100 Continue`).
 pub fn request_head(
     method: &http::Method,
     path_and_query: &str,
     headers: &HeaderMap,
-    body_len: Option<usize>,
-    forwarded: Option<Forwarded<'_>>,
+    skip: impl Fn(&HeaderName) -> bool,
+    added: Added<'_>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path_and_query.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let (mut for_written, mut proto_seen) = (false, false);
+    let line = |out: &mut Vec<u8>, name: &[u8], value: &[u8]| {
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    };
+    let (mut for_written, mut proto_seen, mut host_seen) = (false, false, false);
     for (name, value) in headers {
         if name == http::header::CONTENT_LENGTH
             || name == http::header::TRANSFER_ENCODING
             || name == http::header::EXPECT
+            || skip(name)
+            || added.own.is_some_and(|own| own.contains_key(name))
         {
             continue;
         }
-        if let Some(f) = forwarded {
+        host_seen |= name == http::header::HOST;
+        if let Some(f) = added.forwarded {
             match name.as_str() {
                 "x-forwarded-for" => {
                     if let Some(addr) = f.for_addr {
@@ -147,30 +167,34 @@ pub fn request_head(
                 _ => {}
             }
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        line(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
-    if let Some(f) = forwarded {
+    if let (Some(host), false) = (added.host, host_seen) {
+        line(&mut out, b"host", host.as_bytes());
+    }
+    for (name, value) in added.own.into_iter().flatten() {
+        line(&mut out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    if let Some(f) = added.forwarded {
         if let (Some(addr), false) = (f.for_addr, for_written) {
-            out.extend_from_slice(b"x-forwarded-for: ");
-            out.extend_from_slice(addr.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            line(&mut out, b"x-forwarded-for", addr.as_bytes());
         }
         if !proto_seen {
-            out.extend_from_slice(b"x-forwarded-proto: ");
-            out.extend_from_slice(f.proto.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            line(&mut out, b"x-forwarded-proto", f.proto.as_bytes());
         }
     }
+    out
+}
+
+/// Ends a head [`request_head`] started: a `Content-Length` of `body_len` when it is
+/// `Some`, and the empty line.
+pub fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
     if let Some(n) = body_len {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out
 }
 
 /// Parses the response head at the start of `buf`: the head and its length, `None` while it
@@ -980,6 +1004,19 @@ mod tests {
         assert_eq!(head(&long).unwrap_err(), H1Error::HeadTooLarge);
     }
 
+    /// A whole request head: [`request_head`] then [`end_request_head`].
+    fn whole_head(
+        method: http::Method,
+        h: &HeaderMap,
+        skip: impl Fn(&HeaderName) -> bool,
+        added: Added<'_>,
+        body_len: Option<usize>,
+    ) -> String {
+        let mut out = request_head(&method, "/mcp?x=1", h, skip, added);
+        end_request_head(&mut out, body_len);
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn the_request_head_has_only_its_own_framing_and_one_line_per_header() {
         let mut h = HeaderMap::new();
@@ -989,21 +1026,40 @@ mod tests {
         h.insert("content-length", HeaderValue::from_static("9"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         h.insert("expect", HeaderValue::from_static("100-continue"));
+        let none = Added::default();
         assert_eq!(
-            String::from_utf8(request_head(&http::Method::GET, "/mcp?x=1", &h, None, None))
-                .unwrap(),
+            whole_head(http::Method::GET, &h, |_| false, none, None),
             "GET /mcp?x=1 HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\n\r\n"
         );
         assert_eq!(
-            String::from_utf8(request_head(
-                &http::Method::POST,
-                "/mcp",
-                &h,
-                Some(42),
-                None
-            ))
-            .unwrap(),
-            "POST /mcp HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 42\r\n\r\n"
+            whole_head(http::Method::POST, &h, |_| false, none, Some(42)),
+            "POST /mcp?x=1 HTTP/1.1\r\nhost: up:3000\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 42\r\n\r\n"
+        );
+        // Skipped names are left out; Host only when the client sent none.
+        let host = Added {
+            host: Some("other:1"),
+            ..none
+        };
+        assert_eq!(
+            whole_head(http::Method::GET, &h, |n| n == "x-a", host, None),
+            "GET /mcp?x=1 HTTP/1.1\r\nhost: up:3000\r\n\r\n"
+        );
+        h.remove("host");
+        assert_eq!(
+            whole_head(http::Method::GET, &h, |n| n == "x-a", host, None),
+            "GET /mcp?x=1 HTTP/1.1\r\nhost: other:1\r\n\r\n"
+        );
+        // The gateway's own headers replace the client's of the same name, after the rest.
+        let mut own = HeaderMap::new();
+        own.insert("x-a", HeaderValue::from_static("mine"));
+        h.insert("x-b", HeaderValue::from_static("b"));
+        let own = Added {
+            own: Some(&own),
+            ..none
+        };
+        assert_eq!(
+            whole_head(http::Method::GET, &h, |_| false, own, None),
+            "GET /mcp?x=1 HTTP/1.1\r\nx-b: b\r\nx-a: mine\r\n\r\n"
         );
     }
 
@@ -1045,7 +1101,12 @@ mod tests {
                     HeaderValue::from_bytes(v).unwrap(),
                 );
             }
-            let out = request_head(&http::Method::GET, "/", &h, None, forwarded);
+            let added = Added {
+                forwarded,
+                ..Added::default()
+            };
+            let mut out = request_head(&http::Method::GET, "/", &h, |_| false, added);
+            end_request_head(&mut out, None);
             String::from_utf8_lossy(&out).into_owned()
         };
         let from = Some(Forwarded {

@@ -163,7 +163,7 @@ impl Gateway {
         let body = full_body(Bytes::from(body));
         let upstream = self
             .upstream
-            .request(Method::POST, uri.clone(), headers, body, None);
+            .request(&Method::POST, uri, &headers, None, body, None);
         let check = async {
             let resp = self.upstream.send(upstream).await.ok()?;
             if !resp.status().is_success() {

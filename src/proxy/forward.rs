@@ -39,8 +39,6 @@ pub(super) struct Ready {
     /// Held until this request's stream opened (or it ended otherwise): a retransmission
     /// arriving meanwhile waits for it instead of being forwarded a second time.
     pub _forwarding: Option<Forwarding>,
-    /// Kept to reopen the stream upstream (an upstream resume, the held standalone stream).
-    pub source: Source,
 }
 
 /// Whether the upstream's answer with `status` to `inb` ends `session` at the gateway: its 404
@@ -98,14 +96,13 @@ impl Gateway {
         let Ready {
             reservation,
             _forwarding,
-            source,
         } = match self.ready(&mut inb, &session).await? {
             Prepared::Ready(r) => r,
             // Rare (the first POST was in flight); boxed, as the routes then call each other.
             Prepared::Retransmission(s) => return Box::pin(self.retransmission(inb, s)).await,
         };
         let resp = self.send(&mut inb).await?;
-        self.answered(inb, session, resp, source, reservation, reattach)
+        self.answered(inb, session, resp, reservation, reattach)
             .await
     }
 
@@ -118,7 +115,6 @@ impl Gateway {
         mut inb: Box<Inbound>,
         session: Option<Arc<Session>>,
         mut resp: Response<OwnBody>,
-        source: Source,
         reservation: Option<Reservation>,
         reattach: Option<Reattach>,
     ) -> Result<Response<ResBody>, Refusal> {
@@ -141,15 +137,18 @@ impl Gateway {
             session.set_protocol_version(v);
         }
         let initialized = inb.info.initialized && inb.parts.method == Method::POST;
-        self.hold_once_initialized(initialized, &session, &source)
-            .await;
+        if self.hold_once_initialized(initialized, &session, || inb.source(&self.upstream)) {
+            session
+                .hold_settled(self.cfg.upstream_connect_timeout)
+                .await;
+        }
         let ok = resp.status() == StatusCode::OK;
         let mut early = resp.body().has_early();
         let tagged = if ok
             && is_sse(resp.headers())
             && matches!(inb.parts.method, Method::POST | Method::GET)
         {
-            self.tag(inb, session, resp, source, reattach)
+            self.tag(inb, session, resp, reattach)
         } else if ok && inb.upgrade && is_json(resp.headers()) {
             let (parts, mut body) = resp.into_parts();
             let feed = match body.take_whole() {
@@ -166,7 +165,7 @@ impl Gateway {
                     Feed::Answer(answer)
                 }
             };
-            self.commit(inb, session, Some(parts.headers), feed, source)
+            self.commit(inb, session, Some(parts.headers), feed)
         } else {
             let mut out = pass_through(resp);
             if session.minted() {
@@ -225,7 +224,6 @@ impl Gateway {
         Ok(Prepared::Ready(Ready {
             reservation,
             _forwarding: forwarding,
-            source: inb.source(&self.upstream),
         }))
     }
 
@@ -300,15 +298,15 @@ impl Gateway {
         answer.map_err(|e| ProxyError::upstream(e).for_request(single_id()))
     }
 
-    /// Sends the request upstream (its headers and body taken from `inb`); the answer comes
-    /// to whoever polls the future (the route, or after `--upgrade-grace` the answer reader).
+    /// Sends the request upstream (its body taken from `inb`, its head written from `inb`'s
+    /// headers, which stay `inb`'s); the answer comes to whoever polls the future (the route,
+    /// or after `--upgrade-grace` the answer reader).
     pub(super) fn answer(&self, inb: &mut Inbound) -> Pending {
-        let headers = std::mem::take(&mut inb.parts.headers);
         let body = inb
             .body
             .take()
             .unwrap_or_else(|| full_body(bytes::Bytes::new()));
-        let (method, uri) = (inb.parts.method.clone(), inb.parts.uri.clone());
+        let method = &inb.parts.method;
         let span = if crate::telemetry::enabled() {
             tracing::debug_span!(
                 "upstream",
@@ -321,13 +319,20 @@ impl Gateway {
         } else {
             tracing::Span::none()
         };
-        let mut req = self
-            .upstream
-            .request(method, uri, headers, body, Some(inb.remote));
-        if !span.is_disabled() {
-            // The upstream's spans are children of the gateway's exchange with it.
-            crate::telemetry::inject(&span, req.headers_mut());
-        }
+        // The upstream's spans are children of the gateway's exchange with it.
+        let own = (!span.is_disabled()).then(|| {
+            let mut h = http::HeaderMap::new();
+            crate::telemetry::inject(&span, &mut h);
+            h
+        });
+        let req = self.upstream.request(
+            method,
+            &inb.parts.uri,
+            &inb.parts.headers,
+            own.as_ref(),
+            body,
+            Some(inb.remote),
+        );
         let upstream = self.upstream.clone();
         let (facts, metrics) = (inb.facts.clone(), self.registry.metrics().clone());
         Box::pin(
@@ -411,34 +416,30 @@ impl Gateway {
     /// Once the session is initialized (a POST of `notifications/initialized`), the gateway holds its standalone stream from then on,
     /// so nothing the server sends there is lost to the race with the client's own GET. The
     /// 202 waits (bounded) until the upstream has the stream, so no request the client sends
-    /// after it can reach the server first.
-    async fn hold_once_initialized(
+    /// after it can reach the server first: whether the hold started (then the caller waits).
+    fn hold_once_initialized(
         &self,
         initialized: bool,
         session: &Arc<Session>,
-        source: &Source,
-    ) {
+        source: impl FnOnce() -> Source,
+    ) -> bool {
         // A stateless upstream has no standalone stream to hold.
-        if !initialized || !self.cfg.hold_standalone || session.minted() {
-            return;
-        }
-        if hold::start(&self.registry, session, || source.clone()) {
-            session
-                .hold_settled(self.cfg.upstream_connect_timeout)
-                .await;
-        }
+        initialized
+            && self.cfg.hold_standalone
+            && !session.minted()
+            && hold::start(&self.registry, session, source)
     }
 
     /// Tags the upstream's SSE answer: a new stream of the session, read into its window by
     /// a task of its own, and this client attached to it at its start.
     fn tag(
         &self,
-        inb: Box<Inbound>,
+        mut inb: Box<Inbound>,
         session: Arc<Session>,
         resp: Response<OwnBody>,
-        source: Source,
         reattach: Option<Reattach>,
     ) -> Response<ResBody> {
+        let source = inb.take_source(&self.upstream);
         let kind = if inb.parts.method == Method::POST {
             StreamKind::Post
         } else {

@@ -142,6 +142,17 @@ impl Inbound {
         }
     }
 
+    /// [`Inbound::source`] with this request's headers moved into it, once its upstream
+    /// request is written: a stream's reader keeps them, no copy per request.
+    pub fn take_source(&mut self, upstream: &Arc<Upstream>) -> Source {
+        Source {
+            upstream: upstream.clone(),
+            uri: self.parts.uri.clone(),
+            headers: std::mem::take(&mut self.parts.headers),
+            remote: self.remote,
+        }
+    }
+
     /// Whether the upstream may answer with a stream: a GET, or a POST carrying requests.
     /// Anything else must be answered promptly (bounded by `--upstream-header-timeout`).
     pub fn can_stream(&self) -> bool {

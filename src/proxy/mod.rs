@@ -360,7 +360,14 @@ fn end_upstream(upstream: Arc<Upstream>, limit: std::time::Duration) -> crate::s
         {
             headers.insert(MCP_PROTOCOL_VERSION, v);
         }
-        let req = upstream.request(Method::DELETE, uri, headers, full_body(Bytes::new()), None);
+        let req = upstream.request(
+            &Method::DELETE,
+            &uri,
+            &headers,
+            None,
+            full_body(Bytes::new()),
+            None,
+        );
         let (upstream, session) = (upstream.clone(), hash_id(s.id()));
         rt.spawn(async move {
             let _permit = permit;

@@ -24,7 +24,7 @@ use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
 use crate::session::{OpenStream, Session, StreamKind};
-use crate::upstream::{feed_whole_json, spawn_answer_reader, Answer, Source};
+use crate::upstream::{feed_whole_json, spawn_answer_reader, Answer};
 
 /// What becomes of an upgraded POST's stream ([`Gateway::commit`]).
 pub(super) enum Feed {
@@ -44,7 +44,6 @@ impl Gateway {
         let Ready {
             reservation,
             _forwarding,
-            source,
         } = match self.ready(&mut inb, &session).await? {
             Prepared::Ready(r) => r,
             Prepared::Retransmission(s) => return Box::pin(self.retransmission(inb, s)).await,
@@ -53,21 +52,16 @@ impl Gateway {
             // No session yet (an `initialize`): the stream needs the session the answer
             // names, so the gateway waits for it.
             let resp = self.send(&mut inb).await?;
-            return self
-                .answered(inb, None, resp, source, reservation, None)
-                .await;
+            return self.answered(inb, None, resp, reservation, None).await;
         };
         let mut answer = self.answer(&mut inb);
         match tokio::time::timeout(self.cfg.upgrade_grace, &mut answer).await {
-            Ok(Ok(resp)) => {
-                self.answered(inb, session, resp, source, reservation, None)
-                    .await
-            }
+            Ok(Ok(resp)) => self.answered(inb, session, resp, reservation, None).await,
             Ok(Err(e)) => Err(ProxyError::upstream(e).for_request(inb.info.single_id.clone())),
             Err(_) => {
                 let answer: Answer =
                     Box::pin(async move { answer.await.map_err(|e| e.to_string()) });
-                Ok(self.commit(inb, s, None, Feed::Answer(answer), source))
+                Ok(self.commit(inb, s, None, Feed::Answer(answer)))
             }
         }
     }
@@ -79,12 +73,13 @@ impl Gateway {
     /// beyond priming).
     pub(super) fn commit(
         &self,
-        inb: Box<Inbound>,
+        mut inb: Box<Inbound>,
         session: Arc<Session>,
         upstream_headers: Option<HeaderMap>,
         feed: Feed,
-        source: Source,
     ) -> Response<ResBody> {
+        // Only an answer still to come is read by a task that may reopen its stream upstream.
+        let source = matches!(feed, Feed::Answer(_)).then(|| inb.take_source(&self.upstream));
         let version = inb
             .header_version
             .clone()
@@ -123,7 +118,7 @@ impl Gateway {
                 session.clone(),
                 attachment.stream,
                 answer,
-                source,
+                source.expect("taken for an answer to come"),
                 own,
             ),
         }

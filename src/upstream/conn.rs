@@ -163,42 +163,20 @@ impl SendError {
 /// Sends `req` (built by [`Upstream::request`]; its body is sent whole, with a
 /// `Content-Length`) on a pooled or new connection and reads the response head.
 pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBody>, SendError> {
-    let UpRequest { req, forwarded_for } = req;
-    let (parts, body) = req.into_parts();
+    let UpRequest {
+        method,
+        target,
+        mut head,
+        body,
+    } = req;
     let body = body.collect().await.map_err(SendError::Body)?.to_bytes();
-    let mut headers = parts.headers;
-    if !headers.contains_key(http::header::HOST) {
-        if let Some(v) = parts
-            .uri
-            .authority()
-            .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
-        {
-            headers.insert(http::header::HOST, v);
-        }
-    }
-    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     // Methods that carry a body say its length even when it is empty, as hyper does.
     let framed = !body.is_empty()
         || !matches!(
-            parts.method,
+            method,
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         );
-    let addr = forwarded_for.map(crate::access::IpText::new);
-    let forwarded = h1::Forwarded {
-        for_addr: addr.as_ref().map(|a| a.as_str()),
-        proto: if up.cfg.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        },
-    };
-    let mut head = h1::request_head(
-        &parts.method,
-        pq,
-        &headers,
-        framed.then_some(body.len()),
-        Some(forwarded),
-    );
+    h1::end_request_head(&mut head, framed.then_some(body.len()));
     let together = body.len() <= COALESCE_BODY_BYTES;
     if together {
         head.extend_from_slice(&body);
@@ -208,9 +186,9 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
         // whole: the request is sent again on a new connection.
         Some(mut io) => match write(&mut io, &head, &body, together).await {
             Ok(()) => io,
-            Err(_) => connect_and_write(up, parts.uri, &head, &body, together).await?,
+            Err(_) => connect_and_write(up, target, &head, &body, together).await?,
         },
-        None => connect_and_write(up, parts.uri, &head, &body, together).await?,
+        None => connect_and_write(up, target, &head, &body, together).await?,
     };
     let mut buf = bytes::BytesMut::with_capacity(4096);
     loop {
@@ -224,7 +202,7 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
                 buf
             };
             // A response to HEAD has no body, whatever its framing headers say.
-            let framing = if parts.method == Method::HEAD {
+            let framing = if method == Method::HEAD {
                 h1::Framing::Length(0)
             } else {
                 head.framing
@@ -511,9 +489,10 @@ mod tests {
         let uri: http::Uri = format!("http://{addr}/mcp").parse().unwrap();
         let up = Upstream::new(Arc::new(crate::Config::new(uri.clone())));
         let req = up.request(
-            Method::GET,
-            uri,
-            http::HeaderMap::new(),
+            &Method::GET,
+            &uri,
+            &http::HeaderMap::new(),
+            None,
             super::super::full_body(Bytes::new()),
             None,
         );

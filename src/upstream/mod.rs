@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -159,55 +159,60 @@ impl Upstream {
     }
 
     /// The upstream request for a client request: same method, path, query and headers
-    /// (`Host` unchanged), hop-by-hop headers removed; `X-Forwarded-For` (with `remote`'s
-    /// address) and `X-Forwarded-Proto` are added as its head is written ([`UpRequest`]).
+    /// (`Host` unchanged), hop-by-hop headers left out, `own` headers (the gateway's trace
+    /// context) in place of the client's of the same names, `X-Forwarded-For` (with
+    /// `remote`'s address) and `X-Forwarded-Proto` added. Its head is written here: the
+    /// client's headers are read, not moved or copied.
     pub fn request(
         &self,
-        method: Method,
-        uri: Uri,
-        mut headers: HeaderMap,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        own: Option<&HeaderMap>,
         body: UpBody,
         remote: Option<SocketAddr>,
     ) -> UpRequest {
-        let target = self.target(&uri);
-        if !headers.contains_key(header::HOST) {
-            // HTTP/2 clients send :authority instead; forward it as Host, unchanged.
-            if let Some(a) = uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            {
-                headers.insert(header::HOST, a);
-            }
-        }
-        strip_hop_by_hop(&mut headers);
-        // Upstream connections are HTTP/1.1 whatever the client spoke (the request's
-        // version is left at its default).
-        let mut req = Request::new(body);
-        *req.method_mut() = method;
-        *req.uri_mut() = target;
-        *req.headers_mut() = headers;
+        let target = self.target(uri);
+        // HTTP/2 clients send :authority instead of Host: it goes as Host, unchanged.
+        let host = uri.authority().or(target.authority()).map(|a| a.as_str());
+        let addr = remote.map(|r| crate::access::IpText::new(r.ip()));
+        let added = crate::h1::Added {
+            host,
+            own,
+            forwarded: Some(crate::h1::Forwarded {
+                for_addr: addr.as_ref().map(|a| a.as_str()),
+                proto: if self.cfg.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                },
+            }),
+        };
+        let pq = target.path_and_query().map_or("/", |pq| pq.as_str());
+        let named = connection_named(headers);
+        let skip = |n: &HeaderName| hop_by_hop(n).is_some() || named.contains(n);
+        let head = crate::h1::request_head(method, pq, headers, skip, added);
+        // Upstream connections are HTTP/1.1 whatever the client spoke.
         UpRequest {
-            req,
-            forwarded_for: remote.map(|r| r.ip()),
+            method: method.clone(),
+            target,
+            head,
+            body,
         }
     }
 }
 
-/// A request for the upstream as [`Upstream::request`] builds it: the HTTP request, and the
-/// client whose address goes into `X-Forwarded-For`. The `X-Forwarded-*` headers are added
-/// as the head is written ([`h1::Forwarded`](crate::h1::Forwarded)), not inserted into the
-/// header map: two hashed inserts of names outside the standard table were ~1.7 k
-/// instructions a request (`bench/callgrind`).
+/// A request for the upstream as [`Upstream::request`] built it: its head written but for
+/// the body's framing ([`crate::h1::end_request_head`]), its body, and where it goes. The
+/// head is written from the client's header map, which stays the client's (a stream's
+/// [`Source`] takes it after): no copy of the map per request, no hashed inserts of the
+/// `X-Forwarded-*` names (~3 k instructions a request, `bench/callgrind`).
 pub(crate) struct UpRequest {
-    pub(crate) req: Request<UpBody>,
-    /// The client's address (`None`: a request the gateway sends on its own).
-    forwarded_for: Option<std::net::IpAddr>,
-}
-
-impl UpRequest {
-    pub(crate) fn headers_mut(&mut self) -> &mut HeaderMap {
-        self.req.headers_mut()
-    }
+    method: Method,
+    /// The upstream's scheme and authority, the request's path and query.
+    target: Uri,
+    head: Vec<u8>,
+    body: UpBody,
 }
 
 /// End-to-end headers the gateway itself acts on: a `Connection` header naming one of them
@@ -254,22 +259,25 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
         }
     }
     if present[0] {
-        // The names `Connection` lists are hop-by-hop too.
-        let named: Vec<HeaderName> = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .filter(|n| !ACTED_ON.contains(n))
-            .collect();
-        for n in named {
+        for n in connection_named(h) {
             h.remove(n);
         }
     }
     for (n, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         h.remove(n);
     }
+}
+
+/// The names `h`'s `Connection` headers list (hop-by-hop too), less the end-to-end headers
+/// the gateway acts on ([`ACTED_ON`]). Usually none, and then nothing is allocated.
+fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .filter(|n| !ACTED_ON.contains(n))
+        .collect()
 }
 
 static HOP_BY_HOP: [HeaderName; 9] = [
@@ -387,9 +395,10 @@ impl Source {
         }
         let body = full_body(Bytes::new());
         let req = self.upstream.request(
-            Method::GET,
-            self.uri.clone(),
-            headers,
+            &Method::GET,
+            &self.uri,
+            &headers,
+            None,
             body,
             Some(self.remote),
         );
