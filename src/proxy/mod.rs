@@ -224,14 +224,20 @@ impl Gateway {
             // window, where the retransmission finds it. A modern-era POST is cancelled with
             // its client instead (its route says so).
             let (me, conn, routed_facts) = (self.clone(), conn.clone(), facts.clone());
-            FinishOnDrop::new(
-                async move { me.route(req, &conn, &routed_facts).await }.instrument(span.clone()),
-                facts.clone(),
-                self.orphans.clone(),
-            )
-            .await
+            //
+            // Both routes' futures are bound (boxed) before they are awaited, in statements of
+            // their own: a temporary of the awaiting statement keeps its room in this future
+            // even once moved into the box (3,008 bytes where it is 1,024 now, moved into a
+            // box of its own per request by the connection).
+            let finishing = {
+                let routing = async move { me.route(req, &conn, &routed_facts).await }
+                    .instrument(span.clone());
+                FinishOnDrop::new(routing, facts.clone(), self.orphans.clone())
+            };
+            finishing.await
         } else {
-            Box::pin(self.route(req, &conn, &facts).instrument(span.clone())).await
+            let routing = Box::pin(self.route(req, &conn, &facts).instrument(span.clone()));
+            routing.await
         };
         let mut refused = None;
         let mut resp = match routed {
