@@ -247,8 +247,27 @@ fn promtool_check(text: &str) -> Option<(bool, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
+    sigterm_drains(
+        &[("TOKIO_WORKER_THREADS", "2")],
+        "scheduler=\"multi-thread\" workers=2",
+    )
+    .await;
+}
+
+/// With one CPU to run on (here: one worker asked for), the gateway runs tokio's
+/// current-thread scheduler; the same calls, streams and drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_current_thread_scheduler_sigterm_drains_the_same() {
+    sigterm_drains(
+        &[("TOKIO_WORKER_THREADS", "1")],
+        "scheduler=\"current-thread\" workers=1",
+    )
+    .await;
+}
+
+async fn sigterm_drains(envs: &[(&str, &str)], started: &str) {
     let mut mock = Mock::start().await;
-    let mut gw = Binary::start(
+    let mut gw = Binary::start_with_env(
         mock.addr,
         &[
             "--drain-delay",
@@ -258,8 +277,16 @@ async fn sigterm_drains_in_flight_calls_ends_get_streams_and_exits_zero() {
             "--retry-hint",
             "750ms",
         ],
+        envs,
     )
     .await;
+    let line = gw
+        .proc
+        .wait_line_blocking(Duration::from_secs(5), |l| {
+            l.contains("mcp-reattach started")
+        })
+        .expect("the started line");
+    assert!(line.contains(started), "{line}");
     init_session(&gw.addr, &mut mock, "s1").await;
     // A standalone GET stream and a tool call, both in flight.
     let pending = tokio::spawn(send(gw.addr, get("s1", None)));
