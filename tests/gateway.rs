@@ -112,6 +112,54 @@ async fn resume_after_cut_at_every_point_delivers_exactly_the_rest() {
     }
 }
 
+/// A call whose SSE answer comes whole with its head (a short call's usual case) is fed into
+/// its stream at once: the client gets it with its length, its events tagged and retained (a
+/// resume from the first gets the rest). With ids of the upstream's own (a stream the reader
+/// may have to resume upstream) it goes through the stream's reader as any other, chunked.
+#[tokio::test]
+async fn a_call_answered_whole_is_fed_at_once_and_stays_resumable() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.keepalive = None).await;
+    init_session(&gw, &mut mock, SID).await;
+    let whole = |messages: &[String], upstream_ids: bool| {
+        let body: String = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match upstream_ids {
+                true => format!("id: up-{i}\nevent: message\ndata: {m}\n\n"),
+                false => format!("event: message\ndata: {m}\n\n"),
+            })
+            .collect();
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("mcp-session-id", SID)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    for (id, upstream_ids) in [(1u64, false), (2, true), (3, false)] {
+        let all = expected(3, id);
+        let pending = tokio::spawn(send(gw.addr, post(&call(id), Some(SID))));
+        mock.next().await.respond(whole(&all, upstream_ids));
+        let resp = pending.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        assert_eq!(
+            resp.headers().contains_key("content-length"),
+            !upstream_ids,
+            "id {id}: {:?}",
+            resp.headers()
+        );
+        let events = SseReader::new(resp).rest().await;
+        assert_eq!(messages(&events), all, "id {id}");
+        let first = events[0].id.clone().expect("a tagged event");
+        assert!(!first.starts_with("up-"), "{first}");
+        let resp = resume(&gw, &first).await;
+        assert_eq!(resp.status(), 200, "id {id}");
+        let rest = SseReader::new(resp).rest().await;
+        assert_eq!(messages(&rest), all[1..], "id {id}");
+    }
+}
+
 #[tokio::test]
 async fn upstream_ids_are_replaced_comments_dropped_retry_kept() {
     let mut mock = Mock::start().await;

@@ -1,5 +1,6 @@
 //! The upstream side of the HTTP/1.1 framing the gateway reads itself (its own `GET`s: the held
-//! standalone stream, `src/h1.rs`): a raw TCP upstream answers the held `GET` with scripted
+//! standalone stream, `src/h1.rs`; and a call's answer that came whole in one read, fed at
+//! once): a raw TCP upstream answers the held `GET` with scripted
 //! bytes (conflicting or differing lengths, odd transfer codings, bad chunk sizes, bare LF,
 //! trailers, an early close, bytes written after the end of the body). Each case either
 //! delivers exactly the events of the well-framed body and nothing after it, or fails
@@ -433,4 +434,108 @@ async fn requests_one_after_another_share_one_upstream_connection() {
         seen.connections, 1,
         "each answer ended cleanly: the next request went on the same connection"
     );
+}
+
+/// A raw upstream for the answer to a call: `initialize` gets its result and the session id,
+/// the request after it (the call) `script` in one write (its head and body, and whatever the
+/// script adds), any other a 202. Counts the connections it accepted.
+async fn raw_call_upstream(script: String) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = l.accept().await.unwrap();
+            s.lock().unwrap().connections += 1;
+            let (seen, script) = (s.clone(), script.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while let Some(head) = read_request(&mut tcp, &mut buf).await {
+                    seen.lock().unwrap().requests += 1;
+                    let answer = if !head.contains("mcp-session-id") {
+                        let body = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"raw","version":"0"}}}"#;
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: {SID}\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    } else if seen.lock().unwrap().requests == 2 {
+                        // The second request: the call.
+                        script.clone()
+                    } else {
+                        "HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n".to_owned()
+                    };
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A call's SSE answer that comes whole in one read is fed at once (written to the client with
+/// its length), with the framing rules of any other body: its trailers read, bytes after its
+/// end never delivered and its connection then closed, a broken chunked body failing the call
+/// explicitly after the events before the fault.
+#[tokio::test]
+async fn a_call_answer_whole_in_one_read_keeps_the_framing_rules() {
+    let result = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+    let answer = format!("event: message\ndata: {result}\n\n");
+    let events = [sse_event(1), sse_event(2), answer];
+    let well = format!(
+        "{SSE_HEAD}Transfer-Encoding: chunked\r\n\r\n{}",
+        chunked(&events, "0\r\nx-checksum: 1\r\n\r\n")
+    );
+    let after = format!("{well}{}", sse_event(9));
+    let broken = format!(
+        "{SSE_HEAD}Transfer-Encoding: chunked\r\n\r\n{}zz\r\n{}\r\n",
+        chunked(&events[..1], ""),
+        sse_event(2)
+    );
+    for (case, script) in [
+        ("well framed", well),
+        ("bytes after", after),
+        ("broken", broken),
+    ] {
+        let (up, seen) = raw_call_upstream(script).await;
+        let gw = gateway(up, |c| c.hold_standalone = false).await;
+        assert_eq!(send(gw.addr, post(INITIALIZE, None)).await.status(), 200);
+        let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{}}}"#;
+        let resp = send(gw.addr, post(call, Some(SID))).await;
+        assert_eq!(resp.status(), 200, "{case}");
+        let whole = resp.headers().contains_key("content-length");
+        let got = SseReader::new(resp).rest().await;
+        let failed = got
+            .iter()
+            .any(|e| e.event.as_deref() == Some("mcp-reattach/upstream-failed"));
+        // Another request: on the same upstream connection only after a clean end.
+        let ping = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        assert_eq!(
+            send(gw.addr, post(ping, Some(SID))).await.status(),
+            202,
+            "{case}"
+        );
+        let connections = seen.lock().unwrap().connections;
+        match case {
+            "well framed" | "bytes after" => {
+                assert!(whole, "{case}: fed at once, written with its length");
+                assert_eq!(
+                    messages(&got),
+                    vec![note(1), note(2), result.to_owned()],
+                    "{case}"
+                );
+                assert!(!failed, "{case}");
+                let want = if case == "well framed" { 1 } else { 2 };
+                assert_eq!(connections, want, "{case}: connections");
+            }
+            _ => {
+                assert!(!whole, "{case}: read by the stream's reader");
+                assert_eq!(messages(&got).first(), Some(&note(1)), "{case}: {got:?}");
+                assert!(failed, "{case}: the call fails explicitly: {got:?}");
+                assert_eq!(connections, 2, "{case}: connections");
+            }
+        }
+    }
 }

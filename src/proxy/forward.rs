@@ -13,7 +13,7 @@ use http::{Method, Response, StatusCode};
 use tracing::Instrument;
 
 use super::inbound::Inbound;
-use super::respond::{minted_header, pass_through};
+use super::respond::{minted_header, pass_through, whole_sse_response};
 use super::upgrade::Feed;
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
@@ -24,7 +24,8 @@ use crate::session::{
     hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
 use crate::upstream::{
-    full_body, hold, is_json, is_sse, spawn_reader, Answer, OwnBody, SendError, Source,
+    feed_whole_sse, full_body, hold, is_json, is_sse, spawn_reader, Answer, OwnBody, SendError,
+    Source,
 };
 
 /// A request on its way upstream: its answer, once polled to the end.
@@ -148,7 +149,9 @@ impl Gateway {
             && is_sse(resp.headers())
             && matches!(inb.parts.method, Method::POST | Method::GET)
         {
-            self.tag(inb, session, resp, reattach)
+            let (tagged, reading) = self.tag(inb, session, resp, reattach);
+            early &= reading;
+            tagged
         } else if ok && inb.upgrade && is_json(resp.headers()) {
             let (parts, mut body) = resp.into_parts();
             let feed = match body.take_whole() {
@@ -431,14 +434,16 @@ impl Gateway {
     }
 
     /// Tags the upstream's SSE answer: a new stream of the session, read into its window by
-    /// a task of its own, and this client attached to it at its start.
+    /// a task of its own (a POST's answer that came whole: at once), and this client attached
+    /// to it at its start. With whether a reader was spawned (it may have bytes to take
+    /// before the answer's head is written).
     fn tag(
         &self,
         mut inb: Box<Inbound>,
         session: Arc<Session>,
         resp: Response<OwnBody>,
         reattach: Option<Reattach>,
-    ) -> Response<ResBody> {
+    ) -> (Response<ResBody>, bool) {
         let source = inb.take_source(&self.upstream);
         let kind = if inb.parts.method == Method::POST {
             StreamKind::Post
@@ -462,16 +467,39 @@ impl Gateway {
             trace: crate::telemetry::current(),
         });
         let stream = attachment.stream;
-        let (parts, upstream_body) = resp.into_parts();
-        spawn_reader(
-            self.registry.clone(),
-            session.clone(),
-            stream,
-            upstream_body,
-            source,
-        );
+        let (parts, mut upstream_body) = resp.into_parts();
+        // A POST's answer that came whole with its head is fed at once, without a reader.
+        let fed = kind == StreamKind::Post
+            && feed_whole_sse(
+                &self.registry,
+                &session,
+                stream,
+                &mut upstream_body,
+                self.cfg.max_event_bytes,
+            );
+        if !fed {
+            spawn_reader(
+                self.registry.clone(),
+                session.clone(),
+                stream,
+                upstream_body,
+                source,
+            );
+        }
         let s = session.clone();
-        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
-        self.sse_response(parts.status, Some(parts.headers), s.id(), body)
+        let mut body = AttachBody::new(session, attachment, None);
+        if fed {
+            // Its stream has ended already: the client gets it with its length, as an
+            // upgraded JSON answer that came whole (`commit`).
+            if let Some(all) = body.take_ended() {
+                let stats = body.stats();
+                let resp =
+                    whole_sse_response(parts.status, Some(parts.headers), s.id(), stats, all);
+                return (resp, false);
+            }
+        }
+        let body = body.keep_alive(self.cfg.keepalive);
+        let resp = self.sse_response(parts.status, Some(parts.headers), s.id(), body);
+        (resp, !fed)
     }
 }

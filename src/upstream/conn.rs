@@ -286,6 +286,27 @@ impl OwnBody {
         Some(body)
     }
 
+    /// The body's data, when the bytes that came with the head hold all of it (a short
+    /// answer's usual case, chunked or not): handed to `data` in order, nothing taken; and
+    /// how many of those bytes are the body's, for [`OwnBody::finish_early`]. `None`
+    /// otherwise (`data` may have had a part of it).
+    pub(crate) fn peek_whole<'a>(&'a self, data: impl FnMut(&'a [u8])) -> Option<usize> {
+        let mut probe = self.decoder.clone();
+        let used = probe.decode(&self.early, data).ok()?;
+        probe.is_done().then_some(used)
+    }
+
+    /// Done with a body [`OwnBody::peek_whole`] found whole in its first `used` bytes: its
+    /// connection goes back to the pool (closed if bytes followed the body).
+    pub(crate) fn finish_early(&mut self, used: usize) {
+        if used < self.early.len() {
+            self.reuse = None;
+        }
+        self.early = bytes::BytesMut::new();
+        self.decoder = BodyDecoder::new(h1::Framing::Length(0));
+        self.finish();
+    }
+
     /// The body has ended: its connection goes back to the pool when it may, else closes.
     fn finish(&mut self) {
         let io = self.io.take();

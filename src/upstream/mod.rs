@@ -14,7 +14,9 @@ mod limit;
 mod reader;
 
 pub(crate) use self::conn::{OwnBody, SendError};
-pub(crate) use self::reader::{feed_whole_json, spawn_answer_reader, spawn_reader, Answer};
+pub(crate) use self::reader::{
+    feed_whole_json, feed_whole_sse, spawn_answer_reader, spawn_reader, Answer,
+};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

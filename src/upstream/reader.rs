@@ -168,10 +168,51 @@ pub(crate) fn feed_whole_json(
 ) {
     let metrics = registry.metrics();
     metrics.json_upgrade(UpgradeAnswer::Json);
-    let mut events = match json_answer(metrics, body, limit) {
-        Ok(events) => VecDeque::from(events),
-        Err(end) => return session.end_stream(stream, end),
+    match json_answer(metrics, body, limit) {
+        Ok(events) => feed_whole(registry, session, stream, events.into()),
+        Err(end) => session.end_stream(stream, end),
+    }
+}
+
+/// A POST's SSE answer that came whole with its head (`body`), fed into `stream` here and
+/// now: its events, then its end, without a task (a short call's usual case). Only an
+/// answer that needs nothing of the reader: every event well formed, none with an id of
+/// the upstream's own (a stream the reader could have to resume upstream). Whether it was
+/// fed; if not, `body` is as it was, for the reader.
+pub(crate) fn feed_whole_sse(
+    registry: &Arc<Registry>,
+    session: &Arc<Session>,
+    stream: u32,
+    body: &mut OwnBody,
+    max_event_bytes: usize,
+) -> bool {
+    let mut decoder = Decoder::new(max_event_bytes);
+    let mut events = Vec::new();
+    let mut bad = false;
+    let whole = body.peek_whole(|data| {
+        if !bad {
+            bad = decoder.feed(data, &mut events).is_err();
+        }
+    });
+    let Some(used) = whole.filter(|_| !bad && events.iter().all(|e| e.id().is_none())) else {
+        return false;
     };
+    body.finish_early(used);
+    for e in &mut events {
+        disown_control_type(e);
+    }
+    feed_whole(registry, session, stream, events.into());
+    true
+}
+
+/// Events of an answer that came whole, fed into `stream`, then its end; only when the
+/// window has no room for them at once does a task deliver the rest.
+fn feed_whole(
+    registry: &Arc<Registry>,
+    session: &Arc<Session>,
+    stream: u32,
+    mut events: VecDeque<Event>,
+) {
     if session.push_events(stream, &mut events, None) {
         if registry.over_budget() {
             registry.enforce_budget(session);
