@@ -81,94 +81,111 @@ async fn raw_upstream(
     pieces: Vec<usize>,
     close: bool,
 ) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    counting_upstream(move |mut tcp, seen| {
+        let script = script.clone();
+        let pieces = pieces.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut carried: Option<String> = None;
+            loop {
+                let head = match carried.take() {
+                    Some(h) => h,
+                    None => match read_request(&mut tcp, &mut buf).await {
+                        Some(h) => h,
+                        None => return,
+                    },
+                };
+                seen.lock().unwrap().requests += 1;
+                if head.starts_with("GET") {
+                    let first = {
+                        let mut s = seen.lock().unwrap();
+                        s.gets += 1;
+                        s.gets == 1
+                    };
+                    if !first {
+                        let _ = tcp
+                            .write_all(
+                                b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n",
+                            )
+                            .await;
+                        continue;
+                    }
+                    let mut at = 0;
+                    let last = pieces.len();
+                    for (i, cut) in pieces.iter().copied().chain([script.len()]).enumerate() {
+                        // The last piece (the end or the fault) once the client is there.
+                        let pause = if i == last { 300 } else { 20 };
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                        let cut = cut.min(script.len()).max(at);
+                        let _ = tcp.write_all(&script[at..cut]).await;
+                        at = cut;
+                    }
+                    if close {
+                        return;
+                    }
+                    // The upstream keeps the connection: the gateway closes it, or sends
+                    // its next request on it (only after a body that ended cleanly).
+                    match tokio::time::timeout(
+                        Duration::from_secs(5),
+                        read_request(&mut tcp, &mut buf),
+                    )
+                    .await
+                    {
+                        Ok(Some(next)) => {
+                            seen.lock().unwrap().first_reused = true;
+                            carried = Some(next);
+                            continue;
+                        }
+                        Ok(None) => {
+                            seen.lock().unwrap().first_closed = true;
+                            return;
+                        }
+                        Err(_) => return,
+                    }
+                }
+                // A POST: initialize gets its result and the session id, anything else 202.
+                let answer = if head.contains("mcp-session-id") {
+                    format!("HTTP/1.1 202 Accepted\r\nMcp-Session-Id: {SID}\r\nContent-Length: 0\r\n\r\n")
+                } else {
+                    initialize_answer()
+                };
+                if tcp.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// A raw upstream on a free port: each connection it accepts is counted and handed to `conn`
+/// (with what the upstream saw) in a task of its own.
+async fn counting_upstream<F, Fut>(conn: F) -> (SocketAddr, Arc<Mutex<Seen>>)
+where
+    F: Fn(TcpStream, Arc<Mutex<Seen>>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let s = seen.clone();
     tokio::spawn(async move {
         loop {
-            let (mut tcp, _) = l.accept().await.unwrap();
+            let (tcp, _) = l.accept().await.unwrap();
             s.lock().unwrap().connections += 1;
-            let seen = s.clone();
-            let script = script.clone();
-            let pieces = pieces.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut carried: Option<String> = None;
-                loop {
-                    let head = match carried.take() {
-                        Some(h) => h,
-                        None => match read_request(&mut tcp, &mut buf).await {
-                            Some(h) => h,
-                            None => return,
-                        },
-                    };
-                    seen.lock().unwrap().requests += 1;
-                    if head.starts_with("GET") {
-                        let first = {
-                            let mut s = seen.lock().unwrap();
-                            s.gets += 1;
-                            s.gets == 1
-                        };
-                        if !first {
-                            let _ = tcp
-                                .write_all(
-                                    b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n",
-                                )
-                                .await;
-                            continue;
-                        }
-                        let mut at = 0;
-                        let last = pieces.len();
-                        for (i, cut) in pieces.iter().copied().chain([script.len()]).enumerate() {
-                            // The last piece (the end or the fault) once the client is there.
-                            let pause = if i == last { 300 } else { 20 };
-                            tokio::time::sleep(Duration::from_millis(pause)).await;
-                            let cut = cut.min(script.len()).max(at);
-                            let _ = tcp.write_all(&script[at..cut]).await;
-                            at = cut;
-                        }
-                        if close {
-                            return;
-                        }
-                        // The upstream keeps the connection: the gateway closes it, or sends
-                        // its next request on it (only after a body that ended cleanly).
-                        match tokio::time::timeout(
-                            Duration::from_secs(5),
-                            read_request(&mut tcp, &mut buf),
-                        )
-                        .await
-                        {
-                            Ok(Some(next)) => {
-                                seen.lock().unwrap().first_reused = true;
-                                carried = Some(next);
-                                continue;
-                            }
-                            Ok(None) => {
-                                seen.lock().unwrap().first_closed = true;
-                                return;
-                            }
-                            Err(_) => return,
-                        }
-                    }
-                    // A POST: initialize gets its result and the session id, anything else 202.
-                    let answer = if head.contains("mcp-session-id") {
-                        format!("HTTP/1.1 202 Accepted\r\nMcp-Session-Id: {SID}\r\nContent-Length: 0\r\n\r\n")
-                    } else {
-                        let body = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"raw","version":"0"}}}"#;
-                        format!(
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: {SID}\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        )
-                    };
-                    if tcp.write_all(answer.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
+            tokio::spawn(conn(tcp, s.clone()));
         }
     });
     (addr, seen)
+}
+
+/// The raw upstream's answer to `initialize`: its result and the session id.
+fn initialize_answer() -> String {
+    let body = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"raw","version":"0"}}}"#;
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: {SID}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 fn note(n: u64) -> String {
@@ -440,39 +457,27 @@ async fn requests_one_after_another_share_one_upstream_connection() {
 /// the request after it (the call) `script` in one write (its head and body, and whatever the
 /// script adds), any other a 202. Counts the connections it accepted.
 async fn raw_call_upstream(script: String) -> (SocketAddr, Arc<Mutex<Seen>>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let s = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut tcp, _) = l.accept().await.unwrap();
-            s.lock().unwrap().connections += 1;
-            let (seen, script) = (s.clone(), script.clone());
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                while let Some(head) = read_request(&mut tcp, &mut buf).await {
-                    seen.lock().unwrap().requests += 1;
-                    let answer = if !head.contains("mcp-session-id") {
-                        let body = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"raw","version":"0"}}}"#;
-                        format!(
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: {SID}\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        )
-                    } else if seen.lock().unwrap().requests == 2 {
-                        // The second request: the call.
-                        script.clone()
-                    } else {
-                        "HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n".to_owned()
-                    };
-                    if tcp.write_all(answer.as_bytes()).await.is_err() {
-                        return;
-                    }
+    counting_upstream(move |mut tcp, seen| {
+        let script = script.clone();
+        async move {
+            let mut buf = Vec::new();
+            while let Some(head) = read_request(&mut tcp, &mut buf).await {
+                seen.lock().unwrap().requests += 1;
+                let answer = if !head.contains("mcp-session-id") {
+                    initialize_answer()
+                } else if seen.lock().unwrap().requests == 2 {
+                    // The second request: the call.
+                    script.clone()
+                } else {
+                    "HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n".to_owned()
+                };
+                if tcp.write_all(answer.as_bytes()).await.is_err() {
+                    return;
                 }
-            });
+            }
         }
-    });
-    (addr, seen)
+    })
+    .await
 }
 
 /// A call's SSE answer that comes whole in one read is fed at once (written to the client with
