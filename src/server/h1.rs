@@ -597,7 +597,10 @@ where
             at += 1;
         }
         conn.write_all(&mut bufs[..at]).await?;
-        // Not kept while a stream goes on.
+        // Neither is kept while a stream goes on: the frames written (a resume's replay is
+        // one buffer of tens of KB) would otherwise live until the next frame, for a held
+        // stream as long as it is idle.
+        drop(data);
         head = Vec::new();
         conn.flush().await?;
         if end {
@@ -845,6 +848,50 @@ mod tests {
         drop(c);
         let end = task.await.unwrap();
         assert!(matches!(end, Err(ConnError::ClientGone)), "{end:?}");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    }
+
+    /// A frame's bytes that say when they are dropped.
+    struct Owned(Vec<u8>, Arc<AtomicUsize>);
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_written_is_not_kept_while_its_stream_waits_for_the_next() {
+        // A resume's replay is one frame of tens of KB; held until the next frame, a storm
+        // of resumed streams kept every replay in memory.
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let d = dropped.clone();
+        let (mut c, _task, _stop) = start(move |_req: Request<ReqBody>| {
+            let d = d.clone();
+            async move {
+                let frame = Bytes::from_owner(Owned(b"data: replay\n\n".to_vec(), d));
+                let first =
+                    futures::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(frame))]);
+                let body =
+                    StreamBody::new(futures::StreamExt::chain(first, futures::stream::pending()));
+                Ok(Response::new(body.boxed_unsync()))
+            }
+        });
+        c.write_all(b"GET /s HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"data: replay\n\n\r\n") {
+            let mut buf = [0u8; 512];
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        // The stream goes on (its body is pending), and the frame is gone.
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
     }
 
