@@ -400,18 +400,25 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
 /// client closes between requests, a request or response is the last, or `stop` fires
 /// (between requests: the one in flight is answered first, then the connection closes).
 /// `read`: what was already read from `io` (the accept loop's first read).
-pub(crate) async fn serve<IO, S, F, B>(
+///
+/// The connection's future lives as long as the connection, so it is kept small (see
+/// docs/design.md, "A connection's future"): what it holds is bound before the `async`
+/// block (an `async fn`'s parameters are moved into locals of their own, and the future
+/// keeps room for both), and each request's head and response live in blocks that end
+/// before the awaits after them (the future keeps room for every local in scope across an
+/// await, moved out or not).
+pub(crate) fn serve<IO, S, F, B>(
     io: IO,
     read: BytesMut,
     settings: Settings,
-    mut svc: S,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), ConnError>
+    svc: S,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> impl Future<Output = Result<(), ConnError>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     S: FnMut(Request<ReqBody>) -> F,
     F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
-    B: HttpBody<Data = Bytes>,
+    B: HttpBody<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
     let mut conn = Conn {
@@ -419,104 +426,146 @@ where
         rbuf: read,
         settings,
     };
-    let mut first = true;
-    loop {
-        let head = match conn.read_head(first, &mut stop).await {
-            Ok(Some(h)) => h,
-            Ok(None) => return Ok(()),
-            Err(ConnError::Request(e)) => {
-                refuse(&mut conn, e.status()).await;
-                return Err(ConnError::Request(e));
-            }
-            Err(e) => return Err(e),
-        };
-        first = false;
-        let h1::RequestHead {
-            parts,
-            framing,
-            keep_alive,
-            expect_continue,
-        } = head;
-        let (body, mut feed) = match framing {
-            Framing::Length(0) => (ReqBody(Inner::Whole(None)), None),
-            Framing::Length(n) if n <= conn.rbuf.len() as u64 => {
-                let whole = conn.rbuf.split_to(n as usize).freeze();
-                (ReqBody(Inner::Whole(Some(whole))), None)
-            }
-            framing => {
-                let shared = Arc::new(Mutex::new(Shared::default()));
-                let mut feed = Feed {
-                    shared: shared.clone(),
-                    decoder: BodyDecoder::new(framing),
-                    expect_continue: expect_continue && conn.rbuf.is_empty(),
-                    continue_written: 0,
-                };
-                if !conn.rbuf.is_empty() {
-                    conn.decode(&mut feed);
+    let mut svc = svc;
+    let mut stop = stop;
+    async move {
+        let mut first = true;
+        loop {
+            let head = match conn.read_head(first, &mut stop).await {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(()),
+                Err(ConnError::Request(e)) => {
+                    refuse(&mut conn, e.status()).await;
+                    return Err(ConnError::Request(e));
                 }
-                let feed = (!feed.ended()).then_some(feed);
-                (ReqBody(Inner::Streamed(shared)), feed)
+                Err(e) => return Err(e),
+            };
+            first = false;
+            let Asked {
+                req,
+                mut feed,
+                keep_alive,
+                head_only,
+                http10,
+                body_shared,
+            } = request(&mut conn, head);
+            let resp = {
+                let mut handling = pin!(svc(req));
+                poll_fn(|cx| loop {
+                    if let Poll::Ready(r) = handling.as_mut().poll(cx) {
+                        let Ok(r) = r;
+                        return Poll::Ready(Ok(r));
+                    }
+                    match conn.poll_progress(cx, &mut feed) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                })
+                .await
+            };
+            // The request's body was read to its end (else what follows it is not a request).
+            let body_read = body_shared.is_none_or(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                s.done && s.failed.is_none()
+            });
+            drop(feed);
+            let close = !keep_alive || !body_read || *stop.borrow();
+            // Made in a statement of its own: the response's `?` would keep its room in the
+            // connection's future for as long as the response is written.
+            let writing = write_response(&mut conn, resp?, head_only, http10, close);
+            let again = writing.await?;
+            if !again {
+                let _ = poll_fn(|cx| Pin::new(&mut conn.io).poll_shutdown(cx)).await;
+                return Ok(());
             }
-        };
-        let head_only = parts.method == Method::HEAD;
-        let http10 = parts.version == http::Version::HTTP_10;
-        let body_shared = match &body.0 {
-            Inner::Streamed(s) => Some(s.clone()),
-            Inner::Whole(_) => None,
-        };
-        let req = Request::from_parts(parts, body);
-        let resp = {
-            let mut handling = pin!(svc(req));
-            poll_fn(|cx| loop {
-                if let Poll::Ready(r) = handling.as_mut().poll(cx) {
-                    return Poll::Ready(Ok(r));
-                }
-                match conn.poll_progress(cx, &mut feed) {
-                    Poll::Ready(Ok(())) => continue,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => return Poll::Pending,
-                }
-            })
-            .await?
-        };
-        let Ok(resp) = resp;
-        // The request's body was read to its end (else what follows it is not a request).
-        let body_read = body_shared.is_none_or(|s| {
-            let s = s.lock().unwrap_or_else(|p| p.into_inner());
-            s.done && s.failed.is_none()
-        });
-        drop(feed);
-        let close = !keep_alive || !body_read || *stop.borrow();
-        let again = write_response(&mut conn, resp, head_only, http10, close).await?;
-        if !again {
-            let _ = poll_fn(|cx| Pin::new(&mut conn.io).poll_shutdown(cx)).await;
-            return Ok(());
+            // Idle between requests: no read buffer kept (a held stream's connection is idle
+            // most of its life).
+            if conn.rbuf.is_empty() {
+                conn.rbuf = BytesMut::new();
+            }
         }
-        // Idle between requests: no read buffer kept (a held stream's connection is idle
-        // most of its life).
-        if conn.rbuf.is_empty() {
-            conn.rbuf = BytesMut::new();
+    }
+}
+
+/// A request as [`request`] makes it from its head.
+struct Asked {
+    req: Request<ReqBody>,
+    /// What is left to read of its body, if anything.
+    feed: Option<Feed>,
+    /// The connection may carry another request after it.
+    keep_alive: bool,
+    head_only: bool,
+    http10: bool,
+    /// The body's state while it is read as the handler asks for it.
+    body_shared: Option<Arc<Mutex<Shared>>>,
+}
+
+/// The request of `head`, its body read from the connection as the handler asks for it.
+fn request<IO: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<IO>,
+    head: h1::RequestHead,
+) -> Asked {
+    let h1::RequestHead {
+        parts,
+        framing,
+        keep_alive,
+        expect_continue,
+    } = head;
+    let (body, feed) = match framing {
+        Framing::Length(0) => (ReqBody(Inner::Whole(None)), None),
+        Framing::Length(n) if n <= conn.rbuf.len() as u64 => {
+            let whole = conn.rbuf.split_to(n as usize).freeze();
+            (ReqBody(Inner::Whole(Some(whole))), None)
         }
+        framing => {
+            let shared = Arc::new(Mutex::new(Shared::default()));
+            let mut feed = Feed {
+                shared: shared.clone(),
+                decoder: BodyDecoder::new(framing),
+                expect_continue: expect_continue && conn.rbuf.is_empty(),
+                continue_written: 0,
+            };
+            if !conn.rbuf.is_empty() {
+                conn.decode(&mut feed);
+            }
+            let feed = (!feed.ended()).then_some(feed);
+            (ReqBody(Inner::Streamed(shared)), feed)
+        }
+    };
+    let body_shared = match &body.0 {
+        Inner::Streamed(s) => Some(s.clone()),
+        Inner::Whole(_) => None,
+    };
+    Asked {
+        head_only: parts.method == Method::HEAD,
+        http10: parts.version == http::Version::HTTP_10,
+        req: Request::from_parts(parts, body),
+        feed,
+        keep_alive,
+        body_shared,
     }
 }
 
 /// Writes `resp` (its body too, unless `head_only`): whether the connection may carry
 /// another request after it.
-async fn write_response<IO, B>(
-    conn: &mut Conn<IO>,
+fn write_response<'c, IO, B>(
+    conn: &'c mut Conn<IO>,
     resp: Response<B>,
     head_only: bool,
     http10: bool,
-    mut close: bool,
-) -> Result<bool, ConnError>
+    close: bool,
+) -> impl Future<Output = Result<bool, ConnError>> + 'c
 where
     IO: AsyncRead + AsyncWrite + Unpin,
-    B: HttpBody<Data = Bytes>,
+    B: HttpBody<Data = Bytes> + Unpin + 'c,
     B::Error: std::fmt::Display,
 {
-    let (parts, body) = resp.into_parts();
-    let status = parts.status;
-    let mut body = pin!(body);
+    // Taken apart before the `async` block: it keeps the status, the headers and the body
+    // (in place: `B: Unpin`), not the response they came in as well (see `serve`).
+    let (parts, mut body) = resp.into_parts();
+    let (status, headers) = (parts.status, parts.headers);
+    let mut close = close;
     let bodiless = head_only
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -531,22 +580,36 @@ where
     } else {
         ResponseFraming::Chunked
     };
+    async move {
+        let mut body = Pin::new(&mut body);
+        write_body(conn, status, &headers, body.as_mut(), framing, close).await
+    }
+}
+
+/// [`write_response`]'s writing: the head (with the first data when it is ready now), then
+/// the body in `framing`.
+async fn write_body<IO, B>(
+    conn: &mut Conn<IO>,
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    mut body: Pin<&mut B>,
+    framing: ResponseFraming,
+    close: bool,
+) -> Result<bool, ConnError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    B: HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let chunked = framing == ResponseFraming::Chunked;
     // The first data, when it is ready now, goes out with the head in one write.
-    let mut next = if bodiless {
+    let mut next = if framing == ResponseFraming::None {
         Next::End
     } else {
         next_frame(conn, body.as_mut(), true).await?
     };
     let mut head = Vec::with_capacity(256);
-    h1::response_head(
-        status,
-        &parts.headers,
-        framing,
-        close,
-        &date::now(),
-        &mut head,
-    );
+    h1::response_head(status, headers, framing, close, &date::now(), &mut head);
     let mut written: u64 = 0;
     loop {
         // What is ready now goes out in one write: up to GATHER frames (a resume's `resumed`
