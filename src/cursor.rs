@@ -45,6 +45,14 @@ impl Cursor {
         write_position(self.stream, self.seq, out);
     }
 
+    /// The canonical text (what `Display` writes, without the formatting machinery: ~1,200
+    /// instructions of every resume's control event).
+    pub fn text(&self) -> String {
+        let mut out = Vec::with_capacity(16 + 1 + POSITION_LEN);
+        self.write_to(&mut out);
+        String::from_utf8(out).expect("a cursor's text is ASCII")
+    }
+
     /// Parses the canonical form only (no leading zeros, no sign, lowercase hex), so each
     /// position has exactly one spelling.
     pub fn parse(s: &[u8]) -> Result<Cursor, CursorError> {
@@ -209,6 +217,7 @@ mod tests {
             let mut fast = Vec::new();
             c.write_to(&mut fast);
             prop_assert_eq!(fast, s.as_bytes().to_vec());
+            prop_assert_eq!(c.text(), s.clone());
             prop_assert!(s.len() <= MAX_CURSOR_LEN);
             prop_assert_eq!(Cursor::parse(s.as_bytes()), Ok(c));
         }

@@ -529,7 +529,7 @@ impl Session {
             stream,
             seq,
         }
-        .to_string()
+        .text()
     }
 
     /// Records client activity (a request): the TTL counts from the latest one.
