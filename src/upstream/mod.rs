@@ -311,29 +311,43 @@ fn hop_by_hop(name: &HeaderName) -> Option<usize> {
     })
 }
 
+/// What an upstream answer's body is, for the gateway: an uncompressed SSE stream, an
+/// uncompressed JSON body, or anything else (passed through as it came).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Media {
+    Sse,
+    Json,
+    Other,
+}
+
+/// [`Media`] of a response: its headers read once (an answer is either, so asking for each
+/// in turn would look them up twice).
+pub fn media(h: &HeaderMap) -> Media {
+    let identity = h
+        .get(header::CONTENT_ENCODING)
+        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let Some(ct) = h.get(header::CONTENT_TYPE).filter(|_| identity) else {
+        return Media::Other;
+    };
+    let ct = ct.as_bytes();
+    let essence = ct[..memchr::memchr(b';', ct).unwrap_or(ct.len())].trim_ascii();
+    if essence.eq_ignore_ascii_case(b"text/event-stream") {
+        Media::Sse
+    } else if essence.eq_ignore_ascii_case(b"application/json") {
+        Media::Json
+    } else {
+        Media::Other
+    }
+}
+
 /// Whether a response is an uncompressed SSE stream.
 pub fn is_sse(h: &HeaderMap) -> bool {
-    is_uncompressed(h, "text/event-stream")
+    media(h) == Media::Sse
 }
 
 /// Whether a response is an uncompressed JSON body.
 pub fn is_json(h: &HeaderMap) -> bool {
-    is_uncompressed(h, "application/json")
-}
-
-/// Whether the response's media type is `media` and its body is not content-coded.
-fn is_uncompressed(h: &HeaderMap, media: &str) -> bool {
-    let ct = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let identity = h
-        .get(header::CONTENT_ENCODING)
-        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
-    ct.split(';')
-        .next()
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case(media))
-        && identity
+    media(h) == Media::Json
 }
 
 /// A copy of a value parsed from a client's request, for keeping long: hyper's values point
@@ -504,5 +518,34 @@ mod tests {
         );
         h.remove(header::CONTENT_ENCODING);
         assert!(!is_sse(&h));
+    }
+
+    /// A media type is read by its essence, in any case, with or without parameters and
+    /// spaces; a content-coded body is neither SSE nor JSON; a value that is not text is
+    /// neither either.
+    #[test]
+    fn media_of_headers() {
+        let of = |ct: &[u8], ce: Option<&str>| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_bytes(ct).unwrap());
+            if let Some(ce) = ce {
+                h.insert(header::CONTENT_ENCODING, HeaderValue::from_str(ce).unwrap());
+            }
+            media(&h)
+        };
+        assert_eq!(of(b"text/event-stream", None), Media::Sse);
+        assert_eq!(of(b" Text/Event-Stream ;charset=utf-8", None), Media::Sse);
+        assert_eq!(of(b"application/json", Some("identity")), Media::Json);
+        assert_eq!(
+            of(b"APPLICATION/JSON; charset=utf-8", Some("IDENTITY")),
+            Media::Json
+        );
+        assert_eq!(of(b"application/json", Some("gzip")), Media::Other);
+        assert_eq!(of(b"text/event-stream", Some("br")), Media::Other);
+        assert_eq!(of(b"application/json-seq", None), Media::Other);
+        assert_eq!(of(b"text/event-streams", None), Media::Other);
+        assert_eq!(of(b"text/html", None), Media::Other);
+        assert_eq!(of(b"application/json\xff", None), Media::Other);
+        assert_eq!(media(&HeaderMap::new()), Media::Other);
     }
 }
