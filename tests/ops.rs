@@ -591,3 +591,61 @@ fn readiness_can_follow_the_upstream() {
         (200, "ready\n".into())
     );
 }
+
+/// The access line of a served stream counts it: a tool call's SSE answer (its events, how
+/// it ended), the same answer upgraded from JSON (`--json-upgrade`, written whole with its
+/// length), and a resume of the call (what was replayed). The counts travel from the route
+/// to the line beside the response, so a route that forgot them would log `events=0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_lines_count_the_streams_served() {
+    let mut mock = Mock::start().await;
+    let mut gw = Binary::start(mock.addr, &["--log-format", "json"]).await;
+    let sid = init_session(&gw.addr, &mut mock, "s1").await;
+    // The access line of the next request finished with this method and MCP method, as JSON.
+    async fn line_of(gw: &mut Binary, method: &str, mcp: &str) -> serde_json::Value {
+        loop {
+            match gw.proc.next_line(Duration::from_secs(10)).await {
+                NextLine::Line(l) if l.contains("request finished") => {
+                    let v: serde_json::Value = serde_json::from_str(&l).expect("a JSON line");
+                    if v["http.request.method"] == method && v["mcp.method.name"] == mcp {
+                        return v;
+                    }
+                }
+                NextLine::Line(_) => {}
+                other => panic!("no access line of a {method}: {other:?}"),
+            }
+        }
+    }
+    // A call answered by SSE: a progress notification, then the result.
+    let (mut reader, writer) = start_call(&gw.addr, &mut mock, &sid, 7).await;
+    writer.message(&progress(1)).await;
+    writer.message(&result(7)).await;
+    drop(writer);
+    let events = reader.rest().await;
+    assert_eq!(messages(&events), [progress(1), result(7)]);
+    let called = line_of(&mut gw, "POST", "tools/call").await;
+    assert_eq!(called["mcp.method.name"], "tools/call", "{called}");
+    assert_eq!(called["events"], 2, "{called}");
+    assert_eq!(called["replayed"], 0, "{called}");
+    assert_eq!(called["outcome"], "completed", "{called}");
+    // Its resume from the first event: the result replayed.
+    let first = events[0].id.clone().expect("an id");
+    let resp = send(gw.addr, get(&sid, Some(&first))).await;
+    assert_eq!(resp.status(), 200);
+    let resumed = SseReader::new(resp).rest().await;
+    assert_eq!(messages(&resumed), [result(7)]);
+    let resume = line_of(&mut gw, "GET", "-").await;
+    assert_eq!(resume["replayed"], 1, "{resume}");
+    assert!(resume["events"].as_u64().unwrap() >= 1, "{resume}");
+    assert_eq!(resume["outcome"], "completed", "{resume}");
+    // A JSON answer, upgraded: one event, written whole.
+    let pending = tokio::spawn(send(gw.addr, post(&call(8), Some(&sid))));
+    mock.next().await.respond_json(result(8));
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    assert!(resp.headers().contains_key("content-length"));
+    assert_eq!(messages(&SseReader::new(resp).rest().await), [result(8)]);
+    let upgraded = line_of(&mut gw, "POST", "tools/call").await;
+    assert_eq!(upgraded["events"], 1, "{upgraded}");
+    assert_eq!(upgraded["outcome"], "completed", "{upgraded}");
+}

@@ -24,8 +24,7 @@ use crate::session::{
     hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
 use crate::upstream::{
-    feed_whole_sse, full_body, hold, is_json, is_sse, spawn_reader, Answer, OwnBody, SendError,
-    Source,
+    feed_whole_sse, full_body, hold, media, spawn_reader, Answer, Media, OwnBody, SendError, Source,
 };
 
 /// A request on its way upstream: its answer, once polled to the end.
@@ -143,39 +142,40 @@ impl Gateway {
                 .hold_settled(self.cfg.upstream_connect_timeout)
                 .await;
         }
-        let ok = resp.status() == StatusCode::OK;
-        let mut early = resp.body().has_early();
-        let tagged = if ok
-            && is_sse(resp.headers())
-            && matches!(inb.parts.method, Method::POST | Method::GET)
-        {
-            let (tagged, reading) = self.tag(inb, session, resp, reattach);
-            early &= reading;
-            tagged
-        } else if ok && inb.upgrade && is_json(resp.headers()) {
-            let (parts, mut body) = resp.into_parts();
-            let feed = match body.take_whole() {
-                // Its events are in the stream before its head is written: nothing to wait for.
-                Some(whole) => {
-                    early = false;
-                    Feed::Whole(whole)
-                }
-                None => {
-                    let answer: Answer = Box::pin(std::future::ready(Ok(Response::from_parts(
-                        parts.clone(),
-                        body,
-                    ))));
-                    Feed::Answer(answer)
-                }
-            };
-            self.commit(inb, session, Some(parts.headers), feed)
+        let media = if resp.status() == StatusCode::OK {
+            media(resp.headers())
         } else {
-            let mut out = pass_through(resp);
-            if session.minted() {
-                minted_header(out.headers_mut(), &session);
-            }
-            return Ok(out);
+            Media::Other
         };
+        let mut early = resp.body().has_early();
+        let tagged =
+            if media == Media::Sse && matches!(inb.parts.method, Method::POST | Method::GET) {
+                let (tagged, reading) = self.tag(inb, session, resp, reattach);
+                early &= reading;
+                tagged
+            } else if media == Media::Json && inb.upgrade {
+                let (parts, mut body) = resp.into_parts();
+                let feed = match body.take_whole() {
+                    // Its events are in the stream before its head is written: nothing to wait for.
+                    Some(whole) => {
+                        early = false;
+                        Feed::Whole(whole)
+                    }
+                    None => {
+                        let answer: Answer = Box::pin(std::future::ready(Ok(
+                            Response::from_parts(parts.clone(), body),
+                        )));
+                        Feed::Answer(answer)
+                    }
+                };
+                self.commit(inb, session, Some(parts.headers), feed)
+            } else {
+                let mut out = pass_through(resp);
+                if session.minted() {
+                    minted_header(out.headers_mut(), &session);
+                }
+                return Ok(out);
+            };
         if early {
             // The answer's first bytes came with its head: one turn for the stream's reader
             // (just spawned, it runs next) to take them before hyper writes the head, so the
@@ -493,13 +493,19 @@ impl Gateway {
             // upgraded JSON answer that came whole (`commit`).
             if let Some(all) = body.take_ended() {
                 let stats = body.stats();
-                let resp =
-                    whole_sse_response(parts.status, Some(parts.headers), s.id(), stats, all);
+                let resp = whole_sse_response(
+                    &inb.facts,
+                    parts.status,
+                    Some(parts.headers),
+                    s.id(),
+                    stats,
+                    all,
+                );
                 return (resp, false);
             }
         }
         let body = body.keep_alive(self.cfg.keepalive);
-        let resp = self.sse_response(parts.status, Some(parts.headers), s.id(), body);
+        let resp = self.sse_response(&inb.facts, parts.status, Some(parts.headers), s.id(), body);
         (resp, !fed)
     }
 }

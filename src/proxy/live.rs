@@ -55,7 +55,7 @@ impl Gateway {
                 }
                 tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = attachment.stream, "attached live to held standalone stream");
                 let body = AttachBody::new(s.clone(), attachment, self.cfg.keepalive);
-                return Ok(self.sse_response(StatusCode::OK, None, s.id(), body));
+                return Ok(self.sse_response(&inb.facts, StatusCode::OK, None, s.id(), body));
             }
         }
         self.forward(inb, Some(s), reattach).await

@@ -240,7 +240,7 @@ impl Gateway {
             routing.await
         };
         let mut refused = None;
-        let mut resp = match routed {
+        let resp = match routed {
             Ok(r) => r,
             Err(refusal) => span.in_scope(|| {
                 refused = Some(refusal.error.class().reason);
@@ -249,7 +249,7 @@ impl Gateway {
                     .map(full_body)
             }),
         };
-        let stream = resp.extensions_mut().remove::<Arc<StreamStats>>();
+        let stream = facts.stream.get().cloned();
         let session = session.or_else(|| {
             let created = resp
                 .headers()
@@ -403,6 +403,10 @@ pub(crate) struct Facts {
     /// Microseconds from sending the request upstream to its response head, plus one
     /// (0: never sent).
     upstream_us: std::sync::atomic::AtomicU64,
+    /// The counts of the stream the response serves, if it serves one (an SSE response of
+    /// the gateway's: [`respond`]). Here, not in the response's extensions: their map is
+    /// allocated on the first insert (~400 instructions of every streamed answer).
+    stream: std::sync::OnceLock<Arc<StreamStats>>,
 }
 
 impl Learned for Facts {
@@ -425,6 +429,11 @@ impl std::fmt::Debug for Facts {
 }
 
 impl Facts {
+    /// The response serves a stream of the gateway's with these counts.
+    pub(super) fn stream_stats(&self, stats: Arc<StreamStats>) {
+        let _ = self.stream.set(stats);
+    }
+
     /// The upstream answered with its head `took` after the request was sent.
     pub(crate) fn upstream_answered(&self, took: std::time::Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);

@@ -10,7 +10,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 
-use super::{Gateway, ResBody, MCP_SESSION_ID};
+use super::{Facts, Gateway, ResBody, MCP_SESSION_ID};
 use crate::access::StreamStats;
 use crate::attach::AttachBody;
 use crate::config::Priming;
@@ -31,41 +31,43 @@ impl Gateway {
     }
 
     /// The SSE response of a client attached to a stream of session `sid` (with the
-    /// upstream's headers when the stream is the upstream's answer).
+    /// upstream's headers when the stream is the upstream's answer). `facts` learns the
+    /// stream's counts for the access line.
     pub(super) fn sse_response(
         &self,
+        facts: &Facts,
         status: StatusCode,
         upstream_headers: Option<HeaderMap>,
         sid: &str,
         body: AttachBody,
     ) -> Response<ResBody> {
-        let stats = body.stats();
+        facts.stream_stats(body.stats());
         let body = body.map_err(|never| match never {}).boxed_unsync();
-        sse_response(status, upstream_headers, sid, stats, body)
+        sse_response(status, upstream_headers, sid, body)
     }
 }
 
 /// [`Gateway::sse_response`] for a client that gets all of its stream at once (`all`,
 /// [`AttachBody::take_ended`]): written with its length.
 pub(super) fn whole_sse_response(
+    facts: &Facts,
     status: StatusCode,
     upstream_headers: Option<HeaderMap>,
     sid: &str,
     stats: Arc<StreamStats>,
     all: Bytes,
 ) -> Response<ResBody> {
-    sse_response(status, upstream_headers, sid, stats, full_body(all))
+    facts.stream_stats(stats);
+    sse_response(status, upstream_headers, sid, full_body(all))
 }
 
 fn sse_response(
     status: StatusCode,
     upstream_headers: Option<HeaderMap>,
     sid: &str,
-    stats: Arc<StreamStats>,
     body: ResBody,
 ) -> Response<ResBody> {
     let mut resp = Response::new(body);
-    resp.extensions_mut().insert(stats);
     *resp.status_mut() = status;
     if let Some(mut h) = upstream_headers {
         strip_hop_by_hop(&mut h);

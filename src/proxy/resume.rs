@@ -48,7 +48,7 @@ impl Gateway {
             crate::telemetry::join(&tracing::Span::current(), opened, own);
         }
         match session.resume(cursor, Some(inb.kill.clone())) {
-            Ok(r) => Ok(self.resumed(session, r, ResumeOutcome::Resumed)),
+            Ok(r) => Ok(self.resumed(&inb.facts, session, r, ResumeOutcome::Resumed)),
             Err(e) => match session.standalone_reattach(&cursor, e) {
                 Some(r) => {
                     tracing::debug!(mcp.session = %hash_id(session.id()), reason = r.reason, "standalone cursor re-attaches to the session");
@@ -86,13 +86,14 @@ impl Gateway {
         };
         tracing::info!(mcp.session = %hash_id(session.id()), "retransmitted request answered as a resume");
         found
-            .map(|r| self.resumed(session, r, ResumeOutcome::Retransmission))
+            .map(|r| self.resumed(&inb.facts, session, r, ResumeOutcome::Retransmission))
             .map_err(|e| e.for_request(single_id))
     }
 
     /// The response to a resume the session accepted.
     fn resumed(
         &self,
+        facts: &super::Facts,
         session: Arc<Session>,
         r: Resume,
         outcome: ResumeOutcome,
@@ -103,7 +104,7 @@ impl Gateway {
                 tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = attachment.stream, replay, "resumed");
                 let body = AttachBody::new(session.clone(), attachment, self.cfg.keepalive)
                     .with_replayed(replay);
-                self.sse_response(StatusCode::OK, None, session.id(), body)
+                self.sse_response(facts, StatusCode::OK, None, session.id(), body)
             }
             Resume::GapWithErrors { frames } => {
                 self.registry.metrics().resume(ResumeOutcome::Gap);

@@ -129,10 +129,17 @@ impl Gateway {
             // its length, no chunks, no keep-alive timer, no attached body to poll.
             if let Some(all) = body.take_ended() {
                 let stats = body.stats();
-                return whole_sse_response(StatusCode::OK, upstream_headers, s.id(), stats, all);
+                return whole_sse_response(
+                    &inb.facts,
+                    StatusCode::OK,
+                    upstream_headers,
+                    s.id(),
+                    stats,
+                    all,
+                );
             }
         }
         let body = body.keep_alive(self.cfg.keepalive);
-        self.sse_response(StatusCode::OK, upstream_headers, s.id(), body)
+        self.sse_response(&inb.facts, StatusCode::OK, upstream_headers, s.id(), body)
     }
 }
