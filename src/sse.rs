@@ -62,7 +62,23 @@ impl Event {
 
     /// A `message` event carrying `data` (one line).
     pub fn message_of(data: &str) -> Event {
-        Event::new(None, Some("message"), Some(data), None)
+        if memchr::memchr(b'\n', data.as_bytes()).is_some() {
+            return Event::new(None, Some("message"), Some(data), None);
+        }
+        // One line, the usual message (an upgraded JSON answer): written at once, not
+        // split into lines and assembled field by field.
+        let mut body = Vec::with_capacity(data.len() + 8);
+        body.extend_from_slice(b"data: ");
+        body.extend_from_slice(data.as_bytes());
+        body.extend_from_slice(b"\n\n");
+        Event {
+            body,
+            id: None,
+            rare: None,
+            data_at: 0,
+            data_lines: 1,
+            message: true,
+        }
     }
 
     /// The upstream's own id.
@@ -779,6 +795,18 @@ mod tests {
     }
 
     proptest! {
+        /// A message made at once is the one built field by field, for data of one line or
+        /// of several.
+        #[test]
+        fn message_of_is_the_message_built_by_fields(
+            data in prop_oneof!["[^\r\n]{0,40}", "[a-z{}\n]{0,20}"],
+        ) {
+            prop_assert_eq!(
+                Event::message_of(&data),
+                Event::new(None, Some("message"), Some(&data), None)
+            );
+        }
+
         #[test]
         fn body_encoding_matches_full_encoding(e in arb_event(), id in "[!-~]{1,20}") {
             let mut wire = BytesMut::new();

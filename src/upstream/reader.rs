@@ -290,7 +290,7 @@ pub(crate) fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
         .map(|raw| {
             // An SSE data line cannot hold a line break: a message that spans lines is
             // sent compact.
-            if raw.contains(['\n', '\r']) {
+            if memchr::memchr2(b'\n', b'\r', raw.as_bytes()).is_some() {
                 let compact = serde_json::from_str::<Value>(raw)
                     .map_or_else(|_| raw.to_owned(), |v| v.to_string());
                 Event::message_of(&compact)
