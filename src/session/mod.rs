@@ -742,6 +742,28 @@ impl Session {
         events: &mut VecDeque<Event>,
         reader: Option<&Waker>,
     ) -> bool {
+        self.push(stream, events, reader, None)
+    }
+
+    /// [`Session::push_events`] of an answer that came whole (no reader to wake), with the
+    /// ids of the responses each event is when they were read already (`answers[i]`: those
+    /// of `events[i]`), so tagging does not parse the events again for them.
+    pub fn push_answer(
+        &self,
+        stream: u32,
+        events: &mut VecDeque<Event>,
+        answers: Option<&[Vec<String>]>,
+    ) -> bool {
+        self.push(stream, events, None, answers)
+    }
+
+    fn push(
+        &self,
+        stream: u32,
+        events: &mut VecDeque<Event>,
+        reader: Option<&Waker>,
+        answers: Option<&[Vec<String>]>,
+    ) -> bool {
         if events.is_empty() {
             return true;
         }
@@ -753,7 +775,7 @@ impl Session {
             return true;
         }
         let bytes_before = st.window.bytes();
-        let (pushed, learned_version) = self.tag_events(st, stream, events, now);
+        let (pushed, learned_version) = self.tag_events(st, stream, events, answers, now);
         events.drain(..pushed);
         self.metrics.events_tagged.inc_by(pushed as u64);
         self.budget.adjust(bytes_before, st.window.bytes());
@@ -776,11 +798,13 @@ impl Session {
     /// Tags `events` of `stream` in order and retains each (in the window, or in the
     /// stream's overflow slot when too large for it) until one finds no room. Returns how
     /// many were taken, and the protocol version an `initialize` answer among them told.
+    /// `answers`: the response ids of each event, if already read.
     fn tag_events(
         &self,
         st: &mut State,
         stream: u32,
         events: &mut VecDeque<Event>,
+        answers: Option<&[Vec<String>]>,
         now: Instant,
     ) -> (usize, Option<String>) {
         let mut learned_version = None;
@@ -809,7 +833,8 @@ impl Session {
                 return (pushed, learned_version);
             };
             s.tagged(seq);
-            learned_version = Self::note_answers(s, ev, seq).or(learned_version);
+            let known = answers.and_then(|a| a.get(pushed)).map(Vec::as_slice);
+            learned_version = Self::note_answers(s, ev, known, seq).or(learned_version);
             let entry = Entry {
                 seq,
                 stream,
@@ -856,16 +881,19 @@ impl Session {
         s.set_overflow(None, &self.budget);
     }
 
-    /// Marks the requests of `s` that the event `ev`, tagged `seq`, answers. Returns the
-    /// protocol version it tells, if it answers the stream's `initialize`.
-    fn note_answers(s: &mut Stream, ev: &Event, seq: u64) -> Option<String> {
+    /// Marks the requests of `s` that the event `ev`, tagged `seq`, answers (`known`: the
+    /// ids of the responses it is, if already read; else they are read from its data).
+    /// Returns the protocol version it tells, if it answers the stream's `initialize`.
+    fn note_answers(
+        s: &mut Stream,
+        ev: &Event,
+        known: Option<&[String]>,
+        seq: u64,
+    ) -> Option<String> {
         if !s.requests.iter().any(|r| r.answered_at.is_none()) {
             return None;
         }
-        // Only now the data: joining a multi-line event's lines is for a stream that waits.
-        let data = ev.data_bytes()?;
-        let data = &*data;
-        for rid in jsonrpc::response_ids(data) {
+        let mut answered = |rid: &str| {
             if let Some(r) = s
                 .requests
                 .iter_mut()
@@ -873,6 +901,16 @@ impl Session {
             {
                 r.answered_at = Some(seq);
             }
+        };
+        if let Some(ids) = known.filter(|_| !s.initialize) {
+            ids.iter().for_each(|rid| answered(rid));
+            return None;
+        }
+        // Only now the data: joining a multi-line event's lines is for a stream that waits.
+        let data = ev.data_bytes()?;
+        let data = &*data;
+        for rid in jsonrpc::response_ids(data) {
+            answered(&rid);
         }
         if s.initialize {
             jsonrpc::initialize_version(data)

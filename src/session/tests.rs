@@ -314,6 +314,46 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
     );
 }
 
+/// An answer whose response ids were read already (an upgraded JSON answer's) is noted by
+/// them: its data is not read again. Here the data names no response, so a gap that still
+/// reports request 1 unanswered means the ids given were not used.
+#[tokio::test(start_paused = true)]
+async fn an_answer_is_noted_by_the_ids_read_already() {
+    let s = session(cfg(|c| c.window_events = 2));
+    let Attachment {
+        stream, generation, ..
+    } = s.open_stream(OpenStream::new(
+        StreamKind::Post,
+        vec!["1".into(), "\"b\"".into()],
+    ));
+    s.detach(stream, generation);
+    let answers = [vec!["1".to_owned()]];
+    assert!(s.push_answer(
+        stream,
+        &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"not-read"}"#)]),
+        Some(&answers),
+    )); // seq 2
+    let after_first = Cursor {
+        epoch: s.epoch,
+        stream,
+        seq: 2,
+    };
+    tokio::time::advance(s.cfg.stall_timeout).await;
+    for _ in 0..3 {
+        s.push_events(
+            stream,
+            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"p"}"#)]),
+            None,
+        );
+    }
+    let Ok(Resume::GapWithErrors { frames }) = s.resume(after_first, None) else {
+        panic!("gap")
+    };
+    let t = String::from_utf8(frames.to_vec()).unwrap();
+    assert!(t.contains("\"id\":\"b\""), "{t}");
+    assert!(!t.contains("\"id\":1,"), "request 1 was answered: {t}");
+}
+
 #[test]
 fn ended_stream_metadata_is_bounded() {
     let s = session(cfg(|_| {}));

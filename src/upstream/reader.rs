@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::conn::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
+use crate::jsonrpc::{self, Message};
 use crate::metrics::{Metrics, UpgradeAnswer, UpstreamErrorKind};
 use crate::session::{hash_id, End, Eviction, Registry, Session, UpstreamFailure};
 use crate::sse::{Decoder, Event};
@@ -107,7 +108,7 @@ pub(crate) fn spawn_answer_reader(
                 .map(|b| b.to_bytes());
             let end = match body {
                 Ok(body) => match json_answer(&metrics, &body, limit) {
-                    Ok(events) => {
+                    Ok((events, _)) => {
                         deliver(&registry, &session, stream, &mut events.into()).await;
                         End::Complete
                     }
@@ -169,7 +170,9 @@ pub(crate) fn feed_whole_json(
     let metrics = registry.metrics();
     metrics.json_upgrade(UpgradeAnswer::Json);
     match json_answer(metrics, body, limit) {
-        Ok(events) => feed_whole(registry, session, stream, events.into()),
+        Ok((events, answers)) => {
+            feed_whole(registry, session, stream, events.into(), Some(&answers));
+        }
         Err(end) => session.end_stream(stream, end),
     }
 }
@@ -201,19 +204,21 @@ pub(crate) fn feed_whole_sse(
     for e in &mut events {
         disown_control_type(e);
     }
-    feed_whole(registry, session, stream, events.into());
+    feed_whole(registry, session, stream, events.into(), None);
     true
 }
 
 /// Events of an answer that came whole, fed into `stream`, then its end; only when the
-/// window has no room for them at once does a task deliver the rest.
+/// window has no room for them at once does a task deliver the rest. `answers`: the ids of
+/// the responses each event is, when they were read already.
 fn feed_whole(
     registry: &Arc<Registry>,
     session: &Arc<Session>,
     stream: u32,
     mut events: VecDeque<Event>,
+    answers: Option<&[Vec<String>]>,
 ) {
-    if session.push_events(stream, &mut events, None) {
+    if session.push_answer(stream, &mut events, answers) {
         if registry.over_budget() {
             registry.enforce_budget(session);
         }
@@ -230,12 +235,16 @@ fn feed_whole(
 
 /// The events of an upgraded POST's JSON answer `body`, or how its stream ends when the answer
 /// cannot be its events (larger than `limit`, `--max-event-bytes`; not JSON-RPC).
-fn json_answer(metrics: &Metrics, body: &[u8], limit: usize) -> Result<Vec<Event>, End> {
+fn json_answer(
+    metrics: &Metrics,
+    body: &[u8],
+    limit: usize,
+) -> Result<(Vec<Event>, Vec<Vec<String>>), End> {
     if body.len() > limit {
         metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
         return Err(End::Failed(too_large(limit)));
     }
-    json_events(body).map_err(|why| {
+    json_answer_events(body).map_err(|why| {
         metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
         End::Failed(UpstreamFailure::InvalidStream(why))
     })
@@ -248,57 +257,50 @@ fn too_large(limit: usize) -> UpstreamFailure {
 }
 
 /// The events of an upstream's JSON answer: the message, or each message of a batch, as a
-/// `message` event carrying the upstream's own text. Anything that is not JSON-RPC is refused
-/// with why.
-pub(crate) fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
+/// `message` event carrying the upstream's own text, with the ids of the responses each is
+/// (what tagging it would read from it again: [`Session::push_answer`]). Anything that is
+/// not JSON-RPC is refused with why.
+fn json_answer_events(body: &[u8]) -> Result<(Vec<Event>, Vec<Vec<String>>), String> {
     use serde_json::value::RawValue;
     let text = std::str::from_utf8(body)
         .map_err(|_| "the upstream's JSON answer is not UTF-8".to_owned())?
         .trim();
     let not_json = |e: serde_json::Error| format!("the upstream's JSON answer is not JSON: {e}");
     let not_rpc = || "the upstream's JSON answer is not a JSON-RPC message or batch".to_owned();
-    #[derive(serde::Deserialize)]
-    struct Envelope<'a> {
-        #[serde(borrow)]
-        jsonrpc: Option<&'a str>,
-    }
-    // Whether `m` parses whole as a JSON-RPC 2.0 envelope (`Err`: it is not JSON at all).
-    fn rpc(m: &str) -> Result<bool, serde_json::Error> {
-        match serde_json::from_str::<Envelope<'_>>(m) {
-            Ok(e) => Ok(e.jsonrpc == Some("2.0")),
-            Err(e) if e.classify() == serde_json::error::Category::Data => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-    let messages: Vec<&str> = if text.starts_with('[') {
+    let messages: Vec<(&str, Vec<String>)> = if text.starts_with('[') {
         let raw: Vec<&RawValue> = serde_json::from_str(text).map_err(not_json)?;
-        let is_message = |m: &&RawValue| rpc(m.get()).unwrap_or(false);
-        if raw.is_empty() || !raw.iter().all(is_message) {
+        if raw.is_empty() {
             return Err(not_rpc());
         }
-        raw.into_iter().map(RawValue::get).collect()
+        raw.into_iter()
+            .map(|m| match jsonrpc::read_message(m.get()) {
+                Ok(Message::Rpc(ids)) => Ok((m.get(), ids)),
+                _ => Err(not_rpc()),
+            })
+            .collect::<Result<_, _>>()?
     } else {
-        // One message, the usual answer: its envelope's parse reads (and checks) it whole.
-        match rpc(text) {
-            Ok(true) => vec![text],
-            Ok(false) => return Err(not_rpc()),
+        // One message, the usual answer: one parse reads (and checks) it whole.
+        match jsonrpc::read_message(text) {
+            Ok(Message::Rpc(ids)) => vec![(text, ids)],
+            Ok(Message::NotRpc) => return Err(not_rpc()),
             Err(e) => return Err(not_json(e)),
         }
     };
     Ok(messages
         .into_iter()
-        .map(|raw| {
+        .map(|(raw, ids)| {
             // An SSE data line cannot hold a line break: a message that spans lines is
-            // sent compact.
+            // sent compact (and its ids read from what is sent).
             if memchr::memchr2(b'\n', b'\r', raw.as_bytes()).is_some() {
                 let compact = serde_json::from_str::<Value>(raw)
                     .map_or_else(|_| raw.to_owned(), |v| v.to_string());
-                Event::message_of(&compact)
+                let ids = jsonrpc::response_ids(&compact);
+                (Event::message_of(&compact), ids)
             } else {
-                Event::message_of(raw)
+                (Event::message_of(raw), ids)
             }
         })
-        .collect())
+        .unzip())
 }
 
 /// The `error.message` of a JSON-RPC error body, if that is what `body` is.
@@ -463,6 +465,11 @@ pub(crate) async fn read_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The events of a JSON answer, without their ids.
+    fn json_events(body: &[u8]) -> Result<Vec<Event>, String> {
+        json_answer_events(body).map(|(events, _)| events)
+    }
     use crate::jsonrpc::{
         EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED, EVENT_STREAM,
         EVENT_UPSTREAM_FAILED,
