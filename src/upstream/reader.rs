@@ -286,21 +286,22 @@ fn json_answer_events(body: &[u8]) -> Result<(Vec<Event>, Vec<Vec<String>>), Str
             Err(e) => return Err(not_json(e)),
         }
     };
-    Ok(messages
-        .into_iter()
-        .map(|(raw, ids)| {
-            // An SSE data line cannot hold a line break: a message that spans lines is
-            // sent compact (and its ids read from what is sent).
-            if memchr::memchr2(b'\n', b'\r', raw.as_bytes()).is_some() {
-                let compact = serde_json::from_str::<Value>(raw)
-                    .map_or_else(|_| raw.to_owned(), |v| v.to_string());
-                let ids = jsonrpc::response_ids(&compact);
-                (Event::message_of(&compact), ids)
-            } else {
-                (Event::message_of(raw), ids)
-            }
-        })
-        .unzip())
+    let mut events = Vec::with_capacity(messages.len());
+    let mut answers = Vec::with_capacity(messages.len());
+    for (raw, ids) in messages {
+        // An SSE data line cannot hold a line break: a message that spans lines is sent
+        // compact (and its ids read from what is sent).
+        if memchr::memchr2(b'\n', b'\r', raw.as_bytes()).is_some() {
+            let compact = serde_json::from_str::<Value>(raw)
+                .map_or_else(|_| raw.to_owned(), |v| v.to_string());
+            answers.push(jsonrpc::response_ids(&compact));
+            events.push(Event::message_of(&compact));
+        } else {
+            answers.push(ids);
+            events.push(Event::message_of(raw));
+        }
+    }
+    Ok((events, answers))
 }
 
 /// The `error.message` of a JSON-RPC error body, if that is what `body` is.
