@@ -275,8 +275,9 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn gap_answers_only_requests_not_answered_before_the_cursor() {
+/// The gap frames of a resume from right after the first event of a POST stream carrying
+/// requests `1` and `"b"`, once the window has moved past it: `first` pushes that event.
+async fn gap_after_the_first_event(first: impl FnOnce(&Session, u32)) -> String {
     let s = session(cfg(|c| c.window_events = 2));
     let Attachment {
         stream, generation, ..
@@ -285,11 +286,7 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
         vec!["1".into(), "\"b\"".into()],
     ));
     s.detach(stream, generation);
-    s.push_events(
-        stream,
-        &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)]),
-        None,
-    ); // seq 2
+    first(&s, stream); // seq 2
     let after_first = Cursor {
         epoch: s.epoch,
         stream,
@@ -306,7 +303,19 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
     let Ok(Resume::GapWithErrors { frames }) = s.resume(after_first, None) else {
         panic!("gap")
     };
-    let t = String::from_utf8(frames.to_vec()).unwrap();
+    String::from_utf8(frames.to_vec()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn gap_answers_only_requests_not_answered_before_the_cursor() {
+    let t = gap_after_the_first_event(|s, stream| {
+        s.push_events(
+            stream,
+            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)]),
+            None,
+        );
+    })
+    .await;
     assert!(t.contains("\"id\":\"b\""), "{t}");
     assert!(
         !t.contains("\"id\":1,"),
@@ -319,37 +328,15 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
 /// reports request 1 unanswered means the ids given were not used.
 #[tokio::test(start_paused = true)]
 async fn an_answer_is_noted_by_the_ids_read_already() {
-    let s = session(cfg(|c| c.window_events = 2));
-    let Attachment {
-        stream, generation, ..
-    } = s.open_stream(OpenStream::new(
-        StreamKind::Post,
-        vec!["1".into(), "\"b\"".into()],
-    ));
-    s.detach(stream, generation);
-    let answers = [vec!["1".to_owned()]];
-    assert!(s.push_answer(
-        stream,
-        &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"not-read"}"#)]),
-        Some(&answers),
-    )); // seq 2
-    let after_first = Cursor {
-        epoch: s.epoch,
-        stream,
-        seq: 2,
-    };
-    tokio::time::advance(s.cfg.stall_timeout).await;
-    for _ in 0..3 {
-        s.push_events(
+    let t = gap_after_the_first_event(|s, stream| {
+        let answers = [vec!["1".to_owned()]];
+        assert!(s.push_answer(
             stream,
-            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"p"}"#)]),
-            None,
-        );
-    }
-    let Ok(Resume::GapWithErrors { frames }) = s.resume(after_first, None) else {
-        panic!("gap")
-    };
-    let t = String::from_utf8(frames.to_vec()).unwrap();
+            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"not-read"}"#)]),
+            Some(&answers),
+        ));
+    })
+    .await;
     assert!(t.contains("\"id\":\"b\""), "{t}");
     assert!(!t.contains("\"id\":1,"), "request 1 was answered: {t}");
 }
