@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,18 +18,6 @@ use tokio::time::{Instant, Sleep};
 use crate::access::StreamStats;
 use crate::session::{Attachment, Session, Step};
 use crate::sse::KEEPALIVE;
-
-/// Most frames [`AttachBody::take_ended`] takes: an opening, the events, the end.
-const WHOLE_STEPS: usize = 3;
-
-/// `parts` as one buffer (copied only when there are several).
-fn concat(mut parts: Vec<Bytes>) -> Bytes {
-    match parts.len() {
-        0 => Bytes::new(),
-        1 => parts.pop().unwrap_or_default(),
-        _ => parts.concat().into(),
-    }
-}
 
 /// Body of a gateway-served SSE response for one attached client.
 pub struct AttachBody {
@@ -58,28 +46,6 @@ impl AttachBody {
             stats: StreamStats::new(0),
         }
         .keep_alive(keepalive)
-    }
-
-    /// Everything this client is to get, when it is all here already: the stream has ended
-    /// and what is left of it came in at most [`WHOLE_STEPS`] frames. The body is then done
-    /// (dropping it detaches as at the end of any body), and the answer can be written with
-    /// its length, in one piece, with no keep-alive timer. Otherwise what was taken stays
-    /// at the front of the body, which streams as usual.
-    pub fn take_ended(&mut self) -> Option<Bytes> {
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut taken: Vec<Bytes> = Vec::new();
-        for _ in 0..WHOLE_STEPS {
-            match Pin::new(&mut *self).poll_frame(&mut cx) {
-                Poll::Ready(Some(Ok(frame))) => taken.extend(frame.into_data().ok()),
-                Poll::Ready(None) => return Some(concat(taken)),
-                Poll::Pending => break,
-            }
-        }
-        if !taken.is_empty() {
-            // A noop waker may be left with the session; the next poll, hyper's, replaces it.
-            self.prelude = Some(concat(taken));
-        }
-        None
     }
 
     /// Sends keep-alive comments every `every` while the client waits for events.

@@ -13,7 +13,7 @@ use http::{Method, Response, StatusCode};
 use tracing::Instrument;
 
 use super::inbound::Inbound;
-use super::respond::{minted_header, pass_through, whole_sse_response};
+use super::respond::{minted_header, pass_through};
 use super::upgrade::Feed;
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
@@ -24,7 +24,8 @@ use crate::session::{
     hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
 use crate::upstream::{
-    feed_whole_sse, full_body, hold, media, spawn_reader, Answer, Media, OwnBody, SendError, Source,
+    full_body, hold, media, serve_whole, spawn_reader, whole_sse, Answer, Media, OwnBody,
+    SendError, Source,
 };
 
 /// A request on its way upstream: its answer, once polled to the end.
@@ -455,7 +456,7 @@ impl Gateway {
         if reattach.is_some() {
             self.registry.metrics().resume(ResumeOutcome::Reattached);
         }
-        let attachment = session.open_stream(OpenStream {
+        let open = OpenStream {
             kind,
             requests: inb.info.request_ids,
             principal: inb.principal,
@@ -465,47 +466,33 @@ impl Gateway {
             reattach: reattach.as_ref(),
             kill: Some(inb.kill),
             trace: crate::telemetry::current(),
-        });
-        let stream = attachment.stream;
+        };
         let (parts, mut upstream_body) = resp.into_parts();
-        // A POST's answer that came whole with its head is fed at once, without a reader.
-        let fed = kind == StreamKind::Post
-            && feed_whole_sse(
-                &self.registry,
-                &session,
-                stream,
-                &mut upstream_body,
-                self.cfg.max_event_bytes,
-            );
-        if !fed {
-            spawn_reader(
-                self.registry.clone(),
-                session.clone(),
-                stream,
-                upstream_body,
-                source,
-            );
-        }
-        let s = session.clone();
-        let mut body = AttachBody::new(session, attachment, None);
-        if fed {
-            // Its stream has ended already: the client gets it with its length, as an
-            // upgraded JSON answer that came whole (`commit`).
-            if let Some(all) = body.take_ended() {
-                let stats = body.stats();
-                let resp = whole_sse_response(
+        // A POST's answer that came whole with its head is served at once, without a reader.
+        if kind == StreamKind::Post {
+            if let Some(answer) = whole_sse(&mut upstream_body, self.cfg.max_event_bytes) {
+                let whole = serve_whole(&self.registry, &session, open, answer);
+                let resp = self.whole_response(
                     &inb.facts,
                     parts.status,
                     Some(parts.headers),
-                    s.id(),
-                    stats,
-                    all,
+                    session,
+                    whole,
                 );
                 return (resp, false);
             }
         }
-        let body = body.keep_alive(self.cfg.keepalive);
+        let attachment = session.open_stream(open);
+        spawn_reader(
+            self.registry.clone(),
+            session.clone(),
+            attachment.stream,
+            upstream_body,
+            source,
+        );
+        let s = session.clone();
+        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         let resp = self.sse_response(&inb.facts, parts.status, Some(parts.headers), s.id(), body);
-        (resp, !fed)
+        (resp, true)
     }
 }

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
@@ -16,6 +15,7 @@ use crate::attach::AttachBody;
 use crate::config::Priming;
 use crate::error::ALLOWED_METHODS;
 use crate::jsonrpc;
+use crate::session::{Session, Whole};
 use crate::upstream::{full_body, strip_hop_by_hop, BoxError, OwnBody};
 
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
@@ -45,20 +45,37 @@ impl Gateway {
         let body = body.map_err(|never| match never {}).boxed_unsync();
         sse_response(status, upstream_headers, sid, body)
     }
-}
 
-/// [`Gateway::sse_response`] for a client that gets all of its stream at once (`all`,
-/// [`AttachBody::take_ended`]): written with its length.
-pub(super) fn whole_sse_response(
-    facts: &Facts,
-    status: StatusCode,
-    upstream_headers: Option<HeaderMap>,
-    sid: &str,
-    stats: Arc<StreamStats>,
-    all: Bytes,
-) -> Response<ResBody> {
-    facts.stream_stats(stats);
-    sse_response(status, upstream_headers, sid, full_body(all))
+    /// The SSE response of the first client of a stream opened whole
+    /// ([`Session::open_whole`]): served, it is written with its length, in one piece, with
+    /// no keep-alive timer and no attached body to poll; else its body streams as usual.
+    pub(super) fn whole_response(
+        &self,
+        facts: &Facts,
+        status: StatusCode,
+        upstream_headers: Option<HeaderMap>,
+        session: Arc<Session>,
+        whole: Whole,
+    ) -> Response<ResBody> {
+        match whole {
+            Whole::Served {
+                body,
+                events,
+                outcome,
+            } => {
+                let stats = StreamStats::new(0);
+                stats.add_events(events);
+                stats.set_outcome(outcome);
+                facts.stream_stats(stats);
+                sse_response(status, upstream_headers, session.id(), full_body(body))
+            }
+            Whole::Attached { attachment, handed } => {
+                let body = AttachBody::new(session.clone(), attachment, self.cfg.keepalive);
+                body.stats().add_events(handed);
+                self.sse_response(facts, status, upstream_headers, session.id(), body)
+            }
+        }
+    }
 }
 
 fn sse_response(

@@ -18,13 +18,12 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::forward::{Prepared, Ready};
 use super::inbound::Inbound;
-use super::respond::whole_sse_response;
 use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
 use crate::session::{OpenStream, Session, StreamKind};
-use crate::upstream::{feed_whole_json, spawn_answer_reader, Answer};
+use crate::upstream::{serve_whole, spawn_answer_reader, whole_json, Answer};
 
 /// What becomes of an upgraded POST's stream ([`Gateway::commit`]).
 pub(super) enum Feed {
@@ -88,7 +87,7 @@ impl Gateway {
         // Committed before the answer, the client must hold an id before anything else: it
         // resumes only a stream that gave it one.
         let announce = upstream_headers.is_none();
-        let attachment = session.open_stream(OpenStream {
+        let open = OpenStream {
             kind: StreamKind::Post,
             requests: inb.info.request_ids,
             principal: inb.principal,
@@ -98,48 +97,39 @@ impl Gateway {
             reattach: None,
             kill: Some(inb.kill),
             trace: crate::telemetry::current(),
-        });
+        };
+        let answer = match feed {
+            // The usual answer: its stream is served whole, with its length.
+            Feed::Whole(body) => {
+                let metrics = self.registry.metrics();
+                let answer = whole_json(metrics, &body, self.cfg.max_event_bytes);
+                let whole = serve_whole(&self.registry, &session, open, answer);
+                return self.whole_response(
+                    &inb.facts,
+                    StatusCode::OK,
+                    upstream_headers,
+                    session,
+                    whole,
+                );
+            }
+            Feed::Answer(answer) => answer,
+        };
+        let attachment = session.open_stream(open);
         // The upstream's 404 ends the session only when the request was the session's own.
         let own = !session.minted()
             && inb.authorized.unwrap_or_else(|| {
                 self.cfg.resume_auth == ResumeAuth::None || session.principal() == inb.principal
             });
-        let whole = matches!(feed, Feed::Whole(_));
-        match feed {
-            Feed::Whole(body) => feed_whole_json(
-                &self.registry,
-                &session,
-                attachment.stream,
-                &body,
-                self.cfg.max_event_bytes,
-            ),
-            Feed::Answer(answer) => spawn_answer_reader(
-                self.registry.clone(),
-                session.clone(),
-                attachment.stream,
-                answer,
-                source.expect("taken for an answer to come"),
-                own,
-            ),
-        }
+        spawn_answer_reader(
+            self.registry.clone(),
+            session.clone(),
+            attachment.stream,
+            answer,
+            source.expect("taken for an answer to come"),
+            own,
+        );
         let s = session.clone();
-        let mut body = AttachBody::new(session, attachment, None);
-        if whole {
-            // The usual answer: its stream has ended already, so the client gets it with
-            // its length, no chunks, no keep-alive timer, no attached body to poll.
-            if let Some(all) = body.take_ended() {
-                let stats = body.stats();
-                return whole_sse_response(
-                    &inb.facts,
-                    StatusCode::OK,
-                    upstream_headers,
-                    s.id(),
-                    stats,
-                    all,
-                );
-            }
-        }
-        let body = body.keep_alive(self.cfg.keepalive);
+        let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         self.sse_response(&inb.facts, StatusCode::OK, upstream_headers, s.id(), body)
     }
 }

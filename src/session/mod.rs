@@ -20,6 +20,7 @@ mod hold;
 mod registry;
 mod reserve;
 mod stream;
+mod whole;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,6 +43,7 @@ pub use self::registry::{
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};
 use self::stream::{Stream, Streams, Subscriber};
+pub use self::whole::Whole;
 use crate::config::Config;
 use crate::cursor::{new_epoch, Cursor};
 use crate::jsonrpc;
@@ -172,6 +174,34 @@ pub struct Attachment {
     /// What the body sends first (the priming event, the resumed or re-attach control
     /// event), if anything.
     pub opening: Option<Bytes>,
+}
+
+/// A stream just opened under the session's lock, its first client's opening event still to
+/// be written (formatting it needs no lock).
+struct Opened<'a> {
+    stream: u32,
+    generation: u64,
+    /// The opening position.
+    seq: u64,
+    prime: bool,
+    announce: bool,
+    reattach: Option<&'a Reattach>,
+}
+
+impl Opened<'_> {
+    /// The first client's attachment, with its opening event.
+    fn attachment(&self, session: &Session) -> Attachment {
+        let opening = if self.announce {
+            Some(session.announcement(self.stream, self.seq))
+        } else {
+            session.opening_event(self.stream, self.seq, self.prime, self.reattach)
+        };
+        Attachment {
+            stream: self.stream,
+            generation: self.generation,
+            opening,
+        }
+    }
 }
 
 /// The trace context (W3C ids) of the request that opened a stream, kept so that a resume of
@@ -608,6 +638,15 @@ impl Session {
     /// attachment opens with the priming event if asked, or the re-attach event for a
     /// standalone stream opened to serve a client's stale cursor.
     pub fn open_stream(&self, open: OpenStream<'_>) -> Attachment {
+        let mut st = lock(&self.state);
+        let opened = self.open_locked(&mut st, open, Instant::now());
+        drop(st);
+        opened.attachment(self)
+    }
+
+    /// [`Session::open_stream`] with the lock held: the stream opened, its opening event
+    /// still to be written ([`Opened::attachment`]).
+    fn open_locked<'a>(&self, st: &mut State, open: OpenStream<'a>, now: Instant) -> Opened<'a> {
         let OpenStream {
             kind,
             requests,
@@ -620,7 +659,6 @@ impl Session {
             trace,
         } = open;
         let announce = announce && !prime && reattach.is_none();
-        let mut st = lock(&self.state);
         st.last_seq += 1;
         let seq = st.last_seq;
         let stream = st.next_stream;
@@ -640,21 +678,18 @@ impl Session {
         st.running.insert(stream);
         st.streams.insert(stream, Box::new(opened));
         if kind == StreamKind::Standalone {
-            Self::set_standalone(&mut st, stream);
+            Self::set_standalone(st, stream);
         }
         self.metrics.streams_attached.inc();
-        st.last_activity = Instant::now();
+        st.last_activity = now;
         self.stir(&mut st.quiet);
-        drop(st);
-        let opening = if announce {
-            Some(self.announcement(stream, seq))
-        } else {
-            self.opening_event(stream, seq, prime, reattach)
-        };
-        Attachment {
+        Opened {
             stream,
             generation,
-            opening,
+            seq,
+            prime,
+            announce,
+            reattach,
         }
     }
 
@@ -742,34 +777,25 @@ impl Session {
         events: &mut VecDeque<Event>,
         reader: Option<&Waker>,
     ) -> bool {
-        self.push(stream, events, reader, None)
-    }
-
-    /// [`Session::push_events`] of an answer that came whole (no reader to wake), with the
-    /// ids of the responses each event is when they were read already (`answers[i]`: those
-    /// of `events[i]`), so tagging does not parse the events again for them.
-    pub fn push_answer(
-        &self,
-        stream: u32,
-        events: &mut VecDeque<Event>,
-        answers: Option<&[Vec<String>]>,
-    ) -> bool {
-        self.push(stream, events, None, answers)
-    }
-
-    fn push(
-        &self,
-        stream: u32,
-        events: &mut VecDeque<Event>,
-        reader: Option<&Waker>,
-        answers: Option<&[Vec<String>]>,
-    ) -> bool {
         if events.is_empty() {
             return true;
         }
         let now = Instant::now();
-        let mut st = lock(&self.state);
-        let st = &mut *st;
+        self.push_locked(&mut lock(&self.state), stream, events, reader, None, now)
+    }
+
+    /// [`Session::push_events`] with the lock held; `answers`: the ids of the responses each
+    /// event is (`answers[i]`: those of `events[i]`) when read already, so tagging does not
+    /// parse the events again for them.
+    fn push_locked(
+        &self,
+        st: &mut State,
+        stream: u32,
+        events: &mut VecDeque<Event>,
+        reader: Option<&Waker>,
+        answers: Option<&[Vec<String>]>,
+        now: Instant,
+    ) -> bool {
         if st.closed || !st.streams.contains_key(&stream) {
             events.clear();
             return true;
@@ -946,8 +972,11 @@ impl Session {
 
     /// Marks `stream` ended by its upstream and wakes its client.
     pub fn end_stream(&self, stream: u32, end: End) {
-        let mut st = lock(&self.state);
-        let st = &mut *st;
+        self.end_locked(&mut lock(&self.state), stream, end);
+    }
+
+    /// [`Session::end_stream`] with the lock held.
+    fn end_locked(&self, st: &mut State, stream: u32, end: End) {
         let Some(s) = st.streams.get_mut(&stream) else {
             return;
         };
@@ -1230,8 +1259,11 @@ impl Session {
 
     /// The next step for the client `generation` attached to `stream`.
     pub fn poll_step(&self, stream: u32, generation: u64, waker: &Waker) -> Step {
-        let mut st = lock(&self.state);
-        let st = &mut *st;
+        self.step_locked(&mut lock(&self.state), stream, generation, waker)
+    }
+
+    /// [`Session::poll_step`] with the lock held.
+    fn step_locked(&self, st: &mut State, stream: u32, generation: u64, waker: &Waker) -> Step {
         if st.closed {
             let last = st
                 .closing
@@ -1381,9 +1413,12 @@ impl Session {
     /// The client `generation` of `stream` went away (its body was dropped). Its stream's
     /// undelivered events stay guarded for `--stall-timeout` from its last progress.
     pub fn detach(&self, stream: u32, generation: u64) {
+        self.detach_locked(&mut lock(&self.state), stream, generation, Instant::now());
+    }
+
+    /// [`Session::detach`] with the lock held.
+    fn detach_locked(&self, st: &mut State, stream: u32, generation: u64, now: Instant) {
         self.metrics.streams_detached.inc();
-        let now = Instant::now();
-        let mut st = lock(&self.state);
         st.last_activity = now;
         if let Some(s) = st.streams.get_mut(&stream) {
             if s.sub

@@ -324,19 +324,23 @@ async fn gap_answers_only_requests_not_answered_before_the_cursor() {
 }
 
 /// An answer whose response ids were read already (an upgraded JSON answer's) is noted by
-/// them: its data is not read again. Here the data names no response, so a gap that still
+/// them: its data is not read again. Here the data names no response, so an end that
 /// reports request 1 unanswered means the ids given were not used.
-#[tokio::test(start_paused = true)]
-async fn an_answer_is_noted_by_the_ids_read_already() {
-    let t = gap_after_the_first_event(|s, stream| {
-        let answers = [vec!["1".to_owned()]];
-        assert!(s.push_answer(
-            stream,
-            &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"not-read"}"#)]),
-            Some(&answers),
-        ));
-    })
-    .await;
+#[test]
+fn an_answer_is_noted_by_the_ids_read_already() {
+    let s = session(cfg(|_| {}));
+    let answers = [vec!["1".to_owned()]];
+    let whole = s.open_whole(
+        OpenStream::new(StreamKind::Post, vec!["1".into(), "\"b\"".into()]),
+        &mut VecDeque::from([msg(r#"{"jsonrpc":"2.0","method":"not-read"}"#)]),
+        Some(&answers),
+        End::Complete,
+    );
+    let Whole::Served { body, events, .. } = whole else {
+        panic!("served whole: {whole:?}")
+    };
+    assert_eq!(events, 1);
+    let t = String::from_utf8(body.to_vec()).unwrap();
     assert!(t.contains("\"id\":\"b\""), "{t}");
     assert!(!t.contains("\"id\":1,"), "request 1 was answered: {t}");
 }
@@ -1515,4 +1519,146 @@ async fn room_is_made_behind_another_streams_needed_events() {
     // Stream a's events are all still there for its client.
     let ga = current_generation(&s, a);
     assert_eq!(ns(&text(step(&s, a, ga))), vec![0, 1, 2]);
+}
+
+/// The body [`Session::open_whole`] makes, and what the usual steps make of the same answer
+/// in another session (open, push, end, then the client's polls and its detach), with that
+/// session's epoch written as the first's so both bodies can be compared byte for byte.
+fn whole_and_stepped(
+    requests: &[&str],
+    answer: impl Fn() -> VecDeque<Event>,
+    end: End,
+) -> ((Session, Whole), String) {
+    let open = || {
+        let mut o = OpenStream::new(
+            StreamKind::Post,
+            requests.iter().map(|r| r.to_string()).collect(),
+        );
+        o.prime = true;
+        o
+    };
+    let a = session(cfg(|_| {}));
+    let whole = a.open_whole(open(), &mut answer(), None, end.clone());
+    let b = session(cfg(|_| {}));
+    let Attachment {
+        stream,
+        generation,
+        opening,
+    } = b.open_stream(open());
+    assert!(b.push_events(stream, &mut answer(), None));
+    b.end_stream(stream, end);
+    let mut stepped = opening.unwrap().to_vec();
+    stepped.extend(drain_client(&b, stream, generation));
+    b.detach(stream, generation);
+    let epoch =
+        |s: &Session| String::from_utf8(crate::cursor::epoch_hex(s.epoch).to_vec()).unwrap();
+    let stepped = String::from_utf8(stepped)
+        .unwrap()
+        .replace(&epoch(&b), &epoch(&a));
+    ((a, whole), stepped)
+}
+
+#[test]
+fn an_answer_served_whole_is_what_the_steps_make_and_stays_resumable() {
+    let ((s, whole), stepped) = whole_and_stepped(&[], || numbered(0, 3, 0), End::Complete);
+    let Whole::Served {
+        body,
+        events,
+        outcome,
+    } = whole
+    else {
+        panic!("served whole: {whole:?}")
+    };
+    assert_eq!((events, outcome), (3, Outcome::Completed));
+    let t = String::from_utf8(body.to_vec()).unwrap();
+    assert_eq!(t, stepped);
+    assert_eq!(ns(&t), vec![0, 1, 2]);
+    // Its client is detached as at the end of any body, and the stream is kept: a client
+    // cut after the first event resumes from it.
+    assert_eq!(s.attached_clients(), 0);
+    assert_eq!(
+        s.metrics.streams_attached.get(),
+        s.metrics.streams_detached.get()
+    );
+    let first = t
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .nth(1)
+        .expect("the first event's id, after the priming event's");
+    let Ok(Resume::Attached { attachment, replay }) =
+        s.resume(Cursor::parse(first.as_bytes()).unwrap(), None)
+    else {
+        panic!("resumed")
+    };
+    assert_eq!(replay, 2);
+    let rest = drain_client(&s, attachment.stream, attachment.generation);
+    assert_eq!(ns(&String::from_utf8(rest).unwrap()), vec![1, 2]);
+}
+
+#[test]
+fn an_answer_served_whole_ends_as_the_steps_end_it() {
+    // A request left unanswered, and an upstream that failed: the same explicit end.
+    let ((_, whole), stepped) = whole_and_stepped(
+        &["7"],
+        || numbered(0, 1, 0),
+        End::Failed(UpstreamFailure::Connection("reset".into())),
+    );
+    let Whole::Served { body, outcome, .. } = whole else {
+        panic!("served whole: {whole:?}")
+    };
+    assert_eq!(outcome, Outcome::UpstreamFailed);
+    let t = String::from_utf8(body.to_vec()).unwrap();
+    assert_eq!(t, stepped);
+    assert!(t.contains("\"id\":7"), "{t}");
+}
+
+#[test]
+fn an_answer_without_room_at_once_is_left_for_a_task_and_its_client_attached() {
+    let s = session(cfg(|c| c.window_events = 2));
+    // Two events an attached client has not read fill the window: they must stay.
+    let Attachment { stream: a, .. } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    assert!(s.push_events(a, &mut numbered(0, 2, 0), None));
+    let mut events = numbered(2, 4, 0);
+    let whole = s.open_whole(
+        OpenStream::new(StreamKind::Post, vec![]),
+        &mut events,
+        None,
+        End::Complete,
+    );
+    let Whole::Attached { attachment, handed } = whole else {
+        panic!("attached: {whole:?}")
+    };
+    assert_eq!(
+        (handed, events.len()),
+        (0, 2),
+        "nothing taken, nothing lost"
+    );
+    // The client waits for them like any client of a running stream.
+    assert!(matches!(
+        step(&s, attachment.stream, attachment.generation),
+        Step::Pending
+    ));
+    assert_eq!(s.attached_clients(), 2);
+}
+
+#[test]
+fn an_answer_longer_than_one_frame_goes_on_as_an_attached_body() {
+    let s = session(cfg(|c| c.window_bytes = 8 << 10));
+    let big = padded(300 << 10);
+    let whole = s.open_whole(
+        OpenStream::new(StreamKind::Post, vec![]),
+        &mut VecDeque::from([msg(r#"{"n":0}"#), big.clone()]),
+        None,
+        End::Complete,
+    );
+    let Whole::Attached { attachment, handed } = whole else {
+        panic!("attached: {whole:?}")
+    };
+    assert_eq!(handed, 1, "the first event and pieces of the oversized one");
+    let mut got = attachment.opening.expect("what was taken").to_vec();
+    got.extend(drain_client(&s, attachment.stream, attachment.generation));
+    let t = String::from_utf8(got).unwrap();
+    assert_eq!(ns(&t), vec![0]);
+    assert!(t.contains(&String::from_utf8(big.data_bytes().unwrap().to_vec()).unwrap()));
+    assert_eq!(s.attached_clients(), 0, "its body ended");
 }

@@ -15,7 +15,7 @@ mod reader;
 
 pub(crate) use self::conn::{OwnBody, SendError};
 pub(crate) use self::reader::{
-    feed_whole_json, feed_whole_sse, spawn_answer_reader, spawn_reader, Answer,
+    serve_whole, spawn_answer_reader, spawn_reader, whole_json, whole_sse, Answer,
 };
 
 use std::net::SocketAddr;

@@ -21,7 +21,9 @@ use super::conn::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
 use crate::jsonrpc::{self, Message};
 use crate::metrics::{Metrics, UpgradeAnswer, UpstreamErrorKind};
-use crate::session::{hash_id, End, Eviction, Registry, Session, UpstreamFailure};
+use crate::session::{
+    hash_id, End, Eviction, OpenStream, Registry, Session, UpstreamFailure, Whole,
+};
 use crate::sse::{Decoder, Event};
 
 /// The upstream's answer to a POST the gateway answers with an SSE stream of its own
@@ -157,38 +159,36 @@ pub(crate) fn spawn_answer_reader(
     s.set_reader(stream, reader.abort_handle());
 }
 
-/// An upgraded POST's JSON answer that came whole with its head (`body`), fed into `stream`
-/// here and now: its events, then its end, without a task (a short answer's usual case).
-/// Only when the window has no room for them at once does a task deliver the rest.
-pub(crate) fn feed_whole_json(
-    registry: &Arc<Registry>,
-    session: &Arc<Session>,
-    stream: u32,
-    body: &[u8],
-    limit: usize,
-) {
-    let metrics = registry.metrics();
+/// An answer that came whole with its head: its stream's events (`answers[i]`: the ids of
+/// the responses `events[i]` is, when read already) and how the stream ends.
+pub(crate) struct WholeAnswer {
+    events: VecDeque<Event>,
+    answers: Option<Vec<Vec<String>>>,
+    end: End,
+}
+
+/// An upgraded POST's JSON answer that came whole with its head (`body`), as its stream.
+pub(crate) fn whole_json(metrics: &Metrics, body: &[u8], limit: usize) -> WholeAnswer {
     metrics.json_upgrade(UpgradeAnswer::Json);
     match json_answer(metrics, body, limit) {
-        Ok((events, answers)) => {
-            feed_whole(registry, session, stream, events.into(), Some(&answers));
-        }
-        Err(end) => session.end_stream(stream, end),
+        Ok((events, answers)) => WholeAnswer {
+            events: events.into(),
+            answers: Some(answers),
+            end: End::Complete,
+        },
+        Err(end) => WholeAnswer {
+            events: VecDeque::new(),
+            answers: None,
+            end,
+        },
     }
 }
 
-/// A POST's SSE answer that came whole with its head (`body`), fed into `stream` here and
-/// now: its events, then its end, without a task (a short call's usual case). Only an
-/// answer that needs nothing of the reader: every event well formed, none with an id of
-/// the upstream's own (a stream the reader could have to resume upstream). Whether it was
-/// fed; if not, `body` is as it was, for the reader.
-pub(crate) fn feed_whole_sse(
-    registry: &Arc<Registry>,
-    session: &Arc<Session>,
-    stream: u32,
-    body: &mut OwnBody,
-    max_event_bytes: usize,
-) -> bool {
+/// A POST's SSE answer that came whole with its head (`body`), as its stream, when it needs
+/// nothing of a reader: every event well formed, none with an id of the upstream's own (a
+/// stream the reader could have to resume upstream). If not, `body` is as it was, for the
+/// reader.
+pub(crate) fn whole_sse(body: &mut OwnBody, max_event_bytes: usize) -> Option<WholeAnswer> {
     let mut decoder = Decoder::new(max_event_bytes);
     let mut events = Vec::new();
     let mut bad = false;
@@ -197,40 +197,47 @@ pub(crate) fn feed_whole_sse(
             bad = decoder.feed(data, &mut events).is_err();
         }
     });
-    let Some(used) = whole.filter(|_| !bad && events.iter().all(|e| e.id().is_none())) else {
-        return false;
-    };
+    let used = whole.filter(|_| !bad && events.iter().all(|e| e.id().is_none()))?;
     body.finish_early(used);
     for e in &mut events {
         disown_control_type(e);
     }
-    feed_whole(registry, session, stream, events.into(), None);
-    true
+    Some(WholeAnswer {
+        events: events.into(),
+        answers: None,
+        end: End::Complete,
+    })
 }
 
-/// Events of an answer that came whole, fed into `stream`, then its end; only when the
-/// window has no room for them at once does a task deliver the rest. `answers`: the ids of
-/// the responses each event is, when they were read already.
-fn feed_whole(
+/// Serves `answer` as the stream `open` opens, here and now, without a task (a short call's
+/// usual case): [`Session::open_whole`]. Only when the window has no room for its events at
+/// once does a task deliver the rest, then end the stream.
+pub(crate) fn serve_whole(
     registry: &Arc<Registry>,
     session: &Arc<Session>,
-    stream: u32,
-    mut events: VecDeque<Event>,
-    answers: Option<&[Vec<String>]>,
-) {
-    if session.push_answer(stream, &mut events, answers) {
-        if registry.over_budget() {
-            registry.enforce_budget(session);
-        }
-        session.end_stream(stream, End::Complete);
-        return;
+    open: OpenStream<'_>,
+    answer: WholeAnswer,
+) -> Whole {
+    let WholeAnswer {
+        mut events,
+        answers,
+        end,
+    } = answer;
+    let whole = session.open_whole(open, &mut events, answers.as_deref(), end.clone());
+    if registry.over_budget() {
+        registry.enforce_budget(session);
     }
-    let (registry, s) = (registry.clone(), session.clone());
-    let task = tokio::spawn(async move {
-        deliver(&registry, &s, stream, &mut events).await;
-        s.end_stream(stream, End::Complete);
-    });
-    session.set_reader(stream, task.abort_handle());
+    if let Whole::Attached { attachment, .. } = &whole {
+        if !events.is_empty() {
+            let (registry, s, stream) = (registry.clone(), session.clone(), attachment.stream);
+            let task = tokio::spawn(async move {
+                deliver(&registry, &s, stream, &mut events).await;
+                s.end_stream(stream, end);
+            });
+            session.set_reader(stream, task.abort_handle());
+        }
+    }
+    whole
 }
 
 /// The events of an upgraded POST's JSON answer `body`, or how its stream ends when the answer
@@ -258,7 +265,7 @@ fn too_large(limit: usize) -> UpstreamFailure {
 
 /// The events of an upstream's JSON answer: the message, or each message of a batch, as a
 /// `message` event carrying the upstream's own text, with the ids of the responses each is
-/// (what tagging it would read from it again: [`Session::push_answer`]). Anything that is
+/// (what tagging it would read from it again: [`Session::open_whole`]). Anything that is
 /// not JSON-RPC is refused with why.
 fn json_answer_events(body: &[u8]) -> Result<(Vec<Event>, Vec<Vec<String>>), String> {
     use serde_json::value::RawValue;
