@@ -246,7 +246,7 @@ fn check_origin(cfg: &Config, headers: &http::HeaderMap) -> Result<(), Refusal> 
 /// `--max-buffered-request-bytes` leaves (its room is taken up front), and a body without one
 /// once its chunks would go over.
 async fn collect(
-    body: ClientBody,
+    mut body: ClientBody,
     headers: &http::HeaderMap,
     cfg: &Config,
     bodies: &Arc<Bodies>,
@@ -265,6 +265,16 @@ async fn collect(
     }
     if http_body::Body::is_end_stream(&body) {
         return Ok((bytes::Bytes::new(), room));
+    }
+    // Mostly the body came whole with its head: held as it is, no frames to collect.
+    if let Some(whole) = body.take_whole() {
+        if whole.len() > cfg.max_request_bytes {
+            return Err(ProxyError::BodyTooLarge(cfg.max_request_bytes).into());
+        }
+        if !room.cover(whole.len()) {
+            return Err(full());
+        }
+        return Ok((whole, room));
     }
     let counted = Counted {
         body,

@@ -129,6 +129,16 @@ impl Shared {
 #[error("request body: {0}")]
 pub(crate) struct BodyError(&'static str);
 
+impl ReqBody {
+    /// The body, when it came whole with its head (taken: the body is then at its end).
+    pub(crate) fn take_whole(&mut self) -> Option<Bytes> {
+        match &mut self.0 {
+            Inner::Whole(b) => b.take(),
+            Inner::Streamed(_) => None,
+        }
+    }
+}
+
 impl HttpBody for ReqBody {
     type Data = Bytes;
     type Error = BodyError;

@@ -41,6 +41,16 @@ pub(crate) enum ClientBody {
     Own(h1::ReqBody),
 }
 
+impl ClientBody {
+    /// The body, when it came whole with its head (the gateway's own HTTP/1.1 only).
+    pub(crate) fn take_whole(&mut self) -> Option<bytes::Bytes> {
+        match self {
+            ClientBody::Hyper(_) => None,
+            ClientBody::Own(b) => b.take_whole(),
+        }
+    }
+}
+
 impl hyper::body::Body for ClientBody {
     type Data = bytes::Bytes;
     type Error = crate::upstream::BoxError;

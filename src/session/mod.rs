@@ -372,7 +372,7 @@ fn wake_readers(paused: &mut Vec<u32>, streams: &mut Streams) {
 
 /// The client of `s` was handed a frame: every event of it up to `last` (`whole` of them),
 /// and `partial`, the piece of the oversized event it ends with, if it does.
-fn handed(s: &mut Stream, last: u64, whole: bool, partial: Option<(u64, usize)>) {
+fn handed(s: &mut Stream, last: u64, whole: bool, partial: Option<(u64, usize)>, now: Instant) {
     if let Some(sub) = s.sub.as_mut() {
         if whole {
             sub.cursor = last;
@@ -385,7 +385,7 @@ fn handed(s: &mut Stream, last: u64, whole: bool, partial: Option<(u64, usize)>)
     // finds nothing to send (`idle_step`): until then the frame may sit unflushed in hyper,
     // which polls again only once it could write most of it. So a client that never takes
     // its last frame is detached like any other that stopped reading.
-    s.stall_since = Some(Instant::now());
+    s.stall_since = Some(now);
 }
 
 /// What the in-flight reserve needs of the session's streams.
@@ -1259,11 +1259,19 @@ impl Session {
 
     /// The next step for the client `generation` attached to `stream`.
     pub fn poll_step(&self, stream: u32, generation: u64, waker: &Waker) -> Step {
-        self.step_locked(&mut lock(&self.state), stream, generation, waker)
+        let now = Instant::now();
+        self.step_locked(&mut lock(&self.state), stream, generation, waker, now)
     }
 
-    /// [`Session::poll_step`] with the lock held.
-    fn step_locked(&self, st: &mut State, stream: u32, generation: u64, waker: &Waker) -> Step {
+    /// [`Session::poll_step`] with the lock held, at `now`.
+    fn step_locked(
+        &self,
+        st: &mut State,
+        stream: u32,
+        generation: u64,
+        waker: &Waker,
+        now: Instant,
+    ) -> Step {
         if st.closed {
             let last = st
                 .closing
@@ -1281,7 +1289,7 @@ impl Session {
         let (cursor, has_id, partial) = (sub.cursor, sub.has_id, sub.partial);
         if let Some((_, why)) = sub.detach {
             s.sub = None;
-            st.last_activity = Instant::now();
+            st.last_activity = now;
             if partial.is_some() {
                 // Part-way through an event: anything written now would be read as its rest.
                 // The body just ends; the client resumes from its last whole event.
@@ -1337,13 +1345,13 @@ impl Session {
             }
             return step;
         };
-        handed(s, batch.last, batch.events > 0, batch.partial);
+        handed(s, batch.last, batch.events > 0, batch.partial, now);
         let moved = st.inflight.record(
             stream,
             batch.last,
             batch.events,
             batch.out.len(),
-            Instant::now(),
+            now,
             &mut st.streams,
         );
         if room || moved {

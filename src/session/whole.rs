@@ -61,7 +61,7 @@ impl Session {
         let mut parts: Vec<Bytes> = attachment.opening.take().into_iter().collect();
         let mut handed = 0;
         for _ in 0..WHOLE_STEPS {
-            match self.step_locked(st, stream, generation, Waker::noop()) {
+            match self.step_locked(st, stream, generation, Waker::noop(), now) {
                 Step::Data(b, n) => {
                     parts.push(b);
                     handed += n;
