@@ -78,7 +78,7 @@ pub struct AccessLog {
     pub requested: Requested,
     pub status: StatusCode,
     /// Hashed session id, if any.
-    pub session: Option<String>,
+    pub session: Option<Arc<str>>,
     pub stream: Option<Arc<StreamStats>>,
     /// The response is a GET's SSE stream: its duration is a stream's lifetime.
     pub get_stream: bool,
@@ -98,7 +98,7 @@ impl AccessLog {
     pub fn new(
         requested: Requested,
         status: StatusCode,
-        session: Option<String>,
+        session: Option<Arc<str>>,
         stream: Option<Arc<StreamStats>>,
         get_stream: bool,
         refused: Option<&'static str>,

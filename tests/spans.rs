@@ -64,6 +64,30 @@ async fn log_lines_carry_the_connection_and_request_spans() {
         )),
         "{refused}"
     );
+    // Every access line names the session hashed as the span does: the initialize's from
+    // the id its answer created, the refused GET's from the session the route found, and a
+    // request naming a session the gateway does not hold from the id it sent.
+    let unknown = tokio::spawn(send(gw.addr, get("not-a-session", None)));
+    mock.next().await.respond(json_response(404, &[], "{}"));
+    assert_eq!(unknown.await.unwrap().status(), 404);
+    let text = captured.text();
+    let finished: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("request finished"))
+        .collect();
+    assert_eq!(finished.len(), 3, "{text}");
+    for line in &finished[..2] {
+        assert!(
+            line.contains(&format!("mcp.session.id=\"{hashed}\"")),
+            "{line}"
+        );
+    }
+    let other = mcp_reattach::session::hash_id("not-a-session");
+    assert!(
+        finished[2].contains(&format!("mcp.session.id=\"{other}\"")),
+        "{}",
+        finished[2]
+    );
     // The session the upstream created during initialize is recorded on its request span.
     let created = text
         .lines()

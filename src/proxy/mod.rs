@@ -34,7 +34,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use crate::server::ClientBody;
@@ -187,10 +187,9 @@ impl Gateway {
             client: self.client_ip(req.headers(), conn.remote.ip()),
             span: tracing::Span::none(),
         };
-        let session = req
-            .headers()
-            .get(MCP_SESSION_ID)
-            .map(|v| hash_id(v.as_bytes()));
+        // Hashed only for a span that is recorded, or a line whose session the route did not
+        // find: a known session's hashed id is made once (`Session::hashed_id`).
+        let sid = req.headers().get(MCP_SESSION_ID).cloned();
         // One span per request (inside its connection's span), so a debug log of one session
         // can be followed; a session the upstream creates now is recorded once known.
         let span = tracing::debug_span!(
@@ -198,7 +197,7 @@ impl Gateway {
             otel.name = tracing::field::Empty,
             otel.kind = "server",
             http.request.method = %method,
-            mcp.session.id = session.as_deref().map(tracing::field::display),
+            mcp.session.id = sid.as_ref().map(|v| tracing::field::display(hash_id(v.as_bytes()))),
             url.path = tracing::field::Empty,
             http.response.status_code = tracing::field::Empty,
             mcp.method.name = tracing::field::Empty,
@@ -250,11 +249,15 @@ impl Gateway {
             }),
         };
         let stream = facts.stream.get().cloned();
+        let named = facts.session.get().and_then(Weak::upgrade);
+        let session = named
+            .map(|s| s.hashed_id().clone())
+            .or_else(|| sid.map(|v| hash_id(v.as_bytes()).into()));
         let session = session.or_else(|| {
-            let created = resp
+            let created: Option<Arc<str>> = resp
                 .headers()
                 .get(MCP_SESSION_ID)
-                .map(|v| hash_id(v.as_bytes()));
+                .map(|v| hash_id(v.as_bytes()).into());
             if let Some(h) = &created {
                 span.record("mcp.session.id", tracing::field::display(h));
             }

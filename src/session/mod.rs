@@ -10,8 +10,10 @@
 //! Submodules: `stream` (one stream's bookkeeping and the flow-control predicates),
 //! `reserve` (the in-flight reserve of written batches), `batch` (the frame one poll
 //! writes), `dedup` (POST de-duplication), `control` (the gateway's own events: priming,
-//! resumed, resumption-failed / -required) and `registry` (all sessions, the cap, the
-//! memory budget, the TTL sweep). All but `registry` are pure: no locks, no I/O.
+//! resumed, resumption-failed / -required), `whole` (an answer that came whole: its stream
+//! opened, tagged, ended and its client's whole body made under one hold of the lock) and
+//! `registry` (all sessions, the cap, the memory budget, the TTL sweep). All but `registry`
+//! and `whole` are pure: no locks, no I/O.
 
 mod batch;
 mod control;
@@ -121,6 +123,8 @@ impl Stirred {
 #[derive(Debug)]
 pub struct Session {
     id: String,
+    /// The id as logs and metrics show it ([`hash_id`]), made once.
+    hashed_id: Arc<str>,
     epoch: u64,
     /// `id: <epoch hex>.`: how every event id line this session writes begins.
     id_prefix: [u8; 21],
@@ -442,6 +446,7 @@ impl Session {
     ) -> Session {
         let epoch = new_epoch();
         Session {
+            hashed_id: hash_id(&id).into(),
             id,
             epoch,
             id_prefix: batch::id_prefix(epoch),
@@ -512,6 +517,11 @@ impl Session {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The id as logs and metrics show it: [`hash_id`] of [`Session::id`].
+    pub fn hashed_id(&self) -> &Arc<str> {
+        &self.hashed_id
     }
 
     /// The path the session was created on.
