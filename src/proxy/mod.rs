@@ -229,7 +229,10 @@ impl Gateway {
             // even once moved into the box (3,008 bytes where it is 1,024 now, moved into a
             // box of its own per request by the connection).
             let finishing = {
-                let routing = async move { me.route(req, &conn, &routed_facts).await }
+                // Boxed before it is instrumented: the ~1.9 KB future is then copied once,
+                // into the box (instrumented first, it was copied into the wrapper, then the
+                // wrapper into the box).
+                let routing = Box::pin(async move { me.route(req, &conn, &routed_facts).await })
                     .instrument(span.clone());
                 FinishOnDrop::new(routing, facts.clone(), self.orphans.clone())
             };
@@ -500,32 +503,32 @@ impl Drop for OrphanPlace {
 
 /// A future that, dropped before it is done, is not cancelled: it finishes in a task of its
 /// own, within the [`Orphans`] bounds, and its output is dropped there; unless `cancel` was
-/// set by then, in which case dropping it cancels it. Costs one allocation while the caller waits
-/// for it: `bench/callgrind` JSON POST 75.8 k -> 77.6 k Ir; spawning every POST and joining
-/// it cost 82.0 k.
-struct FinishOnDrop<F: Future + Send + 'static>
+/// set by then, in which case dropping it cancels it. The future is `Unpin` (the caller boxes
+/// it): one allocation while the caller waits for it (`bench/callgrind` JSON POST 75.8 k ->
+/// 77.6 k Ir; spawning every POST and joining it cost 82.0 k).
+struct FinishOnDrop<F: Future + Unpin + Send + 'static>
 where
     F::Output: Send + 'static,
 {
-    fut: Option<Pin<Box<F>>>,
+    fut: Option<F>,
     facts: Arc<Facts>,
     orphans: Arc<Orphans>,
 }
 
-impl<F: Future + Send + 'static> FinishOnDrop<F>
+impl<F: Future + Unpin + Send + 'static> FinishOnDrop<F>
 where
     F::Output: Send + 'static,
 {
     fn new(fut: F, facts: Arc<Facts>, orphans: Arc<Orphans>) -> Self {
         FinishOnDrop {
-            fut: Some(Box::pin(fut)),
+            fut: Some(fut),
             facts,
             orphans,
         }
     }
 }
 
-impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
+impl<F: Future + Unpin + Send + 'static> Future for FinishOnDrop<F>
 where
     F::Output: Send + 'static,
 {
@@ -536,13 +539,13 @@ where
             .fut
             .as_mut()
             .expect("FinishOnDrop polled after completion");
-        let out = std::task::ready!(fut.as_mut().poll(cx));
+        let out = std::task::ready!(Pin::new(fut).poll(cx));
         self.fut = None;
         Poll::Ready(out)
     }
 }
 
-impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
+impl<F: Future + Unpin + Send + 'static> Drop for FinishOnDrop<F>
 where
     F::Output: Send + 'static,
 {
@@ -601,7 +604,7 @@ mod tests {
         fut: F,
         cancel: bool,
         limit: Duration,
-    ) -> FinishOnDrop<F>
+    ) -> FinishOnDrop<Pin<Box<F>>>
     where
         F::Output: Send + 'static,
     {
@@ -610,7 +613,7 @@ mod tests {
             cancel: AtomicBool::new(cancel),
             ..Facts::default()
         };
-        FinishOnDrop::new(fut, Arc::new(facts), orphans)
+        FinishOnDrop::new(Box::pin(fut), Arc::new(facts), orphans)
     }
 
     #[tokio::test]
@@ -650,10 +653,10 @@ mod tests {
         let abandon = |orphans: &Arc<Orphans>| {
             let r = ran.clone();
             let fut = FinishOnDrop::new(
-                async move {
+                Box::pin(async move {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     r.fetch_add(1, Ordering::SeqCst);
-                },
+                }),
                 Arc::new(Facts::default()),
                 orphans.clone(),
             );

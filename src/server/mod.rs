@@ -217,14 +217,13 @@ pub async fn serve_gateway(
                     },
                 );
                 // Boxed: the connection keeps room for the service's future as long as it
-                // lives (~2 KB inline); boxed, only while a request is being answered.
-                Box::pin(async move {
-                    let resp = handled.await?;
-                    Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked {
-                        body,
-                        _in_flight: in_flight,
-                    }))
-                })
+                // lives (~1 KB inline); boxed, only while a request is being answered. The
+                // handler's future itself is boxed, not an async block awaiting it (which
+                // held it twice over: ~2 KB copied into the box per request).
+                Track {
+                    handled: Box::pin(handled),
+                    in_flight: Some(in_flight),
+                }
             };
             let ending = Ending {
                 kill: &kill,
@@ -344,6 +343,31 @@ impl Drop for InFlight {
         if a.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             a.quiet.notify_one();
         }
+    }
+}
+
+/// The future of one request's response: the handler's, its body then [`Tracked`].
+struct Track<F> {
+    handled: Pin<Box<F>>,
+    in_flight: Option<InFlight>,
+}
+
+impl<F, B> Future for Track<F>
+where
+    F: Future<Output = Result<http::Response<B>, std::convert::Infallible>>,
+{
+    type Output = Result<http::Response<Tracked<B>>, std::convert::Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Ok(resp) = std::task::ready!(self.handled.as_mut().poll(cx));
+        let in_flight = self
+            .in_flight
+            .take()
+            .expect("Track polled after completion");
+        Poll::Ready(Ok(resp.map(|body| Tracked {
+            body,
+            _in_flight: in_flight,
+        })))
     }
 }
 
