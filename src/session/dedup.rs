@@ -8,6 +8,7 @@
 //! Pure bookkeeping under the session's lock: no locks, no waiting, nothing of HTTP or of how
 //! a retransmission is answered (the session resumes the stream; the proxy responds).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 
@@ -92,14 +93,23 @@ impl Forwarded {
 pub(super) const MAX_RETIRED_IDS: usize = 4096;
 
 /// The request ids of streams the session no longer retains, as keyed 64-bit hashes, each
-/// with the principal that sent it.
-#[derive(Debug, Default)]
+/// with the principal that sent it. Keyed as its session's [`Carried`] is, so a forgotten
+/// stream's ids go from one to the other as the hashes they were indexed by.
+#[derive(Debug)]
 pub(super) struct Retired {
     hashes: ByHash<Principal>,
     key: std::collections::hash_map::RandomState,
 }
 
 impl Retired {
+    /// The retired ids of the session whose streams `carried` indexes (under its key).
+    pub fn keyed_as(carried: &Carried) -> Retired {
+        Retired {
+            hashes: ByHash::default(),
+            key: carried.key.clone(),
+        }
+    }
+
     fn hash(&self, id: &str) -> u64 {
         self.key.hash_one(id)
     }
@@ -119,8 +129,7 @@ impl Retired {
             if self.hashes.len() >= MAX_RETIRED_IDS {
                 return;
             }
-            let h = self.hash(&r.id);
-            self.hashes.entry(h).or_insert(stream.principal);
+            self.hashes.entry(r.hash).or_insert(stream.principal);
         }
     }
 
@@ -145,6 +154,43 @@ pub(super) struct Carrier<'a> {
     pub id: &'a str,
 }
 
+/// The retained streams that carried one request id: almost always one, held without an
+/// allocation of its own (a `Vec` per id was an allocation and a free per call).
+#[derive(Debug)]
+enum Carriers {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Carriers {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Carriers::One(n) => std::slice::from_ref(n),
+            Carriers::Many(v) => v,
+        }
+    }
+
+    fn add(&mut self, stream: u32) {
+        match self {
+            Carriers::One(n) if *n == stream => {}
+            Carriers::One(n) => *self = Carriers::Many(vec![*n, stream]),
+            Carriers::Many(v) if v.contains(&stream) => {}
+            Carriers::Many(v) => v.push(stream),
+        }
+    }
+
+    /// Takes `stream` out; whether none is left.
+    fn remove(&mut self, stream: u32) -> bool {
+        match self {
+            Carriers::One(n) => *n == stream,
+            Carriers::Many(v) => {
+                v.retain(|&c| c != stream);
+                v.is_empty()
+            }
+        }
+    }
+}
+
 /// Which retained streams carried each request id, by a keyed hash of the id. Every POST asks
 /// whether one of its ids was sent before, and a session retains up to
 /// `MAX_ENDED_STREAMS` ended streams besides the running ones: scanning them all cost ~5 k
@@ -152,7 +198,7 @@ pub(super) struct Carrier<'a> {
 /// is added when it is opened with requests and removed when it is forgotten.
 #[derive(Debug, Default)]
 pub(super) struct Carried {
-    streams: ByHash<Vec<u32>>,
+    streams: ByHash<Carriers>,
     key: std::collections::hash_map::RandomState,
 }
 
@@ -161,15 +207,15 @@ impl Carried {
         self.key.hash_one(id)
     }
 
-    /// `s`, stream `stream`, carries its requests' ids.
-    pub fn add(&mut self, stream: u32, s: &Stream) {
-        for r in &s.requests {
-            let carriers = self
-                .streams
-                .entry(self.key.hash_one(r.id.as_str()))
-                .or_default();
-            if !carriers.contains(&stream) {
-                carriers.push(stream);
+    /// `s`, stream `stream`, carries its requests' ids (each keeps its hash).
+    pub fn add(&mut self, stream: u32, s: &mut Stream) {
+        for r in &mut s.requests {
+            r.hash = self.key.hash_one(r.id.as_str());
+            match self.streams.entry(r.hash) {
+                Entry::Vacant(v) => {
+                    v.insert(Carriers::One(stream));
+                }
+                Entry::Occupied(mut o) => o.get_mut().add(stream),
             }
         }
     }
@@ -177,11 +223,9 @@ impl Carried {
     /// `s`, stream `stream`, is forgotten.
     pub fn remove(&mut self, stream: u32, s: &Stream) {
         for r in &s.requests {
-            let h = self.hash(&r.id);
-            if let Some(carriers) = self.streams.get_mut(&h) {
-                carriers.retain(|&c| c != stream);
-                if carriers.is_empty() {
-                    self.streams.remove(&h);
+            if let Some(carriers) = self.streams.get_mut(&r.hash) {
+                if carriers.remove(stream) {
+                    self.streams.remove(&r.hash);
                 }
             }
         }
@@ -212,7 +256,7 @@ impl Carried {
         let carries = |s: &Stream| s.principal == principal && ids.iter().any(|id| s.carries(id));
         let stream = ids
             .iter()
-            .filter_map(|id| self.streams.get(&self.hash(id)))
+            .filter_map(|id| self.streams.get(&self.hash(id)).map(Carriers::as_slice))
             .flatten()
             .copied()
             .filter(|n| streams.get(n).is_some_and(&carries))
@@ -349,7 +393,7 @@ mod tests {
                 let n = n as u32;
                 let mut s = Stream::new(StreamKind::Post, u64::from(n) * 10, requests.into_iter().map(id).collect(), false, None);
                 s.principal = p(principal);
-                index.add(n, &s);
+                index.add(n, &mut s);
                 streams.insert(n, Box::new(s));
                 if forgotten {
                     // An older stream is forgotten (the oldest ended one, in the session).
@@ -391,18 +435,36 @@ mod tests {
         );
     }
 
+    /// A session's ids of its streams and of its forgotten ones, under one key.
+    fn keyed() -> (Carried, Retired) {
+        let c = Carried::default();
+        let r = Retired::keyed_as(&c);
+        (c, r)
+    }
+
+    /// `s` opened (its ids indexed, as the session does) and then forgotten.
+    fn retire(c: &mut Carried, r: &mut Retired, mut s: Stream) {
+        c.add(0, &mut s);
+        c.remove(0, &s);
+        r.retire(&s);
+    }
+
     #[test]
     fn retired_ids_are_remembered_per_principal_up_to_the_bound() {
-        let mut r = Retired::default();
+        let (mut c, mut r) = keyed();
         let mut s = Stream::new(StreamKind::Post, 1, ids(&["2", "3"]), false, None);
         s.principal = p(7);
-        r.retire(&s);
+        retire(&mut c, &mut r, s);
         assert_eq!(r.find(p(7), &ids(&["9", "3"])), Some("3"));
         assert_eq!(r.find(p(8), &ids(&["3"])), None, "another principal's 3");
         let many: Vec<String> = (0..MAX_RETIRED_IDS + 10)
             .map(|i| format!("\"x{i}\""))
             .collect();
-        r.retire(&Stream::new(StreamKind::Post, 1, many.clone(), false, None));
+        retire(
+            &mut c,
+            &mut r,
+            Stream::new(StreamKind::Post, 1, many.clone(), false, None),
+        );
         assert_eq!(r.hashes.len(), MAX_RETIRED_IDS);
         assert_eq!(r.find(p(0), &many[..1]), Some(many[0].as_str()));
         assert_eq!(
@@ -421,10 +483,10 @@ mod tests {
         assert!(f.any(p(2), &ids(&["2"])));
         assert!(!f.any(p(1), &ids(&["2"])));
         assert!(f.any(p(3), &ids(&["4"])), "another principal's stay");
-        let mut r = Retired::default();
+        let (mut c, mut r) = keyed();
         let mut s = Stream::new(StreamKind::Post, 1, ids(&["5"]), false, None);
         s.principal = p(1);
-        r.retire(&s);
+        retire(&mut c, &mut r, s);
         r.rebind(p(1), p(2));
         assert_eq!(r.find(p(2), &ids(&["5"])), Some("5"));
         assert_eq!(r.find(p(1), &ids(&["5"])), None);

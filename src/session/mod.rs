@@ -445,6 +445,8 @@ impl Session {
         minted: bool,
     ) -> Session {
         let epoch = new_epoch();
+        let carried = Carried::default();
+        let retired = Retired::keyed_as(&carried);
         Session {
             hashed_id: hash_id(&id).into(),
             id,
@@ -465,8 +467,8 @@ impl Session {
                 next_generation: 0,
                 inflight: Reserve::new(cfg.window_events, cfg.window_bytes),
                 forwarded: Forwarded::default(),
-                retired: Retired::default(),
-                carried: Carried::default(),
+                retired,
+                carried,
                 paused: Vec::new(),
                 running: Default::default(),
                 closing: Vec::new(),
@@ -684,7 +686,7 @@ impl Session {
         let mut opened = Stream::new(kind, seq, requests, initialize, Some(sub));
         opened.principal = principal;
         opened.trace = trace;
-        st.carried.add(stream, &opened);
+        st.carried.add(stream, &mut opened);
         st.running.insert(stream);
         st.streams.insert(stream, Box::new(opened));
         if kind == StreamKind::Standalone {
