@@ -21,7 +21,7 @@ use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
 use crate::session::{
-    hash_id, Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
+    Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
 use crate::upstream::{
     full_body, hold, media, serve_whole, spawn_reader, whole_sse, Answer, Media, OwnBody,
@@ -364,7 +364,7 @@ impl Gateway {
         if self.authorized(inb, session).await {
             self.registry.remove(session.id(), why);
         } else {
-            tracing::debug!(mcp.session = %hash_id(session.id()), reason = why.as_str(), "not the session's own request: the session stays");
+            tracing::debug!(mcp.session = %session.hashed_id(), reason = why.as_str(), "not the session's own request: the session stays");
         }
     }
 
@@ -388,7 +388,7 @@ impl Gateway {
             // The client holds the gateway's id; an upstream that starts naming sessions of
             // its own mid-session cannot change it.
             if resp.headers_mut().remove(MCP_SESSION_ID).is_some() {
-                tracing::warn!(mcp.session = %hash_id(s.id()), "the stateless upstream named a session of its own in a minted session; ignored");
+                tracing::warn!(mcp.session = %s.hashed_id(), "the stateless upstream named a session of its own in a minted session; ignored");
             }
             return Some(s);
         }

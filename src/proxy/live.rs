@@ -14,7 +14,7 @@ use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::error::Refusal;
 use crate::metrics::ResumeOutcome;
-use crate::session::{hash_id, Reattach, Session};
+use crate::session::{Reattach, Session};
 use crate::upstream::hold;
 
 impl Gateway {
@@ -53,7 +53,7 @@ impl Gateway {
                 if reattach.is_some() {
                     self.registry.metrics().resume(ResumeOutcome::Reattached);
                 }
-                tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = attachment.stream, "attached live to held standalone stream");
+                tracing::debug!(mcp.session = %s.hashed_id(), mcp.stream = attachment.stream, "attached live to held standalone stream");
                 let body = AttachBody::new(s.clone(), attachment, self.cfg.keepalive);
                 return Ok(self.sse_response(&inb.facts, StatusCode::OK, None, s.id(), body));
             }

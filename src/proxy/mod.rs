@@ -352,7 +352,7 @@ fn end_upstream(upstream: Arc<Upstream>, limit: std::time::Duration) -> crate::s
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_SHED_DELETES));
     crate::session::OnShed(Box::new(move |s| {
         let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-            tracing::debug!(mcp.session = %hash_id(s.id()), "too many shed sessions being ended upstream: left to the upstream's expiry");
+            tracing::debug!(mcp.session = %s.hashed_id(), "too many shed sessions being ended upstream: left to the upstream's expiry");
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -380,7 +380,7 @@ fn end_upstream(upstream: Arc<Upstream>, limit: std::time::Duration) -> crate::s
             full_body(Bytes::new()),
             None,
         );
-        let (upstream, session) = (upstream.clone(), hash_id(s.id()));
+        let (upstream, session) = (upstream.clone(), s.hashed_id().clone());
         rt.spawn(async move {
             let _permit = permit;
             match tokio::time::timeout(limit, upstream.send(req)).await {

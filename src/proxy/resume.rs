@@ -15,7 +15,7 @@ use crate::attach::AttachBody;
 use crate::cursor::Cursor;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
-use crate::session::{hash_id, Resume, Retransmission, Session};
+use crate::session::{Resume, Retransmission, Session};
 use crate::upstream::full_body;
 
 impl Gateway {
@@ -33,7 +33,7 @@ impl Gateway {
             // nothing, not even that the session exists.
             self.registry.metrics().resume(ResumeOutcome::Unauthorized);
             if let Some(suppressed) = self.refused_warn.allow() {
-                tracing::warn!(mcp.session = %hash_id(session.id()), suppressed, "resume refused: principal mismatch");
+                tracing::warn!(mcp.session = %session.hashed_id(), suppressed, "resume refused: principal mismatch");
             }
             return Err(ProxyError::UnknownSession.into());
         }
@@ -51,7 +51,7 @@ impl Gateway {
             Ok(r) => Ok(self.resumed(&inb.facts, session, r, ResumeOutcome::Resumed)),
             Err(e) => match session.standalone_reattach(&cursor, e) {
                 Some(r) => {
-                    tracing::debug!(mcp.session = %hash_id(session.id()), reason = r.reason, "standalone cursor re-attaches to the session");
+                    tracing::debug!(mcp.session = %session.hashed_id(), reason = r.reason, "standalone cursor re-attaches to the session");
                     self.attach(inb, Some(session), Some(r)).await
                 }
                 None => Err(ProxyError::Resume(e).into()),
@@ -84,7 +84,7 @@ impl Gateway {
             Retransmission::Refused(e) => Err(ProxyError::Resume(e)),
             Retransmission::Duplicate(dup) => Err(ProxyError::DuplicateRequest(dup)),
         };
-        tracing::info!(mcp.session = %hash_id(session.id()), "retransmitted request answered as a resume");
+        tracing::info!(mcp.session = %session.hashed_id(), "retransmitted request answered as a resume");
         found
             .map(|r| self.resumed(&inb.facts, session, r, ResumeOutcome::Retransmission))
             .map_err(|e| e.for_request(single_id))
@@ -101,7 +101,7 @@ impl Gateway {
         match r {
             Resume::Attached { attachment, replay } => {
                 self.registry.metrics().resume(outcome);
-                tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = attachment.stream, replay, "resumed");
+                tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = attachment.stream, replay, "resumed");
                 let body = AttachBody::new(session.clone(), attachment, self.cfg.keepalive)
                     .with_replayed(replay);
                 self.sse_response(facts, StatusCode::OK, None, session.id(), body)

@@ -280,7 +280,7 @@ impl Registry {
                 next_visit: None,
             },
         );
-        tracing::debug!(mcp.session = %hash_id(id), "session created");
+        tracing::debug!(mcp.session = %s.hashed_id(), "session created");
         s
     }
 
@@ -383,12 +383,12 @@ impl Registry {
             .map(|(_, k)| k.clone())
             .ok_or(AtCapacity)?;
         if let Some(e) = map.remove(&victim) {
-            self.closed(&victim, &e.session, why);
+            self.closed(&e.session, why);
         }
         Ok(())
     }
 
-    fn closed(&self, id: &str, s: &Session, why: Eviction) {
+    fn closed(&self, s: &Session, why: Eviction) {
         s.close();
         if matches!(why, Eviction::SessionCap | Eviction::MemoryBudget) && !s.minted() {
             if let Some(f) = self.on_shed.get() {
@@ -396,14 +396,14 @@ impl Registry {
             }
         }
         self.metrics.session_evicted(why);
-        tracing::info!(mcp.session = %hash_id(id), reason = why.as_str(), "session dropped");
+        tracing::info!(mcp.session = %s.hashed_id(), reason = why.as_str(), "session dropped");
     }
 
     /// Drops the session `id`'s state (DELETE, upstream 404).
     pub fn remove(&self, id: &str, why: Eviction) {
         let e = lock(&self.sessions).remove(id);
         if let Some(e) = e {
-            self.closed(id, &e.session, why);
+            self.closed(&e.session, why);
         }
     }
 
@@ -467,7 +467,7 @@ impl Registry {
             if expired {
                 map.remove(&id);
                 drop(map);
-                self.closed(&id, &s, Eviction::Ttl);
+                self.closed(&s, Eviction::Ttl);
             } else if swept.quiet {
                 // Stirred since its sweep: in `stirred` for the next one, which clears this.
                 let t = swept.since + self.cfg.session_ttl;

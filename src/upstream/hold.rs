@@ -14,7 +14,7 @@ use http::StatusCode;
 use super::reader::read_stream;
 use super::{OwnBody, Source};
 use crate::metrics::UpstreamErrorKind;
-use crate::session::{hash_id, Attempt, HoldStart, Registry, Session};
+use crate::session::{Attempt, HoldStart, Registry, Session};
 
 /// Attempts to open the held standalone stream before giving up until the next trigger.
 const HOLD_ATTEMPTS: u32 = 4;
@@ -121,14 +121,14 @@ async fn open(
         if !source.upstream.room_to_hold() {
             // The held streams have their share of --max-upstream-connections: this session's
             // is not held (its client's own GET is forwarded, counted like any request).
-            tracing::debug!(mcp.session = %hash_id(s.id()), "not holding the standalone stream: the held streams have their share of the upstream connections");
+            tracing::debug!(mcp.session = %s.hashed_id(), "not holding the standalone stream: the held streams have their share of the upstream connections");
             s.hold_failed(Attempt::GiveUp);
             return None;
         }
         let status = match source.get(None).await {
             Ok(body) => {
                 let stream = s.open_held_standalone()?;
-                tracing::debug!(mcp.session = %hash_id(s.id()), mcp.stream = stream, "holding the standalone stream");
+                tracing::debug!(mcp.session = %s.hashed_id(), mcp.stream = stream, "holding the standalone stream");
                 return Some((stream, body));
             }
             Err(status) => status,
@@ -148,7 +148,7 @@ async fn open(
             if let Some(r) = registry.upgrade() {
                 r.metrics().upstream_error(UpstreamErrorKind::Hold);
             }
-            tracing::debug!(mcp.session = %hash_id(s.id()), ?status, attempt, "could not hold the standalone stream");
+            tracing::debug!(mcp.session = %s.hashed_id(), ?status, attempt, "could not hold the standalone stream");
         }
         s.hold_failed(next);
         drop(s);

@@ -21,9 +21,7 @@ use super::conn::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
 use crate::jsonrpc::{self, Message};
 use crate::metrics::{Metrics, UpgradeAnswer, UpstreamErrorKind};
-use crate::session::{
-    hash_id, End, Eviction, OpenStream, Registry, Session, UpstreamFailure, Whole,
-};
+use crate::session::{End, Eviction, OpenStream, Registry, Session, UpstreamFailure, Whole};
 use crate::sse::{Decoder, Event};
 
 /// The upstream's answer to a POST the gateway answers with an SSE stream of its own
@@ -89,7 +87,7 @@ pub(crate) fn spawn_answer_reader(
             Err(cause) => {
                 metrics.json_upgrade(UpgradeAnswer::Failed);
                 metrics.upstream_error(UpstreamErrorKind::Request);
-                tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause, "upstream failed to answer an upgraded POST");
+                tracing::warn!(mcp.session = %session.hashed_id(), mcp.stream = stream, cause, "upstream failed to answer an upgraded POST");
                 session.end_stream(stream, End::Failed(UpstreamFailure::Connection(cause)));
                 return;
             }
@@ -150,7 +148,7 @@ pub(crate) fn spawn_answer_reader(
                 message: error_message(&body),
             }
         };
-        tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, %status, "upgraded POST answered without a result");
+        tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = stream, %status, "upgraded POST answered without a result");
         session.end_stream(stream, End::Failed(failure));
         if status == StatusCode::NOT_FOUND && evict_on_404 {
             registry.remove(session.id(), Eviction::Upstream404);
@@ -385,7 +383,7 @@ async fn deliver(
             .metrics()
             .upstream_paused_seconds
             .inc_by(since.elapsed().as_secs_f64());
-        tracing::trace!(mcp.session = %hash_id(session.id()), mcp.stream = stream, paused = ?since.elapsed(), "upstream resumed after a pause");
+        tracing::trace!(mcp.session = %session.hashed_id(), mcp.stream = stream, paused = ?since.elapsed(), "upstream resumed after a pause");
     }
     if registry.over_budget() {
         registry.enforce_budget(session);
@@ -453,7 +451,7 @@ pub(crate) async fn read_stream(
             let wait = Duration::from_millis(retry.unwrap_or(1000))
                 .clamp(MIN_UPSTREAM_RETRY, MAX_UPSTREAM_RETRY);
             tokio::time::sleep(wait).await;
-            tracing::debug!(mcp.session = %hash_id(session.id()), mcp.stream = stream, "resuming the upstream stream");
+            tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = stream, "resuming the upstream stream");
             // Boxed: a reconnect's state would otherwise size every reader's task.
             match Box::pin(source.resume(&last_id)).await {
                 Some(b) => {
@@ -465,7 +463,7 @@ pub(crate) async fn read_stream(
         }
     };
     if let End::Failed(cause) = &end {
-        tracing::warn!(mcp.session = %hash_id(session.id()), mcp.stream = stream, cause = ?cause, "upstream stream failed");
+        tracing::warn!(mcp.session = %session.hashed_id(), mcp.stream = stream, cause = ?cause, "upstream stream failed");
     }
     session.end_stream(stream, end);
 }
