@@ -48,8 +48,6 @@ pub enum ProxyError {
     MalformedCursor(CursorError),
     #[error("session not found: it expired, was deleted, or was never seen by this gateway")]
     UnknownSession,
-    #[error("session not found: the gateway minted this session for a stateless server and holds it no longer (it expired, was deleted, or belongs to another gateway)")]
-    MintedSessionGone,
     #[error("resumption failed: {0}")]
     Resume(ResumeError),
     #[error("request body larger than {0} bytes")]
@@ -74,6 +72,8 @@ pub enum ProxyError {
     OriginNotAllowed,
     #[error("request id {0} was already sent in this session and its stream cannot be resumed from the start; resume it with the Last-Event-ID of its stream")]
     DuplicateRequest(String),
+    #[error("request id {0} is in flight in this session for another caller; use another id")]
+    RequestInFlight(String),
 }
 
 /// Whose fault an error is (as pingora tags its errors): what an operator should look at.
@@ -136,13 +136,6 @@ impl ProxyError {
                 codes::SESSION_NOT_FOUND,
                 "unknown-session",
                 Resume(ResumeOutcome::UnknownSession),
-                Client,
-            ),
-            ProxyError::MintedSessionGone => (
-                StatusCode::NOT_FOUND,
-                codes::SESSION_NOT_FOUND,
-                "minted-session-gone",
-                Rejected(RejectReason::MintedSessionGone),
                 Client,
             ),
             ProxyError::Resume(r) => {
@@ -263,6 +256,13 @@ impl ProxyError {
                 Resume(ResumeOutcome::DuplicateRequest),
                 Client,
             ),
+            ProxyError::RequestInFlight(_) => (
+                StatusCode::CONFLICT,
+                codes::GATEWAY,
+                "request-in-flight",
+                Rejected(RejectReason::RequestInFlight),
+                Client,
+            ),
         };
         // Routine client-side answers (unknown session, stale cursor, 413, …) are not
         // operator news; what the upstream or the gateway failed at is.
@@ -380,7 +380,6 @@ mod tests {
             ProxyError::Connect,
             ProxyError::MalformedCursor(CursorError::Malformed),
             ProxyError::UnknownSession,
-            ProxyError::MintedSessionGone,
             ProxyError::Resume(ResumeError::ForeignCursor),
             ProxyError::Resume(ResumeError::CursorAhead),
             ProxyError::Resume(ResumeError::Gap),
@@ -397,6 +396,7 @@ mod tests {
             ProxyError::DetachedCalls(16),
             ProxyError::OriginNotAllowed,
             ProxyError::DuplicateRequest("7".into()),
+            ProxyError::RequestInFlight("5".into()),
         ]
     }
 

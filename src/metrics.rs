@@ -108,8 +108,8 @@ label_values! {
         BadTarget => "bad_target",
         BadHost => "bad_host",
         Connect => "connect",
-        /// A request named a session id the gateway minted and no longer holds.
-        MintedSessionGone => "minted_session_gone",
+        /// A POST reused a request id in flight for another principal in its session.
+        RequestInFlight => "request_in_flight",
         /// A request needed a new upstream connection at --max-upstream-connections.
         UpstreamConnections => "upstream_connections",
         /// A session already had --max-detached-calls calls running with no client.

@@ -530,7 +530,7 @@ fn access_lines_in_both_log_formats() {
                 (
                     "error.type",
                     (if get {
-                        "minted-session-gone"
+                        "unknown-session"
                     } else {
                         "upstream-unavailable"
                     })

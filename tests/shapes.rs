@@ -184,7 +184,7 @@ async fn a_stateless_upstream_gets_a_minted_session_the_upstream_never_sees() {
     assert_eq!(resp.status(), 404);
     assert_eq!(
         body_json(resp).await["error"]["data"]["reason"],
-        "minted-session-gone"
+        "unknown-session"
     );
     let resp = send(gw.addr, post(&call(2), Some(&sid))).await;
     assert_eq!(resp.status(), 404);

@@ -21,7 +21,7 @@ use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
 use crate::session::{
-    Eviction, Forwarding, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
+    Eviction, Forwarding, InFlight, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
 use crate::upstream::{
     full_body, hold, media, serve_whole, spawn_reader, whole_sse, Answer, Media, OwnBody,
@@ -73,6 +73,8 @@ enum Claim {
     Forward(Option<Forwarding>),
     /// A retained stream carries one of them now: a retransmission after all.
     Retransmission,
+    /// One of them is in flight for another principal: never forwarded for this one.
+    InFlight,
 }
 
 impl Gateway {
@@ -214,7 +216,7 @@ impl Gateway {
                 Claim::Forward(Some(f)) => {
                     // Each call whose client left holds an upstream connection: one session
                     // may not pile them up (its clients resume them, or they end).
-                    let detached = s.detached_calls();
+                    let detached = s.detached_calls(inb.principal);
                     if detached >= self.cfg.max_detached_calls {
                         return Err(ProxyError::DetachedCalls(detached)
                             .for_request(inb.info.single_id.clone()));
@@ -222,6 +224,13 @@ impl Gateway {
                     Some(f)
                 }
                 Claim::Retransmission => return Ok(Prepared::Retransmission(s.clone())),
+                Claim::InFlight => {
+                    let single_id = inb.info.single_id.clone();
+                    let id = single_id
+                        .as_ref()
+                        .map_or_else(|| inb.info.request_ids.join(", "), ToString::to_string);
+                    return Err(ProxyError::RequestInFlight(id).for_request(single_id));
+                }
             },
         };
         inb.drop_legacy_cursor();
@@ -240,7 +249,7 @@ impl Gateway {
         session: Arc<Session>,
     ) -> Result<Response<ResBody>, Refusal> {
         if !self.authorized(&mut inb, &session).await {
-            return Err(ProxyError::MintedSessionGone.into());
+            return Err(ProxyError::UnknownSession.into());
         }
         self.registry.remove(session.id(), Eviction::Delete);
         Ok(Response::new(full_body(bytes::Bytes::new())))
@@ -267,8 +276,10 @@ impl Gateway {
         }
         let ids = &inb.info.request_ids;
         loop {
-            if let Some(f) = s.begin_forward(inb.principal, ids) {
-                return Claim::Forward(Some(f));
+            match s.begin_forward(inb.principal, ids) {
+                Ok(f) => return Claim::Forward(Some(f)),
+                Err(InFlight::Another) => return Claim::InFlight,
+                Err(InFlight::Own) => {}
             }
             s.forward_settled(inb.principal, ids).await;
             if s.carries_any(inb.principal, ids) {
@@ -384,31 +395,45 @@ impl Gateway {
         if !status.is_success() || inb.parts.method == Method::DELETE {
             return None;
         }
-        if let Some(s) = known.filter(|s| s.minted()) {
+        if let Some(s) = known.as_ref().filter(|s| s.minted()) {
             // The client holds the gateway's id; an upstream that starts naming sessions of
             // its own mid-session cannot change it.
             if resp.headers_mut().remove(MCP_SESSION_ID).is_some() {
                 tracing::warn!(mcp.session = %s.hashed_id(), "the stateless upstream named a session of its own in a minted session; ignored");
             }
-            return Some(s);
+            return known;
         }
         let path = inb.parts.uri.path();
-        let owner = Owner::new(inb.principal, path).in_share(inb.share);
         let upstream_sid = resp
             .headers()
             .get(MCP_SESSION_ID)
             .filter(|v| is_visible_ascii(v.as_bytes()))
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        let created = match upstream_sid.or_else(|| inb.sid.clone()) {
-            Some(sid) => match reservation {
-                Some(r) => Ok(self.registry.create_reserved(&sid, owner, r)),
-                None => self.registry.get_or_create(&sid, owner),
-            },
+        // A session is created only by the `initialize` the upstream answered with a new
+        // session (or with none: a stateless upstream). An id the gateway does not hold is
+        // never adopted for whoever names it first (the gateway forgot it, or never saw it):
+        // its requests pass through untagged, so a stranger gets nothing the upstream alone
+        // would not give it.
+        let creates = inb.info.initialize && inb.parts.method == Method::POST;
+        let created = match upstream_sid {
+            Some(sid) if sid.as_str() == inb.sid.as_deref().unwrap_or_default() => {
+                return known.filter(|s| s.endpoint() == path);
+            }
+            Some(sid) if creates => {
+                let owner = Owner::new(inb.principal, path).in_share(inb.share);
+                match reservation {
+                    Some(r) => Ok(self.registry.create_reserved(&sid, owner, r)),
+                    None => self.registry.get_or_create(&sid, owner),
+                }
+            }
             // A stateless upstream: the gateway scopes the client's calls itself.
-            None if inb.info.initialize && inb.parts.method == Method::POST => {
+            None if creates && inb.sid.is_none() => {
+                let owner = Owner::new(inb.principal, path).in_share(inb.share);
                 self.registry.create_minted(owner, reservation)
             }
-            None => return None,
+            // The request's own session, if the gateway holds it.
+            None => return known.filter(|s| s.endpoint() == path),
+            Some(_) => return None,
         };
         let session = created
             .inspect_err(|_| tracing::warn!("session cap reached with every session in use; passing the response through untagged"))

@@ -307,6 +307,13 @@ impl Gateway {
             .filter(|_| !inb.modern)
             .and_then(|sid| self.registry.get(sid))
             .filter(|s| s.endpoint() == inb.parts.uri.path());
+        // A minted session is nobody's but its owner's: the stateless upstream never knew it,
+        // so anyone else is answered exactly as for a minted id the gateway does not hold
+        // (whether a session exists is not told).
+        let session = match session {
+            Some(s) if s.minted() && !self.authorized(&mut inb, &s).await => None,
+            other => other,
+        };
         if let Some(s) = &session {
             let _ = facts.session.set(Arc::downgrade(s));
         }
@@ -331,9 +338,9 @@ impl Gateway {
             Route::Upgrade => self.upgrade(inb, session).await,
             Route::EndMinted => match session {
                 Some(s) => Box::pin(self.end_minted(inb, s)).await,
-                None => Err(ProxyError::MintedSessionGone.into()),
+                None => Err(ProxyError::UnknownSession.into()),
             },
-            Route::MintedGone => Err(ProxyError::MintedSessionGone.into()),
+            Route::MintedGone => Err(ProxyError::UnknownSession.into()),
             Route::Forward => self.forward(inb, session, None).await,
         }
     }

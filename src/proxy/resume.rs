@@ -12,6 +12,7 @@ use super::inbound::Inbound;
 use super::respond::sse_headers;
 use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
+use crate::config::ResumeAuth;
 use crate::cursor::Cursor;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
@@ -39,6 +40,11 @@ impl Gateway {
         }
         let raw = inb.cursor().map(|c| c.as_bytes()).unwrap_or_default();
         let cursor = Cursor::parse(raw).map_err(ProxyError::MalformedCursor)?;
+        if self.cfg.resume_auth != ResumeAuth::None && !session.may_resume(&cursor, inb.principal) {
+            // Another principal's call in the session: answered as for an unknown session.
+            self.registry.metrics().resume(ResumeOutcome::Unauthorized);
+            return Err(ProxyError::UnknownSession.into());
+        }
         if let Some(opened) = crate::telemetry::enabled()
             .then(|| session.stream_trace(cursor.stream))
             .flatten()

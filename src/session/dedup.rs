@@ -54,6 +54,13 @@ impl Forwarded {
             .any(|id| self.ids.iter().any(|(p, f)| *p == principal && f == id))
     }
 
+    /// Whether a POST of another principal than `principal` carrying one of `ids` is in
+    /// flight.
+    pub fn any_other(&self, principal: Principal, ids: &[String]) -> bool {
+        ids.iter()
+            .any(|id| self.ids.iter().any(|(p, f)| *p != principal && f == id))
+    }
+
     /// Marks `ids` as forwarded; `false`, marking nothing, while one of them is in flight.
     pub fn begin(&mut self, principal: Principal, ids: &[String]) -> bool {
         if self.any(principal, ids) {
@@ -240,6 +247,28 @@ impl Carried {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.streams.len()
+    }
+
+    /// Whether a running stream of another principal than `principal` carried one of `ids`
+    /// and has not answered it yet: that request is still in flight upstream.
+    pub fn awaited_by_other(
+        &self,
+        streams: &Streams,
+        principal: Principal,
+        ids: &[String],
+    ) -> bool {
+        if self.streams.is_empty() {
+            return false;
+        }
+        ids.iter().any(|id| {
+            self.streams
+                .get(&self.hash(id))
+                .map(Carriers::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|n| streams.get(n))
+                .any(|s| s.principal != principal && s.end.is_none() && s.awaits(id))
+        })
     }
 
     /// What [`carrier`] finds in `streams`, asking only the streams that carried one of

@@ -169,6 +169,16 @@ impl Drop for Forwarding {
     }
 }
 
+/// Why [`Session::begin_forward`] did not mark a POST's ids forwarded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InFlight {
+    /// The same principal's POST with one of the ids is in flight: wait for it
+    /// ([`Session::forward_settled`]), then it is a retransmission.
+    Own,
+    /// Another principal's request with one of the ids is in flight: refused.
+    Another,
+}
+
 /// A client attached to a tagged stream: what its body pulls from the session with.
 #[derive(Debug)]
 pub struct Attachment {
@@ -603,13 +613,34 @@ impl Session {
 
     /// Calls (POST streams) of this session still read from the upstream with no client
     /// attached: each holds an upstream connection until it ends (`--max-detached-calls`).
-    pub fn detached_calls(&self) -> usize {
+    /// Counted per principal: the quota belongs to whoever left the calls, so nobody else
+    /// who knows the session id can use up its owner's.
+    pub fn detached_calls(&self, principal: Principal) -> usize {
         let st = lock(&self.state);
         st.running
             .iter()
             .filter_map(|n| st.streams.get(n))
-            .filter(|s| s.kind == StreamKind::Post && s.end.is_none() && s.sub.is_none())
+            .filter(|s| {
+                s.kind == StreamKind::Post
+                    && s.end.is_none()
+                    && s.sub.is_none()
+                    && s.principal == principal
+            })
             .count()
+    }
+
+    /// Whether `principal` may resume at `cursor`: a call's stream is only its sender's (the
+    /// session's standalone stream is the session's, whose owner the caller was checked to
+    /// be). A cursor of no stream the session retains is left to [`Session::resume`] to
+    /// refuse.
+    pub fn may_resume(&self, cursor: &Cursor, principal: Principal) -> bool {
+        if cursor.epoch != self.epoch {
+            return true;
+        }
+        let st = lock(&self.state);
+        st.streams
+            .get(&cursor.stream)
+            .is_none_or(|s| s.kind == StreamKind::Standalone || s.principal == principal)
     }
 
     /// The trace of the request that opened `stream`, if it was traced.
@@ -1135,15 +1166,27 @@ impl Session {
     /// carrying one of `ids` is still in flight: the caller waits for it
     /// ([`Session::forward_settled`]) and then takes it as a retransmission, so a client that
     /// retries before the upstream's response head does not run the tool twice.
+    ///
+    /// A request id in flight for another principal (being forwarded, or carried by a stream
+    /// still waiting for its answer) is never forwarded for this one: upstreams route answers
+    /// by request id within a session, so the later POST would take the earlier's answer
+    /// ([`InFlight::Another`]).
     pub fn begin_forward(
         self: &Arc<Self>,
         principal: Principal,
         ids: &[String],
-    ) -> Option<Forwarding> {
-        if !lock(&self.state).forwarded.begin(principal, ids) {
-            return None;
+    ) -> Result<Forwarding, InFlight> {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        if st.forwarded.any_other(principal, ids)
+            || st.carried.awaited_by_other(&st.streams, principal, ids)
+        {
+            return Err(InFlight::Another);
         }
-        Some(Forwarding {
+        if !st.forwarded.begin(principal, ids) {
+            return Err(InFlight::Own);
+        }
+        Ok(Forwarding {
             session: self.clone(),
             principal,
             ids: ids.to_vec(),

@@ -96,8 +96,9 @@ pub struct Registry {
     /// Places taken by `initialize`s on their way to the upstream ([`Reservation`]s); they
     /// count against the session cap like sessions. Raised only under the `sessions` lock.
     reserved: Arc<AtomicUsize>,
-    /// Told of each session the gateway sheds (the cap, the budget): the proxy ends it
-    /// upstream too. Called under the registry's lock: it may only hand the work on.
+    /// Told of each session the gateway ends on its own (the cap, the budget, the TTL): the
+    /// proxy ends it upstream too. Called under the registry's lock: it may only hand the
+    /// work on.
     on_shed: std::sync::OnceLock<OnShed>,
 }
 
@@ -390,7 +391,13 @@ impl Registry {
 
     fn closed(&self, s: &Session, why: Eviction) {
         s.close();
-        if matches!(why, Eviction::SessionCap | Eviction::MemoryBudget) && !s.minted() {
+        // Ended by the gateway alone (not by the upstream's 404 or a DELETE it answered):
+        // ended upstream too, so the upstream keeps no session the gateway no longer holds.
+        if matches!(
+            why,
+            Eviction::SessionCap | Eviction::MemoryBudget | Eviction::Ttl
+        ) && !s.minted()
+        {
             if let Some(f) = self.on_shed.get() {
                 (f.0)(s);
             }

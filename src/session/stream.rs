@@ -391,6 +391,13 @@ impl Stream {
         self.requests.iter().any(|r| r.id == id)
     }
 
+    /// Whether the stream carried request `id` and has not answered it yet.
+    pub fn awaits(&self, id: &str) -> bool {
+        self.requests
+            .iter()
+            .any(|r| r.id == id && r.answered_at.is_none())
+    }
+
     pub fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &PendingRequest> {
         self.requests
             .iter()

@@ -379,13 +379,17 @@ fn detached_calls_are_the_running_posts_without_a_client() {
     let s = session(cfg(|_| {}));
     let open = |id: &str| s.open_stream(OpenStream::new(StreamKind::Post, vec![id.into()]));
     let (a, b, c) = (open("1"), open("2"), open("3"));
-    assert_eq!(s.detached_calls(), 0, "every call has its client");
+    assert_eq!(
+        s.detached_calls(Principal::default()),
+        0,
+        "every call has its client"
+    );
     s.detach(a.stream, a.generation);
     s.detach(b.stream, b.generation);
-    assert_eq!(s.detached_calls(), 2);
+    assert_eq!(s.detached_calls(Principal::default()), 2);
     s.end_stream(a.stream, End::Complete);
     assert_eq!(
-        s.detached_calls(),
+        s.detached_calls(Principal::default()),
         1,
         "an ended call holds nothing upstream"
     );
@@ -395,9 +399,9 @@ fn detached_calls_are_the_running_posts_without_a_client() {
         s.detach(d.stream, d.generation);
         s.end_stream(d.stream, End::Complete);
     }
-    assert_eq!(s.detached_calls(), 1);
+    assert_eq!(s.detached_calls(Principal::default()), 1);
     s.detach(c.stream, c.generation);
-    assert_eq!(s.detached_calls(), 2);
+    assert_eq!(s.detached_calls(Principal::default()), 2);
     // The forgotten streams' ids left the index with them; the retained ones are found.
     let st = lock(&s.state);
     assert_eq!(st.running.len(), 2);
@@ -1112,12 +1116,13 @@ async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
         .expect("nothing in flight yet");
     assert!(
         s.begin_forward(Principal::default(), &["8".to_owned()])
-            .is_none(),
+            .unwrap_err()
+            == InFlight::Own,
         "8 is in flight"
     );
     assert!(
         s.begin_forward(Principal::default(), &["9".to_owned()])
-            .is_some(),
+            .is_ok(),
         "other ids are not held"
     );
     let waiter = {
@@ -1138,9 +1143,77 @@ async fn a_forward_in_flight_holds_its_ids_until_it_settles() {
         .expect("settled when the guard drops")
         .unwrap();
     assert!(
-        s.begin_forward(Principal::default(), &ids).is_some(),
+        s.begin_forward(Principal::default(), &ids).is_ok(),
         "free again"
     );
+}
+
+/// Issue 46 item 2: a request id in flight for one principal (forwarded, or carried by a
+/// running stream that has not answered it) is never forwarded for another; once answered,
+/// another principal's request with the same id is its own.
+#[test]
+fn an_id_in_flight_for_one_principal_is_refused_for_another() {
+    let s = Arc::new(session(cfg(|_| {})));
+    let (owner, other) = (Principal([1; 16]), Principal([2; 16]));
+    let five = vec!["5".to_owned()];
+    let forwarding = s.begin_forward(owner, &five).expect("nothing in flight");
+    assert_eq!(
+        s.begin_forward(other, &five).unwrap_err(),
+        InFlight::Another,
+        "being forwarded for the owner"
+    );
+    let mut open = OpenStream::new(StreamKind::Post, five.clone());
+    open.principal = owner;
+    let a = s.open_stream(open);
+    drop(forwarding);
+    assert_eq!(
+        s.begin_forward(other, &five).unwrap_err(),
+        InFlight::Another,
+        "its stream is still waiting for the answer"
+    );
+    assert!(
+        s.begin_forward(other, &["6".to_owned()]).is_ok(),
+        "other ids are free"
+    );
+    let mut answer = VecDeque::from([Event::message_of(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#)]);
+    assert!(s.push_events(a.stream, &mut answer, None));
+    assert!(
+        s.begin_forward(other, &five).is_ok(),
+        "answered: no longer in flight"
+    );
+}
+
+/// Issue 46 items 1 and 6: a call's stream is resumable only by the principal that sent the
+/// call, and the detached-call quota counts each principal's own calls.
+#[test]
+fn a_calls_stream_and_its_quota_are_its_senders() {
+    let s = session(cfg(|_| {}));
+    let (owner, other) = (Principal([1; 16]), Principal([2; 16]));
+    let open = |id: &str, p: Principal| {
+        let mut o = OpenStream::new(StreamKind::Post, vec![id.into()]);
+        o.principal = p;
+        s.open_stream(o)
+    };
+    let mine = open("1", owner);
+    let theirs = open("2", other);
+    let at = |a: &Attachment| Cursor {
+        epoch: s.epoch,
+        stream: a.stream,
+        seq: 0,
+    };
+    assert!(s.may_resume(&at(&mine), owner));
+    assert!(!s.may_resume(&at(&mine), other), "the owner's call");
+    assert!(!s.may_resume(&at(&theirs), owner), "the other's call");
+    let standalone = s.open_stream(OpenStream::new(StreamKind::Standalone, vec![]));
+    assert!(
+        s.may_resume(&at(&standalone), owner),
+        "the session's stream"
+    );
+    s.detach(theirs.stream, theirs.generation);
+    assert_eq!(s.detached_calls(owner), 0);
+    assert_eq!(s.detached_calls(other), 1);
+    s.detach(mine.stream, mine.generation);
+    assert_eq!(s.detached_calls(owner), 1);
 }
 
 /// Issue 22 item 6: at the session cap, one share's flood sheds its own sessions and never
