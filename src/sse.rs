@@ -296,6 +296,16 @@ impl Decoder {
         }
     }
 
+    /// Bytes the decoder holds of an event not yet complete (its line and data buffers, as
+    /// allocated); none between events (the spare capacity it keeps for lines is the
+    /// connection's).
+    pub fn held(&self) -> usize {
+        if self.line.is_empty() && self.cur_bytes == 0 {
+            return 0;
+        }
+        self.line.capacity() + self.cur.data.capacity()
+    }
+
     /// Feeds one chunk; complete events are appended to `out` in order.
     pub fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<Event>) -> Result<(), SseError> {
         if self.at_start && !chunk.is_empty() {

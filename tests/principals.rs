@@ -37,6 +37,9 @@ fn ping(id: u64) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#)
 }
 
+/// A request naming the session id it is given.
+type MakeRequest = fn(&str) -> Request<Full<Bytes>>;
+
 const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
 
 /// The whole body of `resp` as text (bounded by the support client's wait).
@@ -252,14 +255,14 @@ async fn a_minted_session_answers_strangers_as_an_unknown_one() {
     assert!(sid.starts_with("mra-"), "{sid}");
     // An id of the same form the gateway does not hold.
     let unheld = format!("mra-{}", "0".repeat(32));
-    let answer = |sid: String, req: fn(&str) -> Request<Full<Bytes>>| {
+    let answer = |sid: String, req: MakeRequest| {
         let addr = gw.addr;
         async move {
             let resp = send(addr, as_(req(&sid), ATTACKER)).await;
             (resp.status().as_u16(), text(resp).await)
         }
     };
-    let requests: [(&str, fn(&str) -> Request<Full<Bytes>>); 4] = [
+    let requests: [(&str, MakeRequest); 4] = [
         ("POST", |s| post(&ping(1), Some(s))),
         ("GET", |s| get(s, None)),
         ("resume", |s| get(s, Some("0123456789abcdef.1.1"))),

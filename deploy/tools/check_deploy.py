@@ -84,6 +84,7 @@ BASE_BYTES = 12 << 20
 EVENT_OVERHEAD = 56
 SESSION_OVERHEAD = 9 << 10
 CONNECTION_BYTES = 64 << 10
+READ_BATCH_BYTES = 64 << 10
 
 failures: list[str] = []
 passes = 0
@@ -584,7 +585,7 @@ def flags(args: list[str]) -> dict[str, str]:
 # Defaults of the gateway's flags (README.md / docs/operations.md).
 DEFAULTS = {
     "window-events": "256", "window-bytes": "1MiB", "max-sessions": "10000",
-    "memory-budget": "1GiB", "max-buffered-request-bytes": "64MiB",
+    "memory-budget": "1GiB", "max-buffered-request-bytes": "64MiB", "max-event-bytes": "16MiB",
     "drain-delay": "5s", "drain-timeout": "25s", "keepalive": "15s",
     "admin-listen": "127.0.0.1:9090", "listen": "0.0.0.0:8080",
 }
@@ -599,8 +600,14 @@ def memory_estimate(f: dict[str, str]) -> int:
     # The windows' retained bytes and the oversized events held for clients share
     # --memory-budget; the windows alone never hold more than their own bound.
     held = max(budget, sessions * window)
+    event = parse_size(f.get("max-event-bytes", DEFAULTS["max-event-bytes"]))
     per_session = events * EVENT_OVERHEAD + SESSION_OVERHEAD
-    return BASE_BYTES + held + sessions * per_session + sessions * CONNECTION_BYTES + bodies
+    # What upstream readers hold outside the sessions: an eighth of the budget, one answer
+    # decoded past it, and a read batch per upstream connection (one per session's held
+    # stream or call, counted as the client connections are).
+    readers = budget // 8 + event + sessions * READ_BATCH_BYTES
+    return (BASE_BYTES + held + sessions * per_session + sessions * CONNECTION_BYTES + bodies
+            + readers)
 
 
 def check_pod(docs: list[dict]):

@@ -39,8 +39,8 @@ use self::dedup::{Carried, Forwarded, Retired};
 use self::hold::Hold;
 pub use self::hold::{Attempt, HoldStart, Phase};
 pub use self::registry::{
-    hash_id, is_minted_form, AtCapacity, Budget, Eviction, OnShed, Owner, Principal, Registry,
-    Reservation,
+    hash_id, is_minted_form, AtCapacity, Budget, Charge, Eviction, OnShed, Owner, Principal,
+    Registry, Reservation,
 };
 use self::reserve::{Delivery, Reserve};
 pub use self::stream::{End, StreamKind, UpstreamFailure};

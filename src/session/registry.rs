@@ -6,9 +6,10 @@
 //! `sweep`, `trim`, `idle_since`); knows nothing of HTTP.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{lock, Session, Stirred, StreamKind};
@@ -17,23 +18,77 @@ use crate::config::Config;
 pub use crate::metrics::Eviction;
 use crate::metrics::Metrics;
 
-/// The global byte budget shared by all windows and the oversized events held for their
-/// clients (`--memory-budget`).
+/// The global byte budget shared by all windows, the oversized events held for their
+/// clients, and what upstream readers hold outside any session: an event partly decoded,
+/// decoded events waiting for room (`--memory-budget`).
 #[derive(Debug)]
 pub struct Budget {
     used: AtomicUsize,
     /// The part of `used` held in streams' overflow slots.
     oversized: AtomicUsize,
+    /// The part of `used` held by readers ([`Charge`]s).
+    transient: AtomicUsize,
+    /// The one reader that may go on decoding a large event however full the budget is (one
+    /// always moves): its charge's number; 0 for none.
+    mover: AtomicU64,
+    charges: AtomicU64,
+    /// Woken when the mover lets go or an oversized event leaves its slot: readers waiting
+    /// for room look again.
+    freed: Notify,
     limit: usize,
 }
+
+/// The most that upstream readers hold together outside sessions (events being decoded or
+/// waiting for room), beyond one reader's event ([`Charge::room_for`]): an eighth of
+/// `--memory-budget`, counted on top of what the sessions retain (docs/operations.md's
+/// sizing formula).
+pub fn transient_limit(budget: usize) -> usize {
+    budget / 8
+}
+
+/// How often a reader waiting for room in the budget looks again without being woken: room
+/// also comes from windows that shrink, which do not wake anyone.
+const ROOM_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Budget {
     pub fn new(limit: usize) -> Budget {
         Budget {
             used: AtomicUsize::new(0),
             oversized: AtomicUsize::new(0),
+            transient: AtomicUsize::new(0),
+            mover: AtomicU64::new(0),
+            charges: AtomicU64::new(0),
+            freed: Notify::new(),
             limit,
         }
+    }
+
+    /// A reader's account in the budget, empty for now.
+    pub fn charge(self: &Arc<Self>) -> Charge {
+        Charge {
+            budget: self.clone(),
+            held: 0,
+            number: self.charges.fetch_add(1, Ordering::Relaxed) + 1,
+        }
+    }
+
+    /// Bytes held by readers now ([`Charge`]).
+    pub fn transient(&self) -> usize {
+        self.transient.load(Ordering::Relaxed)
+    }
+
+    /// Bytes retained by sessions (windows and overflow slots): what shedding and trimming
+    /// can free, and all they answer for.
+    fn sessions(&self) -> usize {
+        self.used().saturating_sub(self.transient())
+    }
+
+    /// Room for a reader to take `more` bytes: readers together hold at most an eighth of
+    /// the budget ([`transient_limit`]), and only while everything held stays below 90% of it
+    /// (the room new sessions are admitted in).
+    fn room_for(&self, more: usize) -> bool {
+        self.transient().saturating_add(more) <= transient_limit(self.limit)
+            && self.used().saturating_add(more) <= self.limit - self.limit / 10
     }
 
     /// Bytes retained by all windows and overflow slots now.
@@ -47,7 +102,7 @@ impl Budget {
     /// whatever its size). Otherwise its reader waits.
     pub(super) fn admits_oversized(&self, len: usize) -> bool {
         self.oversized.load(Ordering::Relaxed) == 0
-            || self.used().saturating_add(len) <= self.limit - self.limit / 10
+            || self.sessions().saturating_add(len) <= self.limit - self.limit / 10
     }
 
     /// Applies an overflow slot's size change from `before` to `after`.
@@ -58,16 +113,21 @@ impl Budget {
             self.oversized.fetch_sub(before - after, Ordering::Relaxed);
         }
         self.adjust(before, after);
+        if after < before {
+            self.freed.notify_waiters();
+        }
     }
 
+    /// How far the sessions are over the budget. What readers hold is not: it is bounded
+    /// by making them wait ([`Charge::room_for`]), never by dropping what sessions retain.
     pub(super) fn over(&self) -> usize {
-        self.used().saturating_sub(self.limit)
+        self.sessions().saturating_sub(self.limit)
     }
 
     /// New sessions are admitted only below 90% of the budget, so the sessions already held
     /// keep some room to grow before their windows must be trimmed.
     pub(super) fn admits_new(&self) -> bool {
-        self.used() < self.limit - self.limit / 10
+        self.sessions() < self.limit - self.limit / 10
     }
 
     /// Applies a window's size change from `before` to `after`.
@@ -77,6 +137,83 @@ impl Budget {
         } else {
             self.used.fetch_sub(before - after, Ordering::Relaxed);
         }
+    }
+}
+
+/// What one upstream reader holds outside any session (an event partly decoded, decoded
+/// events waiting for room), counted in the [`Budget`] from its first byte, so the flags
+/// bound it: a reader in the middle of a large event takes more bytes only while the budget
+/// has room for them ([`Charge::room_for`]), else the upstream is not read (TCP pushes back).
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<Budget>,
+    held: usize,
+    number: u64,
+}
+
+impl Charge {
+    /// Bytes this charge counts now.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The reader holds `held` bytes now. Below `released`, it no longer needs to be the
+    /// budget's mover (its large event is decoded and handed on).
+    pub fn set(&mut self, held: usize, released: usize) {
+        if held != self.held {
+            let b = &self.budget;
+            if held > self.held {
+                b.transient.fetch_add(held - self.held, Ordering::Relaxed);
+            } else {
+                b.transient.fetch_sub(self.held - held, Ordering::Relaxed);
+            }
+            b.adjust(self.held, held);
+            self.held = held;
+        }
+        if held < released {
+            self.let_go();
+        }
+    }
+
+    fn let_go(&self) {
+        let b = &self.budget;
+        // Most readers never move: one load, no write.
+        if b.mover.load(Ordering::Relaxed) == self.number
+            && b.mover
+                .compare_exchange(self.number, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            b.freed.notify_waiters();
+        }
+    }
+
+    /// Waits until the reader may take `more` bytes: while readers hold less than their part
+    /// of the budget and everything held stays below 90% of it, or as the budget's one mover
+    /// (taken when no other reader is), so that one large event always gets through however
+    /// full the windows are.
+    pub async fn room_for(&mut self, more: usize) {
+        let b = self.budget.clone();
+        loop {
+            let freed = b.freed.notified();
+            if b.room_for(more) {
+                return;
+            }
+            match b
+                .mover
+                .compare_exchange(0, self.number, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(n) if n == self.number => return,
+                Err(_) => {}
+            }
+            let _ = tokio::time::timeout(ROOM_RECHECK, freed).await;
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.set(0, usize::MAX);
     }
 }
 
@@ -199,6 +336,11 @@ impl Registry {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The memory budget all sessions and upstream readers share.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {

@@ -1735,3 +1735,39 @@ fn an_answer_longer_than_one_frame_goes_on_as_an_attached_body() {
     assert!(t.contains(&String::from_utf8(big.data_bytes().unwrap().to_vec()).unwrap()));
     assert_eq!(s.attached_clients(), 0, "its body ended");
 }
+
+/// Issue 46 item 3: what readers hold is counted from its first byte; past their part of the
+/// budget, one reader (the mover) goes on and the others wait until it let go.
+#[tokio::test(start_paused = true)]
+async fn readers_take_more_only_with_room_and_one_always_moves() {
+    let budget = Arc::new(Budget::new(1 << 20));
+    let part = super::registry::transient_limit(1 << 20);
+    let mut a = budget.charge();
+    a.set(part - (32 << 10), 64 << 10);
+    assert_eq!(
+        budget.used(),
+        part - (32 << 10),
+        "counted from the first byte"
+    );
+    assert_eq!(budget.transient(), budget.used());
+    let (mut b, mut c) = (budget.charge(), budget.charge());
+    // No room for b's next batch within the readers' part: b becomes the mover.
+    tokio::time::timeout(Duration::from_millis(1), b.room_for(64 << 10))
+        .await
+        .expect("the first to find no room moves");
+    b.set(200 << 10, 64 << 10);
+    // c finds neither room nor the mover's place.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), c.room_for(64 << 10))
+            .await
+            .is_err(),
+        "waits while b moves"
+    );
+    // b's event went into its session: b lets go, and c moves.
+    b.set(0, 64 << 10);
+    tokio::time::timeout(Duration::from_millis(100), c.room_for(64 << 10))
+        .await
+        .expect("the mover let go");
+    drop((a, b, c));
+    assert_eq!(budget.used(), 0, "every charge is given back");
+}

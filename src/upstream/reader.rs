@@ -21,7 +21,9 @@ use super::conn::{OwnBody, ReadEnd};
 use super::{hold, is_json, is_sse, Source};
 use crate::jsonrpc::{self, Message};
 use crate::metrics::{Metrics, UpgradeAnswer, UpstreamErrorKind};
-use crate::session::{End, Eviction, OpenStream, Registry, Session, UpstreamFailure, Whole};
+use crate::session::{
+    Charge, End, Eviction, OpenStream, Registry, Session, UpstreamFailure, Whole,
+};
 use crate::sse::{Decoder, Event};
 
 /// The upstream's answer to a POST the gateway answers with an SSE stream of its own
@@ -102,28 +104,24 @@ pub(crate) fn spawn_answer_reader(
         if status == StatusCode::OK && is_json(headers) {
             metrics.json_upgrade(UpgradeAnswer::Json);
             let limit = source.upstream.cfg.max_event_bytes;
-            let body = Limited::new(resp.into_body(), limit)
-                .collect()
-                .await
-                .map(|b| b.to_bytes());
-            let end = match body {
+            let mut charge = registry.budget().charge();
+            let end = match read_json(resp.into_body(), limit, &mut charge).await {
                 Ok(body) => match json_answer(&metrics, &body, limit) {
                     Ok((events, _)) => {
-                        deliver(&registry, &session, stream, &mut events.into()).await;
+                        drop(body);
+                        let mut events = events.into();
+                        deliver(&registry, &session, stream, &mut events, &mut charge, 0).await;
                         End::Complete
                     }
                     Err(end) => end,
                 },
-                Err(e)
-                    if e.downcast_ref::<http_body_util::LengthLimitError>()
-                        .is_some() =>
-                {
+                Err(JsonRead::TooLarge) => {
                     metrics.upstream_error(UpstreamErrorKind::InvalidEvent);
                     End::Failed(too_large(limit))
                 }
-                Err(e) => {
+                Err(JsonRead::Failed(failure)) => {
                     metrics.upstream_error(UpstreamErrorKind::Stream);
-                    End::Failed(UpstreamFailure::Connection(e.to_string()))
+                    End::Failed(failure)
                 }
             };
             session.end_stream(stream, end);
@@ -155,6 +153,51 @@ pub(crate) fn spawn_answer_reader(
         }
     });
     s.set_reader(stream, reader.abort_handle());
+}
+
+/// Why [`read_json`] has no body.
+enum JsonRead {
+    /// Larger than `--max-event-bytes`.
+    TooLarge,
+    Failed(UpstreamFailure),
+}
+
+/// An upgraded POST's JSON answer, read whole (at most `limit` bytes) and counted in the
+/// budget from its first byte: past a read batch, more only while the budget has room.
+async fn read_json(
+    mut body: OwnBody,
+    limit: usize,
+    charge: &mut Charge,
+) -> Result<Vec<u8>, JsonRead> {
+    let mut json = Vec::new();
+    loop {
+        if json.len() >= READ_BATCH_BYTES {
+            charge.set(json.capacity(), READ_BATCH_BYTES);
+            charge.room_for(READ_BATCH_BYTES).await;
+        }
+        let read = body.read(READ_BATCH_BYTES, |data| {
+            if json.len() + data.len() > limit {
+                return Err(JsonRead::TooLarge);
+            }
+            json.extend_from_slice(data);
+            Ok(())
+        });
+        let end = match read.await {
+            Ok(end) => end,
+            Err(e) => return Err(e),
+        };
+        charge.set(json.capacity(), READ_BATCH_BYTES);
+        match end {
+            ReadEnd::More => {}
+            ReadEnd::Done => return Ok(json),
+            ReadEnd::Connection(e) => return Err(JsonRead::Failed(UpstreamFailure::Connection(e))),
+            ReadEnd::Framing(e) => {
+                return Err(JsonRead::Failed(UpstreamFailure::InvalidStream(
+                    e.to_string(),
+                )))
+            }
+        }
+    }
 }
 
 /// An answer that came whole with its head: its stream's events (`answers[i]`: the ids of
@@ -229,7 +272,8 @@ pub(crate) fn serve_whole(
         if !events.is_empty() {
             let (registry, s, stream) = (registry.clone(), session.clone(), attachment.stream);
             let task = tokio::spawn(async move {
-                deliver(&registry, &s, stream, &mut events).await;
+                let mut charge = registry.budget().charge();
+                deliver(&registry, &s, stream, &mut events, &mut charge, 0).await;
                 s.end_stream(stream, end);
             });
             session.set_reader(stream, task.abort_handle());
@@ -358,18 +402,26 @@ fn disown_control_type(e: &mut crate::sse::Event) {
 const CONTROL_PREFIX: &str = "mcp-reattach/";
 
 /// Hands `events` to the session, waiting while its window has no room (flow control: the
-/// body is not polled meanwhile, so the upstream's TCP window closes). Counts pauses.
+/// body is not polled meanwhile, so the upstream's TCP window closes). Counts pauses. Events
+/// waiting are counted in `charge`, on top of `base` (what the reader holds besides).
 async fn deliver(
     registry: &Registry,
     session: &Session,
     stream: u32,
     events: &mut VecDeque<Event>,
+    charge: &mut Charge,
+    base: usize,
 ) {
     let mut paused: Option<Instant> = None;
     std::future::poll_fn(|cx| {
+        // Not counted while the session takes them (it counts what it retains); a reader
+        // that is the budget's mover stays it until its events are in the session.
+        charge.set(base, 0);
         if session.push_events(stream, events, Some(cx.waker())) {
             std::task::Poll::Ready(())
         } else {
+            let waiting: usize = events.iter().map(|e| e.body().len()).sum();
+            charge.set(base + waiting, 0);
             if paused.is_none() {
                 registry.metrics().upstream_pauses.inc();
                 paused = Some(Instant::now());
@@ -408,10 +460,17 @@ pub(crate) async fn read_stream(
     let mut last_upstream_id: Option<String> = None;
     let mut retry: Option<u64> = None;
     let mut failures = 0;
+    let mut charge = registry.budget().charge();
     let end = 'outer: loop {
         let mut decoder = Decoder::new(max_event_bytes);
         let mut events = Vec::new();
         let end = loop {
+            if decoder.held() >= READ_BATCH_BYTES {
+                // In the middle of a large event: more of it only while the budget has room
+                // (else the upstream is not read, and TCP pushes back).
+                charge.set(decoder.held(), READ_BATCH_BYTES);
+                charge.room_for(READ_BATCH_BYTES).await;
+            }
             let ended = read_batch(&mut body, &mut decoder, &mut events, &metrics).await;
             for e in &mut events {
                 disown_control_type(e);
@@ -427,7 +486,17 @@ pub(crate) async fn read_stream(
             // a time, from the front, without moving the rest. (Both conversions keep the
             // buffer and move nothing: the deque is empty when delivered.)
             let mut delivering = VecDeque::from(std::mem::take(&mut events));
-            deliver(registry, session, stream, &mut delivering).await;
+            let partial = decoder.held();
+            deliver(
+                registry,
+                session,
+                stream,
+                &mut delivering,
+                &mut charge,
+                partial,
+            )
+            .await;
+            charge.set(partial, READ_BATCH_BYTES);
             events = Vec::from(delivering);
             if let Some(end) = ended {
                 break end;
