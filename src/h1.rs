@@ -25,6 +25,9 @@ pub const MAX_HEADERS: usize = 100;
 pub const MAX_EXTENSION_BYTES: usize = 16 * 1024;
 /// Most bytes of trailers after the last chunk (read and dropped).
 pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+/// Most interim (`1xx`) heads before a response's final head: an upstream that sends more
+/// (an endless stream of them) is refused, not read for as long as it writes.
+pub const MAX_INTERIM_HEADS: usize = 16;
 
 /// Why a response cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -197,21 +200,64 @@ pub fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The interim (`1xx`) heads of one response read so far, before its final head: at most
+/// [`MAX_INTERIM_HEADS`] of them, and their bytes with the final head's within
+/// [`MAX_HEAD_BYTES`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Interim {
+    heads: usize,
+    bytes: usize,
+}
+
+impl Interim {
+    /// One more interim head of `len` bytes.
+    fn add(&mut self, len: usize) -> Result<(), H1Error> {
+        self.heads += 1;
+        if self.heads > MAX_INTERIM_HEADS {
+            return Err(H1Error::Head("too many interim (1xx) responses"));
+        }
+        self.fits(len)?;
+        self.bytes += len;
+        Ok(())
+    }
+
+    /// Whether `more` bytes of head fit after the interim heads.
+    fn fits(&self, more: usize) -> Result<(), H1Error> {
+        if self.bytes + more > MAX_HEAD_BYTES {
+            return Err(H1Error::HeadTooLarge);
+        }
+        Ok(())
+    }
+}
+
 /// Parses the response head at the start of `buf`: the head and its length, `None` while it
 /// is incomplete. Informational (1xx) heads before it are skipped (their bytes are counted in
-/// the length); a `101` is an error, the gateway never asks to switch protocols. Header
+/// the length), at most [`MAX_INTERIM_HEADS`] of them and within [`MAX_HEAD_BYTES`] with the
+/// final head; a `101` is an error, the gateway never asks to switch protocols. Header
 /// values are copied out of `buf`; [`take_head`] is the same parse on a read buffer without
 /// the copies.
 pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
+    parse_after(buf, Interim::default())
+}
+
+/// [`parse_head`] after the interim heads `seen` (already taken off the buffer).
+fn parse_after(buf: &[u8], seen: Interim) -> Result<Option<(Head, usize)>, H1Error> {
+    let mut seen = seen;
     let mut at = 0;
     loop {
         match one_head(&buf[at..], HeaderValue::from_bytes)? {
-            Parsed::Partial if buf.len() - at > MAX_HEAD_BYTES => {
-                return Err(H1Error::HeadTooLarge)
+            Parsed::Partial => {
+                seen.fits(buf.len() - at)?;
+                return Ok(None);
             }
-            Parsed::Partial => return Ok(None),
-            Parsed::Informational(len) => at += len,
-            Parsed::Final(head, len) => return Ok(Some((head, at + len))),
+            Parsed::Informational(len) => {
+                seen.add(len)?;
+                at += len;
+            }
+            Parsed::Final(head, len) => {
+                seen.fits(len)?;
+                return Ok(Some((head, at + len)));
+            }
         }
     }
 }
@@ -222,29 +268,41 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
 /// Found by its empty line, then parsed; where that shortcut and httparse disagree (empty
 /// lines before the status line), the result is [`parse_head`]'s.
 pub fn take_head(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
+    take_head_after(buf, &mut Interim::default())
+}
+
+/// [`take_head`] on one read after another of the same response: `interim` counts the
+/// interim heads taken off `buf` so far (their bound holds over all the reads).
+pub fn take_head_after(
+    buf: &mut bytes::BytesMut,
+    interim: &mut Interim,
+) -> Result<Option<Head>, H1Error> {
     loop {
         let Some(end) = head_end(buf) else {
-            return take_parsed(buf);
+            return take_parsed(buf, *interim);
         };
         let bytes = buf.split_to(end).freeze();
         let value = |v: &[u8]| HeaderValue::from_maybe_shared(bytes.slice_ref(v));
         match one_head(&bytes, value)? {
-            Parsed::Informational(len) if len == end => continue,
-            Parsed::Final(head, len) if len == end => return Ok(Some(head)),
+            Parsed::Informational(len) if len == end => interim.add(len)?,
+            Parsed::Final(head, len) if len == end => {
+                interim.fits(len)?;
+                return Ok(Some(head));
+            }
             _ => {
                 // The shortcut misread the head's end: parse it all again, copying.
                 let mut whole = bytes::BytesMut::from(&bytes[..]);
                 whole.extend_from_slice(buf);
                 *buf = whole;
-                return take_parsed(buf);
+                return take_parsed(buf, *interim);
             }
         }
     }
 }
 
-/// [`parse_head`] on `buf`, the head's bytes split off it when complete.
-fn take_parsed(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
-    Ok(parse_head(buf)?.map(|(head, len)| {
+/// [`parse_after`] on `buf`, the head's bytes split off it when complete.
+fn take_parsed(buf: &mut bytes::BytesMut, seen: Interim) -> Result<Option<Head>, H1Error> {
+    Ok(parse_after(buf, seen)?.map(|(head, len)| {
         let _ = buf.split_to(len);
         head
     }))
@@ -1002,6 +1060,62 @@ mod tests {
         );
         let long = format!("HTTP/1.1 200 OK\r\nx: {}", "v".repeat(MAX_HEAD_BYTES));
         assert_eq!(head(&long).unwrap_err(), H1Error::HeadTooLarge);
+    }
+
+    #[test]
+    fn interim_heads_are_bounded_in_number_and_bytes_over_every_read() {
+        const CONTINUE: &str = "HTTP/1.1 100 Continue\r\n\r\n";
+        const OK: &str = "HTTP/1.1 204 No Content\r\n\r\n";
+        // At the bound: the answer is read, in one buffer or one read at a time.
+        let most = format!("{}{OK}", CONTINUE.repeat(MAX_INTERIM_HEADS));
+        assert_eq!(head(&most).unwrap().unwrap().0.status, 204);
+        let mut interim = Interim::default();
+        for _ in 0..MAX_INTERIM_HEADS {
+            let mut buf = bytes::BytesMut::from(CONTINUE);
+            assert!(take_head_after(&mut buf, &mut interim).unwrap().is_none());
+        }
+        let mut buf = bytes::BytesMut::from(OK);
+        assert!(take_head_after(&mut buf, &mut interim).unwrap().is_some());
+        // One more, however the reads cut them: refused, never skipped for as long as an
+        // upstream writes them.
+        let flood = CONTINUE.repeat(MAX_INTERIM_HEADS + 1);
+        assert!(
+            matches!(head(&flood), Err(H1Error::Head(_))),
+            "{:?}",
+            head(&flood)
+        );
+        let mut buf = bytes::BytesMut::from(flood.as_str());
+        assert!(take_head(&mut buf).is_err());
+        let mut interim = Interim::default();
+        let mut refused = None;
+        for i in 0..=MAX_INTERIM_HEADS {
+            let mut buf = bytes::BytesMut::from(CONTINUE);
+            if let Err(e) = take_head_after(&mut buf, &mut interim) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        assert!(
+            matches!(refused, Some((i, H1Error::Head(_))) if i == MAX_INTERIM_HEADS),
+            "{refused:?}"
+        );
+        // Their bytes count with the final head's.
+        let big = format!(
+            "HTTP/1.1 103 Early Hints\r\nlink: {}\r\n\r\n",
+            "v".repeat(MAX_HEAD_BYTES / 2)
+        );
+        let mut interim = Interim::default();
+        let mut buf = bytes::BytesMut::from(big.as_str());
+        assert!(take_head_after(&mut buf, &mut interim).unwrap().is_none());
+        let mut buf = bytes::BytesMut::from(big.as_str());
+        assert_eq!(
+            take_head_after(&mut buf, &mut interim).unwrap_err(),
+            H1Error::HeadTooLarge
+        );
+        assert_eq!(
+            head(&format!("{big}{big}{OK}")).unwrap_err(),
+            H1Error::HeadTooLarge
+        );
     }
 
     /// A whole request head: [`request_head`] then [`end_request_head`].
