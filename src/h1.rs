@@ -7,8 +7,9 @@
 //!
 //! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
 //! `Content-Length`, differing lengths, a transfer coding other than `chunked` alone, a chunk
-//! size that is not hex or overflows, a missing CRLF, and oversized heads, extensions or
-//! trailers are errors, never guesses. Pure: no I/O, no clocks (see `docs/design.md`, "The
+//! size that is not hex or overflows, a missing CRLF, a trailer line that is not a header
+//! line (a name token, a colon, a value without control bytes), and oversized heads, extensions
+//! or trailers are errors, never guesses. Pure: no I/O, no clocks (see `docs/design.md`, "The
 //! upstream streams the gateway reads itself").
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -23,7 +24,8 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 100;
 /// Most bytes of chunk extensions over one body (they carry nothing the gateway uses).
 pub const MAX_EXTENSION_BYTES: usize = 16 * 1024;
-/// Most bytes of trailers after the last chunk (read and dropped).
+/// Most bytes of trailers after the last chunk (read and dropped); a client's request body
+/// is held to the smaller of this and its head bound ([`BodyDecoder::with_trailer_limit`]).
 pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
 /// Most interim (`1xx`) heads before a response's final head: an upstream that sends more
 /// (an endless stream of them) is refused, not read for as long as it writes.
@@ -473,8 +475,10 @@ enum Chunk {
     DataLf,
     /// After the last chunk: at the start of a trailer line (or of the final CRLF).
     TrailerStart,
-    /// In a trailer line.
-    Trailer,
+    /// In a trailer line's name.
+    TrailerName,
+    /// In a trailer line's value (after its colon).
+    TrailerValue,
     /// After a trailer line's CR.
     TrailerLf,
     /// After the final CR.
@@ -504,18 +508,30 @@ fn size_line(input: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
+/// Whether `b` may be in a header (or trailer) name: RFC 9110 §5.6.2's `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 /// The incremental decoder of a response body: feed it each read, get the data as slices of
 /// it. Bounded: it keeps a few integers, never bytes.
 #[derive(Debug, Clone)]
 pub struct BodyDecoder {
     state: State,
-    /// Extension and trailer bytes seen so far (bounded).
+    /// Extension bytes seen so far (bounded).
     extension: usize,
-    trailer: usize,
+    /// Trailer bytes still allowed.
+    trailer_left: usize,
 }
 
 impl BodyDecoder {
     pub fn new(framing: Framing) -> BodyDecoder {
+        BodyDecoder::with_trailer_limit(framing, MAX_TRAILER_BYTES)
+    }
+
+    /// A decoder whose trailers may have at most `max` bytes (and at most
+    /// [`MAX_TRAILER_BYTES`]): a request's trailers are held to the request head's bound.
+    pub fn with_trailer_limit(framing: Framing, max: usize) -> BodyDecoder {
         let state = match framing {
             Framing::Length(0) => State::Done,
             Framing::Length(n) => State::Length(n),
@@ -525,8 +541,17 @@ impl BodyDecoder {
         BodyDecoder {
             state,
             extension: 0,
-            trailer: 0,
+            trailer_left: max.min(MAX_TRAILER_BYTES),
         }
+    }
+
+    /// One more byte of trailers.
+    fn trailer_byte(&mut self) -> Result<(), H1Error> {
+        self.trailer_left = self
+            .trailer_left
+            .checked_sub(1)
+            .ok_or(H1Error::Chunk("trailers too large"))?;
+        Ok(())
     }
 
     /// The bytes of body data still to come, when the framing says (`Content-Length`).
@@ -650,17 +675,32 @@ impl BodyDecoder {
             (Chunk::DataCr, _) => return Err(H1Error::Chunk("chunk data longer than its size")),
             (Chunk::DataLf, b'\n') => Chunk::Size(0, 0),
             (Chunk::DataLf, _) => return Err(H1Error::Chunk("CR without LF after chunk data")),
+            // Trailer lines are header lines (RFC 9112 §7.1.2, §5): a name token, a colon, a
+            // value without control bytes but HTAB; no obs-fold, no bare CR or LF.
             (Chunk::TrailerStart, b'\r') => Chunk::EndLf,
-            (Chunk::TrailerStart | Chunk::Trailer, b'\n') => {
+            (Chunk::TrailerStart | Chunk::TrailerName | Chunk::TrailerValue, b'\n') => {
                 return Err(H1Error::Chunk("bare LF in the trailers"))
             }
-            (Chunk::Trailer, b'\r') => Chunk::TrailerLf,
-            (Chunk::TrailerStart | Chunk::Trailer, _) => {
-                self.trailer += 1;
-                if self.trailer > MAX_TRAILER_BYTES {
-                    return Err(H1Error::Chunk("trailers too large"));
-                }
-                Chunk::Trailer
+            (Chunk::TrailerValue, b'\r') => Chunk::TrailerLf,
+            (Chunk::TrailerName, b':') => {
+                self.trailer_byte()?;
+                Chunk::TrailerValue
+            }
+            (Chunk::TrailerStart | Chunk::TrailerName, _) if is_tchar(b) => {
+                self.trailer_byte()?;
+                Chunk::TrailerName
+            }
+            (Chunk::TrailerStart | Chunk::TrailerName, _) => {
+                return Err(H1Error::Chunk(
+                    "a trailer line without a valid name and colon",
+                ))
+            }
+            (Chunk::TrailerValue, _) if b == b'\t' || (b >= b' ' && b != 0x7f) => {
+                self.trailer_byte()?;
+                Chunk::TrailerValue
+            }
+            (Chunk::TrailerValue, _) => {
+                return Err(H1Error::Chunk("a control byte in a trailer value"))
             }
             (Chunk::TrailerLf, b'\n') => Chunk::TrailerStart,
             (Chunk::TrailerLf, _) => return Err(H1Error::Chunk("CR without LF in the trailers")),
@@ -702,6 +742,15 @@ impl RequestError {
         match self {
             RequestError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             RequestError::Head(_) | RequestError::Framing(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Why, as the access line's `error.type` says it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RequestError::Head(_) => "malformed-head",
+            RequestError::HeadTooLarge => "head-too-large",
+            RequestError::Framing(_) => "ambiguous-framing",
         }
     }
 }
@@ -1348,6 +1397,17 @@ mod tests {
             b"0\r\n\rX",
             b"-1\r\n",
             b"5;a\nb\r\n",
+            // Trailer lines that are not header lines.
+            b"0\r\nbad name: 1\r\n\r\n",
+            b"0\r\nx-t : 1\r\n\r\n",
+            b"0\r\n: 1\r\n\r\n",
+            b"0\r\nno-colon\r\n\r\n",
+            b"0\r\nx-t: 1\r\n folded\r\n\r\n",
+            b"0\r\n\tx-t: 1\r\n\r\n",
+            b"0\r\nx-t: a\0b\r\n\r\n",
+            b"0\r\nx-t: a\rb\r\n\r\n",
+            b"0\r\nx-t: a\x7fb\r\n\r\n",
+            b"0\r\nx\xfft: 1\r\n\r\n",
         ] {
             assert!(
                 decode_split(Framing::Chunked, bad, &[]).is_err(),
@@ -1363,6 +1423,15 @@ mod tests {
         assert!(decode_split(Framing::Chunked, ext.as_bytes(), &[]).is_err());
         let trailer = format!("0\r\nx: {}\r\n\r\n", "t".repeat(MAX_TRAILER_BYTES));
         assert!(decode_split(Framing::Chunked, trailer.as_bytes(), &[]).is_err());
+        // Header lines are trailer lines: values with spaces, tabs and non-ASCII bytes, empty
+        // values, several lines; within a smaller bound when one is given.
+        let good = b"0\r\nx-t: a b\tc \xe9\r\nx-empty:\r\nX_Odd.Name~!: 1\r\n\r\nAFTER";
+        let (data, after, done) = decode_split(Framing::Chunked, good, &[]).unwrap();
+        assert_eq!((data.len(), after, done), (0, 5, true));
+        let mut d = BodyDecoder::with_trailer_limit(Framing::Chunked, 8);
+        assert!(d.decode(b"0\r\nx: 12345\r\n\r\n", |_| {}).is_ok());
+        let mut d = BodyDecoder::with_trailer_limit(Framing::Chunked, 8);
+        assert!(d.decode(b"0\r\nx: 123456\r\n\r\n", |_| {}).is_err());
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub(crate) struct Settings {
 pub(crate) enum ConnError {
     #[error("client connection: {0}")]
     Io(#[from] std::io::Error),
+    /// A request head refused: always answered ([`RequestError::status`]) before the close.
     #[error("{0} (answered {status})", status = .0.status())]
     Request(RequestError),
     #[error("request head not complete within --header-read-timeout")]
@@ -323,9 +324,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         };
         let mut stop_gone = false;
         loop {
+            let before = self.rbuf.len();
             if let Some(head) = h1::take_request(&mut self.rbuf, self.settings.max_headers)
                 .map_err(ConnError::Request)?
             {
+                // Whole in the last read, a head may have passed the bound by up to a read.
+                if before - self.rbuf.len() > self.settings.max_head_bytes {
+                    return Err(ConnError::Request(RequestError::HeadTooLarge));
+                }
                 return Ok(Some(head));
             }
             if self.rbuf.len() > self.settings.max_head_bytes {
@@ -606,7 +612,7 @@ fn request<IO: AsyncRead + AsyncWrite + Unpin>(
             let shared = Arc::new(Mutex::new(Shared::default()));
             let mut feed = Feed {
                 shared: shared.clone(),
-                decoder: BodyDecoder::new(framing),
+                decoder: BodyDecoder::with_trailer_limit(framing, conn.settings.max_head_bytes),
                 expect_continue: expect_continue && conn.rbuf.is_empty(),
                 continue_written: 0,
             };
@@ -1115,6 +1121,27 @@ mod tests {
             let text = read_all(c).await;
             assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
             assert!(matches!(task.await.unwrap(), Err(ConnError::Request(_))));
+        }
+        // Whole in one read, a head over the bound is refused too: the bound is the head's,
+        // not the reads'.
+        let max = settings().max_head_bytes;
+        for len in [max, max + 1, max + READ_BYTES - 1] {
+            let line = "GET /a HTTP/1.1\r\nx: \r\n\r\n";
+            let head = format!(
+                "GET /a HTTP/1.1\r\nx: {}\r\n\r\n",
+                "a".repeat(len - line.len())
+            );
+            assert_eq!(head.len(), len);
+            let (mut c, task, _stop) = start(echo);
+            c.write_all(head.as_bytes()).await.unwrap();
+            c.shutdown().await.unwrap();
+            let text = read_all(c).await;
+            let want = if len > max { "431" } else { "200" };
+            assert!(
+                text.starts_with(&format!("HTTP/1.1 {want} ")),
+                "{len}: {text}"
+            );
+            let _ = task.await.unwrap();
         }
         let (mut c, task, _stop) = start(echo);
         let big = format!("GET /a HTTP/1.1\r\nx: {}\r\n", "a".repeat(9000));
