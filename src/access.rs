@@ -1,5 +1,7 @@
 //! One access-log line and one duration sample per finished request or stream, emitted when
-//! the response body ends or is dropped (completed, or cut by the client), never earlier.
+//! the response body ends or is dropped (completed, or cut by the client), never earlier; and
+//! a line for each request head the HTTP/1.1 layer refused ([`head_refused`]: no request was
+//! made of it, so no sample; `connection_errors_total` counts those).
 //!
 //! Knows hyper's `Body` trait and the metrics; never sees payloads, raw session ids or
 //! credentials.
@@ -240,30 +242,61 @@ impl Drop for AccessLog {
                 span.record("error.type", e);
             }
         }
-        match SINK.get() {
-            Some(sink) if tracing::enabled!(tracing::Level::INFO) => sink.write(&line),
-            Some(_) => {}
-            None => tracing::info!(
-                http.request.method = line.method,
-                url.path = line.path,
-                http.response.status_code = line.status,
-                duration_ms = line.duration_ms,
-                bytes = line.bytes,
-                events = line.events,
-                replayed = line.replayed,
-                outcome = line.outcome,
-                mcp.session.id = line.session,
-                mcp.method.name = line.mcp_method,
-                gen_ai.tool.name = line.tool,
-                client.address = %line.client,
-                user_agent.original = line.user_agent,
-                upstream.address = line.upstream,
-                upstream.duration_ms = line.upstream_ms,
-                trace_id = line.trace_id,
-                error.type = line.error,
-                "request finished"
-            ),
-        }
+        emit(&line);
+    }
+}
+
+/// The line of a request head the HTTP/1.1 layer refused with `status` (400 or 431, no body,
+/// the connection closed after it) for `reason` ([`crate::h1::RequestError::reason`]): of the
+/// request only who sent it is known (the peer's address: its forwarded headers were not
+/// read), its method and path are `-`.
+pub(crate) fn head_refused(client: std::net::IpAddr, status: StatusCode, reason: &'static str) {
+    emit(&Line {
+        method: "-",
+        path: "-",
+        status: status.as_u16(),
+        duration_ms: 0,
+        bytes: 0,
+        events: 0,
+        replayed: 0,
+        outcome: "completed",
+        session: "-",
+        client,
+        user_agent: "-",
+        mcp_method: "-",
+        tool: "-",
+        upstream: "-",
+        upstream_ms: None,
+        trace_id: "-",
+        error: reason,
+    });
+}
+
+/// Writes `line` to the sink, or through `tracing` without one.
+fn emit(line: &Line<'_>) {
+    match SINK.get() {
+        Some(sink) if tracing::enabled!(tracing::Level::INFO) => sink.write(line),
+        Some(_) => {}
+        None => tracing::info!(
+            http.request.method = line.method,
+            url.path = line.path,
+            http.response.status_code = line.status,
+            duration_ms = line.duration_ms,
+            bytes = line.bytes,
+            events = line.events,
+            replayed = line.replayed,
+            outcome = line.outcome,
+            mcp.session.id = line.session,
+            mcp.method.name = line.mcp_method,
+            gen_ai.tool.name = line.tool,
+            client.address = %line.client,
+            user_agent.original = line.user_agent,
+            upstream.address = line.upstream,
+            upstream.duration_ms = line.upstream_ms,
+            trace_id = line.trace_id,
+            error.type = line.error,
+            "request finished"
+        ),
     }
 }
 

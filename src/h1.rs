@@ -7,8 +7,9 @@
 //!
 //! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
 //! `Content-Length`, differing lengths, a transfer coding other than `chunked` alone, a chunk
-//! size that is not hex or overflows, a missing CRLF, and oversized heads, extensions or
-//! trailers are errors, never guesses. Pure: no I/O, no clocks (see `docs/design.md`, "The
+//! size that is not hex or overflows, a missing CRLF, a trailer line that is not a header
+//! line (a name token, a colon, a value without control bytes), and oversized heads, extensions
+//! or trailers are errors, never guesses. Pure: no I/O, no clocks (see `docs/design.md`, "The
 //! upstream streams the gateway reads itself").
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -23,8 +24,12 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 100;
 /// Most bytes of chunk extensions over one body (they carry nothing the gateway uses).
 pub const MAX_EXTENSION_BYTES: usize = 16 * 1024;
-/// Most bytes of trailers after the last chunk (read and dropped).
+/// Most bytes of trailers after the last chunk (read and dropped); a client's request body
+/// is held to the smaller of this and its head bound ([`BodyDecoder::with_trailer_limit`]).
 pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+/// Most interim (`1xx`) heads before a response's final head: an upstream that sends more
+/// (an endless stream of them) is refused, not read for as long as it writes.
+pub const MAX_INTERIM_HEADS: usize = 16;
 
 /// Why a response cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -197,21 +202,64 @@ pub fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The interim (`1xx`) heads of one response read so far, before its final head: at most
+/// [`MAX_INTERIM_HEADS`] of them, and their bytes with the final head's within
+/// [`MAX_HEAD_BYTES`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Interim {
+    heads: usize,
+    bytes: usize,
+}
+
+impl Interim {
+    /// One more interim head of `len` bytes.
+    fn add(&mut self, len: usize) -> Result<(), H1Error> {
+        self.heads += 1;
+        if self.heads > MAX_INTERIM_HEADS {
+            return Err(H1Error::Head("too many interim (1xx) responses"));
+        }
+        self.fits(len)?;
+        self.bytes += len;
+        Ok(())
+    }
+
+    /// Whether `more` bytes of head fit after the interim heads.
+    fn fits(&self, more: usize) -> Result<(), H1Error> {
+        if self.bytes + more > MAX_HEAD_BYTES {
+            return Err(H1Error::HeadTooLarge);
+        }
+        Ok(())
+    }
+}
+
 /// Parses the response head at the start of `buf`: the head and its length, `None` while it
 /// is incomplete. Informational (1xx) heads before it are skipped (their bytes are counted in
-/// the length); a `101` is an error, the gateway never asks to switch protocols. Header
+/// the length), at most [`MAX_INTERIM_HEADS`] of them and within [`MAX_HEAD_BYTES`] with the
+/// final head; a `101` is an error, the gateway never asks to switch protocols. Header
 /// values are copied out of `buf`; [`take_head`] is the same parse on a read buffer without
 /// the copies.
 pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
+    parse_after(buf, Interim::default())
+}
+
+/// [`parse_head`] after the interim heads `seen` (already taken off the buffer).
+fn parse_after(buf: &[u8], seen: Interim) -> Result<Option<(Head, usize)>, H1Error> {
+    let mut seen = seen;
     let mut at = 0;
     loop {
         match one_head(&buf[at..], HeaderValue::from_bytes)? {
-            Parsed::Partial if buf.len() - at > MAX_HEAD_BYTES => {
-                return Err(H1Error::HeadTooLarge)
+            Parsed::Partial => {
+                seen.fits(buf.len() - at)?;
+                return Ok(None);
             }
-            Parsed::Partial => return Ok(None),
-            Parsed::Informational(len) => at += len,
-            Parsed::Final(head, len) => return Ok(Some((head, at + len))),
+            Parsed::Informational(len) => {
+                seen.add(len)?;
+                at += len;
+            }
+            Parsed::Final(head, len) => {
+                seen.fits(len)?;
+                return Ok(Some((head, at + len)));
+            }
         }
     }
 }
@@ -222,29 +270,41 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, H1Error> {
 /// Found by its empty line, then parsed; where that shortcut and httparse disagree (empty
 /// lines before the status line), the result is [`parse_head`]'s.
 pub fn take_head(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
+    take_head_after(buf, &mut Interim::default())
+}
+
+/// [`take_head`] on one read after another of the same response: `interim` counts the
+/// interim heads taken off `buf` so far (their bound holds over all the reads).
+pub fn take_head_after(
+    buf: &mut bytes::BytesMut,
+    interim: &mut Interim,
+) -> Result<Option<Head>, H1Error> {
     loop {
         let Some(end) = head_end(buf) else {
-            return take_parsed(buf);
+            return take_parsed(buf, *interim);
         };
         let bytes = buf.split_to(end).freeze();
         let value = |v: &[u8]| HeaderValue::from_maybe_shared(bytes.slice_ref(v));
         match one_head(&bytes, value)? {
-            Parsed::Informational(len) if len == end => continue,
-            Parsed::Final(head, len) if len == end => return Ok(Some(head)),
+            Parsed::Informational(len) if len == end => interim.add(len)?,
+            Parsed::Final(head, len) if len == end => {
+                interim.fits(len)?;
+                return Ok(Some(head));
+            }
             _ => {
                 // The shortcut misread the head's end: parse it all again, copying.
                 let mut whole = bytes::BytesMut::from(&bytes[..]);
                 whole.extend_from_slice(buf);
                 *buf = whole;
-                return take_parsed(buf);
+                return take_parsed(buf, *interim);
             }
         }
     }
 }
 
-/// [`parse_head`] on `buf`, the head's bytes split off it when complete.
-fn take_parsed(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
-    Ok(parse_head(buf)?.map(|(head, len)| {
+/// [`parse_after`] on `buf`, the head's bytes split off it when complete.
+fn take_parsed(buf: &mut bytes::BytesMut, seen: Interim) -> Result<Option<Head>, H1Error> {
+    Ok(parse_after(buf, seen)?.map(|(head, len)| {
         let _ = buf.split_to(len);
         head
     }))
@@ -415,8 +475,10 @@ enum Chunk {
     DataLf,
     /// After the last chunk: at the start of a trailer line (or of the final CRLF).
     TrailerStart,
-    /// In a trailer line.
-    Trailer,
+    /// In a trailer line's name.
+    TrailerName,
+    /// In a trailer line's value (after its colon).
+    TrailerValue,
     /// After a trailer line's CR.
     TrailerLf,
     /// After the final CR.
@@ -446,18 +508,30 @@ fn size_line(input: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
+/// Whether `b` may be in a header (or trailer) name: RFC 9110 §5.6.2's `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 /// The incremental decoder of a response body: feed it each read, get the data as slices of
 /// it. Bounded: it keeps a few integers, never bytes.
 #[derive(Debug, Clone)]
 pub struct BodyDecoder {
     state: State,
-    /// Extension and trailer bytes seen so far (bounded).
+    /// Extension bytes seen so far (bounded).
     extension: usize,
-    trailer: usize,
+    /// Trailer bytes still allowed.
+    trailer_left: usize,
 }
 
 impl BodyDecoder {
     pub fn new(framing: Framing) -> BodyDecoder {
+        BodyDecoder::with_trailer_limit(framing, MAX_TRAILER_BYTES)
+    }
+
+    /// A decoder whose trailers may have at most `max` bytes (and at most
+    /// [`MAX_TRAILER_BYTES`]): a request's trailers are held to the request head's bound.
+    pub fn with_trailer_limit(framing: Framing, max: usize) -> BodyDecoder {
         let state = match framing {
             Framing::Length(0) => State::Done,
             Framing::Length(n) => State::Length(n),
@@ -467,8 +541,17 @@ impl BodyDecoder {
         BodyDecoder {
             state,
             extension: 0,
-            trailer: 0,
+            trailer_left: max.min(MAX_TRAILER_BYTES),
         }
+    }
+
+    /// One more byte of trailers.
+    fn trailer_byte(&mut self) -> Result<(), H1Error> {
+        self.trailer_left = self
+            .trailer_left
+            .checked_sub(1)
+            .ok_or(H1Error::Chunk("trailers too large"))?;
+        Ok(())
     }
 
     /// The bytes of body data still to come, when the framing says (`Content-Length`).
@@ -592,17 +675,32 @@ impl BodyDecoder {
             (Chunk::DataCr, _) => return Err(H1Error::Chunk("chunk data longer than its size")),
             (Chunk::DataLf, b'\n') => Chunk::Size(0, 0),
             (Chunk::DataLf, _) => return Err(H1Error::Chunk("CR without LF after chunk data")),
+            // Trailer lines are header lines (RFC 9112 §7.1.2, §5): a name token, a colon, a
+            // value without control bytes but HTAB; no obs-fold, no bare CR or LF.
             (Chunk::TrailerStart, b'\r') => Chunk::EndLf,
-            (Chunk::TrailerStart | Chunk::Trailer, b'\n') => {
+            (Chunk::TrailerStart | Chunk::TrailerName | Chunk::TrailerValue, b'\n') => {
                 return Err(H1Error::Chunk("bare LF in the trailers"))
             }
-            (Chunk::Trailer, b'\r') => Chunk::TrailerLf,
-            (Chunk::TrailerStart | Chunk::Trailer, _) => {
-                self.trailer += 1;
-                if self.trailer > MAX_TRAILER_BYTES {
-                    return Err(H1Error::Chunk("trailers too large"));
-                }
-                Chunk::Trailer
+            (Chunk::TrailerValue, b'\r') => Chunk::TrailerLf,
+            (Chunk::TrailerName, b':') => {
+                self.trailer_byte()?;
+                Chunk::TrailerValue
+            }
+            (Chunk::TrailerStart | Chunk::TrailerName, _) if is_tchar(b) => {
+                self.trailer_byte()?;
+                Chunk::TrailerName
+            }
+            (Chunk::TrailerStart | Chunk::TrailerName, _) => {
+                return Err(H1Error::Chunk(
+                    "a trailer line without a valid name and colon",
+                ))
+            }
+            (Chunk::TrailerValue, _) if b == b'\t' || (b >= b' ' && b != 0x7f) => {
+                self.trailer_byte()?;
+                Chunk::TrailerValue
+            }
+            (Chunk::TrailerValue, _) => {
+                return Err(H1Error::Chunk("a control byte in a trailer value"))
             }
             (Chunk::TrailerLf, b'\n') => Chunk::TrailerStart,
             (Chunk::TrailerLf, _) => return Err(H1Error::Chunk("CR without LF in the trailers")),
@@ -644,6 +742,15 @@ impl RequestError {
         match self {
             RequestError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             RequestError::Head(_) | RequestError::Framing(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Why, as the access line's `error.type` says it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RequestError::Head(_) => "malformed-head",
+            RequestError::HeadTooLarge => "head-too-large",
+            RequestError::Framing(_) => "ambiguous-framing",
         }
     }
 }
@@ -1004,6 +1111,62 @@ mod tests {
         assert_eq!(head(&long).unwrap_err(), H1Error::HeadTooLarge);
     }
 
+    #[test]
+    fn interim_heads_are_bounded_in_number_and_bytes_over_every_read() {
+        const CONTINUE: &str = "HTTP/1.1 100 Continue\r\n\r\n";
+        const OK: &str = "HTTP/1.1 204 No Content\r\n\r\n";
+        // At the bound: the answer is read, in one buffer or one read at a time.
+        let most = format!("{}{OK}", CONTINUE.repeat(MAX_INTERIM_HEADS));
+        assert_eq!(head(&most).unwrap().unwrap().0.status, 204);
+        let mut interim = Interim::default();
+        for _ in 0..MAX_INTERIM_HEADS {
+            let mut buf = bytes::BytesMut::from(CONTINUE);
+            assert!(take_head_after(&mut buf, &mut interim).unwrap().is_none());
+        }
+        let mut buf = bytes::BytesMut::from(OK);
+        assert!(take_head_after(&mut buf, &mut interim).unwrap().is_some());
+        // One more, however the reads cut them: refused, never skipped for as long as an
+        // upstream writes them.
+        let flood = CONTINUE.repeat(MAX_INTERIM_HEADS + 1);
+        assert!(
+            matches!(head(&flood), Err(H1Error::Head(_))),
+            "{:?}",
+            head(&flood)
+        );
+        let mut buf = bytes::BytesMut::from(flood.as_str());
+        assert!(take_head(&mut buf).is_err());
+        let mut interim = Interim::default();
+        let mut refused = None;
+        for i in 0..=MAX_INTERIM_HEADS {
+            let mut buf = bytes::BytesMut::from(CONTINUE);
+            if let Err(e) = take_head_after(&mut buf, &mut interim) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        assert!(
+            matches!(refused, Some((i, H1Error::Head(_))) if i == MAX_INTERIM_HEADS),
+            "{refused:?}"
+        );
+        // Their bytes count with the final head's.
+        let big = format!(
+            "HTTP/1.1 103 Early Hints\r\nlink: {}\r\n\r\n",
+            "v".repeat(MAX_HEAD_BYTES / 2)
+        );
+        let mut interim = Interim::default();
+        let mut buf = bytes::BytesMut::from(big.as_str());
+        assert!(take_head_after(&mut buf, &mut interim).unwrap().is_none());
+        let mut buf = bytes::BytesMut::from(big.as_str());
+        assert_eq!(
+            take_head_after(&mut buf, &mut interim).unwrap_err(),
+            H1Error::HeadTooLarge
+        );
+        assert_eq!(
+            head(&format!("{big}{big}{OK}")).unwrap_err(),
+            H1Error::HeadTooLarge
+        );
+    }
+
     /// A whole request head: [`request_head`] then [`end_request_head`].
     fn whole_head(
         method: http::Method,
@@ -1234,6 +1397,17 @@ mod tests {
             b"0\r\n\rX",
             b"-1\r\n",
             b"5;a\nb\r\n",
+            // Trailer lines that are not header lines.
+            b"0\r\nbad name: 1\r\n\r\n",
+            b"0\r\nx-t : 1\r\n\r\n",
+            b"0\r\n: 1\r\n\r\n",
+            b"0\r\nno-colon\r\n\r\n",
+            b"0\r\nx-t: 1\r\n folded\r\n\r\n",
+            b"0\r\n\tx-t: 1\r\n\r\n",
+            b"0\r\nx-t: a\0b\r\n\r\n",
+            b"0\r\nx-t: a\rb\r\n\r\n",
+            b"0\r\nx-t: a\x7fb\r\n\r\n",
+            b"0\r\nx\xfft: 1\r\n\r\n",
         ] {
             assert!(
                 decode_split(Framing::Chunked, bad, &[]).is_err(),
@@ -1249,6 +1423,15 @@ mod tests {
         assert!(decode_split(Framing::Chunked, ext.as_bytes(), &[]).is_err());
         let trailer = format!("0\r\nx: {}\r\n\r\n", "t".repeat(MAX_TRAILER_BYTES));
         assert!(decode_split(Framing::Chunked, trailer.as_bytes(), &[]).is_err());
+        // Header lines are trailer lines: values with spaces, tabs and non-ASCII bytes, empty
+        // values, several lines; within a smaller bound when one is given.
+        let good = b"0\r\nx-t: a b\tc \xe9\r\nx-empty:\r\nX_Odd.Name~!: 1\r\n\r\nAFTER";
+        let (data, after, done) = decode_split(Framing::Chunked, good, &[]).unwrap();
+        assert_eq!((data.len(), after, done), (0, 5, true));
+        let mut d = BodyDecoder::with_trailer_limit(Framing::Chunked, 8);
+        assert!(d.decode(b"0\r\nx: 12345\r\n\r\n", |_| {}).is_ok());
+        let mut d = BodyDecoder::with_trailer_limit(Framing::Chunked, 8);
+        assert!(d.decode(b"0\r\nx: 123456\r\n\r\n", |_| {}).is_err());
     }
 
     #[test]

@@ -297,6 +297,71 @@ async fn oversized_heads_get_431() {
     );
 }
 
+/// `--max-header-bytes` bounds the head, not the reads it came in: a head a little over the
+/// default 64 KiB, written at once, is refused like a larger one (it was accepted when its
+/// last read took it past the bound), and one at the bound is served.
+#[tokio::test]
+async fn a_head_just_over_the_bound_gets_431() {
+    let mock = Mock::start().await;
+    let gw = gateway(mock.addr, |_| {}).await;
+    let max = gw.gateway.config().max_header_bytes;
+    assert_eq!(max, 64 << 10);
+    // A resume of an unknown session: the gateway answers it itself (404).
+    let head = |len: usize| {
+        let start = "GET /mcp HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+                     mcp-session-id: no-such\r\nlast-event-id: 0123456789abcdef.0.1\r\nx-pad: ";
+        format!("{start}{}\r\n\r\n", "a".repeat(len - start.len() - 4))
+    };
+    for (len, want) in [
+        (max, "HTTP/1.1 404"),
+        (max + 1, "HTTP/1.1 431"),
+        (70_000, "HTTP/1.1 431"),
+    ] {
+        let raw_head = head(len);
+        assert_eq!(raw_head.len(), len);
+        let resp = raw(gw.addr, raw_head.as_bytes()).await;
+        assert!(resp.starts_with(want), "a head of {len} bytes: {resp}");
+    }
+}
+
+/// Every request head the gateway's HTTP/1.1 refuses gets an access line (the real binary's
+/// own writer, JSON): its status, the reason, the client's address, method and path `-`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_heads_get_an_access_line() {
+    let mock = Mock::start().await;
+    let mut gw = Binary::start(mock.addr, &["--log-format", "json"]).await;
+    let big = format!(
+        "GET /mcp HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    for (request, status, reason) in [
+        ("GET /mcp HTTP/1.1\r\nbad header\r\n\r\n".to_owned(), 400, "malformed-head"),
+        (
+            "POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n"
+                .to_owned(),
+            400,
+            "ambiguous-framing",
+        ),
+        (big, 431, "head-too-large"),
+    ] {
+        let resp = raw(gw.addr, request.as_bytes()).await;
+        assert!(resp.starts_with(&format!("HTTP/1.1 {status} ")), "{resp}");
+        let line = loop {
+            match gw.proc.next_line(Duration::from_secs(10)).await {
+                NextLine::Line(l) if l.contains("request finished") => break l,
+                NextLine::Line(_) => {}
+                other => panic!("no access line for a refused head ({reason}): {other:?}"),
+            }
+        };
+        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        assert_eq!(v["http.response.status_code"], status, "{line}");
+        assert_eq!(v["error.type"], reason, "{line}");
+        assert_eq!(v["http.request.method"], "-", "{line}");
+        assert_eq!(v["url.path"], "-", "{line}");
+        assert_eq!(v["client.address"], "127.0.0.1", "{line}");
+    }
+}
+
 /// Sends part of a head and nothing more; returns how long until the gateway closed the
 /// connection, on tokio's clock.
 async fn slow_head_closed_after(gw: &Gw) -> Duration {

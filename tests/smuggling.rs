@@ -358,3 +358,58 @@ async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
         failures.join("\n")
     );
 }
+
+/// Trailer lines are header lines: one that is not (a name that is no token, no colon, a
+/// control byte in the value, obs-fold) is refused with 400 and nothing reaches the upstream;
+/// well-formed trailers are read and dropped, the request forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_trailer_lines_are_refused_with_400() {
+    let (up, log) = recorder().await;
+    let gateway = Gateway::new(Config::new(format!("http://{up}").parse().unwrap()));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(mcp_reattach::serve_gateway(
+        l,
+        gateway,
+        std::future::pending(),
+    ));
+    let chunked = |trailers: &str| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: mcp.example\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{J}\r\n0\r\n{trailers}\r\n",
+            J.len()
+        )
+    };
+    let mut failures = Vec::new();
+    for (name, trailers, want) in [
+        (
+            "well-formed trailers (control)",
+            "X-Checksum: 1\r\nX-Other:\tv w\r\n",
+            200,
+        ),
+        ("space in a trailer name", "Bad Name: 1\r\n", 400),
+        ("space before the colon", "X-Checksum : 1\r\n", 400),
+        ("no colon", "X-Checksum\r\n", 400),
+        ("empty name", ": 1\r\n", 400),
+        ("obs-fold", "X-Checksum: 1\r\n folded\r\n", 400),
+        ("NUL in a value", "X-Checksum: a\0b\r\n", 400),
+        ("DEL in a value", "X-Checksum: a\x7fb\r\n", 400),
+        (
+            "a request line as a trailer",
+            "GET /admin HTTP/1.1\r\n",
+            400,
+        ),
+    ] {
+        log.lock().unwrap().clear();
+        let (resp, _) = exchange(addr, chunked(trailers).as_bytes()).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let st = statuses(&resp);
+        let reached = log.lock().unwrap().iter().filter(|r| !r.is_empty()).count();
+        let ok = st.first() == Some(&want) && (want != 400 || reached == 0);
+        if !ok {
+            failures.push(format!(
+                "{name}: statuses {st:?}, {reached} upstream requests (want {want})"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "trailers:\n{}", failures.join("\n"));
+}

@@ -544,3 +544,101 @@ async fn a_call_answer_whole_in_one_read_keeps_the_framing_rules() {
         }
     }
 }
+
+/// An upstream that answers with interim (`1xx`) heads and never a final one: the gateway
+/// reads a bounded number of them, answers 502 (counted as an upstream request error), and
+/// closes the connection, which the upstream sees.
+#[tokio::test]
+async fn an_endless_stream_of_interim_heads_is_a_502_and_its_connection_closed() {
+    let (up, seen) = counting_upstream(|mut tcp, seen| async move {
+        let mut buf = Vec::new();
+        if read_request(&mut tcp, &mut buf).await.is_none() {
+            return;
+        }
+        seen.lock().unwrap().requests += 1;
+        // Until the gateway closes the connection (bounded here in time, past the client's
+        // wait for its answer, and in count far beyond what that time allows).
+        let started = std::time::Instant::now();
+        for _ in 0..u32::MAX {
+            if started.elapsed() > Duration::from_secs(15) {
+                return;
+            }
+            if tcp
+                .write_all(b"HTTP/1.1 102 Processing\r\n\r\n")
+                .await
+                .is_err()
+            {
+                seen.lock().unwrap().first_closed = true;
+                return;
+            }
+        }
+    })
+    .await;
+    let gw = gateway(up, |c| {
+        c.hold_standalone = false;
+        c.json_upgrade = false;
+    })
+    .await;
+    let resp = send(gw.addr, post(INITIALIZE, None)).await;
+    assert_eq!(resp.status(), 502);
+    let errors = gw
+        .metric(r#"mcp_reattach_upstream_errors_total{kind="request"}"#)
+        .unwrap_or(0.0);
+    assert!(errors >= 1.0, "upstream request errors: {errors}");
+    for _ in 0..250 {
+        if seen.lock().unwrap().first_closed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        seen.lock().unwrap().first_closed,
+        "the gateway still reads the flood"
+    );
+}
+
+/// The answer to a `HEAD` announces a body its upstream may yet write: the connection is not
+/// used again, so a late body never becomes the next request's answer.
+#[tokio::test]
+async fn a_head_answers_connection_is_not_used_again() {
+    let (up, seen) = counting_upstream(|mut tcp, seen| async move {
+        let mut buf = Vec::new();
+        let mut after_head = false;
+        while let Some(head) = read_request(&mut tcp, &mut buf).await {
+            seen.lock().unwrap().requests += 1;
+            let mut answer = Vec::new();
+            if after_head {
+                // The body the HEAD's answer announced, late: before the next answer.
+                seen.lock().unwrap().first_reused = true;
+                answer.extend_from_slice(b"hello");
+            }
+            after_head = head.starts_with("HEAD");
+            if after_head {
+                answer.extend_from_slice(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n",
+                );
+            } else {
+                answer.extend_from_slice(initialize_answer().as_bytes());
+            }
+            if tcp.write_all(&answer).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let gw = gateway(up, |c| c.hold_standalone = false).await;
+    let head = http::Request::builder()
+        .method("HEAD")
+        .uri("/mcp")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = send(gw.addr, head).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-length"], "5");
+    let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+    let init = send(gw.addr, post(INITIALIZE, None)).await;
+    assert_eq!(init.status(), 200, "the next request got the late body");
+    let seen = seen.lock().unwrap();
+    assert!(!seen.first_reused, "the HEAD's connection was used again");
+    assert_eq!((seen.requests, seen.connections), (2, 2));
+}

@@ -12,12 +12,14 @@
 //!
 //! What hyper did that this keeps: a client that closes mid-message ends the connection and
 //! drops the request's future (`ClientGone`); bytes that arrive while a response is written
-//! are kept for the next request (pipelining), reading paused past the head bound; a request
-//! whose body was not read to its end, or that says `Connection: close`, or an HTTP/1.0 one
-//! without keep-alive, is the connection's last; `Expect: 100-continue` is answered when the
-//! body is first asked for; a bad head gets 400 (431 too large) and
-//! the connection closes; `--header-read-timeout` bounds every head after the first one (the
-//! first is the accept loop's, see `server::idle`).
+//! are kept for the next request (pipelining), at most `--max-header-bytes` of them (reading
+//! pauses there); a request whose body was not read to its end, or that says `Connection:
+//! close`, or an HTTP/1.0 one without keep-alive, is the connection's last; `Expect:
+//! 100-continue` is answered when the body is first asked for; a bad head gets 400 (431 too
+//! large) and the connection closes; `--header-read-timeout` bounds every head after the
+//! first one (the first is the accept loop's, see `server::idle`) from its first byte, also
+//! when that came while a response was still written: a head not whole by then closes the
+//! connection at once, the response in flight cut.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -60,6 +62,7 @@ pub(crate) struct Settings {
 pub(crate) enum ConnError {
     #[error("client connection: {0}")]
     Io(#[from] std::io::Error),
+    /// A request head refused: always answered ([`RequestError::status`]) before the close.
     #[error("{0} (answered {status})", status = .0.status())]
     Request(RequestError),
     #[error("request head not complete within --header-read-timeout")]
@@ -234,11 +237,51 @@ pub(crate) fn poll_read_into<IO: AsyncRead>(
     Poll::Ready(Ok(read.len()))
 }
 
+/// [`poll_read_into`] that never takes `into` past `bound` bytes, in length or in capacity
+/// (`bound` above `into.len()`): what a connection keeps of a next request while a response
+/// is written stays within the head bound the memory sizing assumes.
+fn poll_read_bounded<IO: AsyncRead>(
+    io: Pin<&mut IO>,
+    cx: &mut Context<'_>,
+    into: &mut BytesMut,
+    bound: usize,
+) -> Poll<std::io::Result<usize>> {
+    let room = bound.saturating_sub(into.len()).min(READ_BYTES);
+    let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
+    let mut rb = ReadBuf::uninit(&mut buf[..room]);
+    ready!(io.poll_read(cx, &mut rb))?;
+    let read = rb.filled();
+    if into.capacity() - into.len() < read.len() {
+        // Grown here rather than by `extend_from_slice`, which may double past the bound.
+        let want = (into.len() + read.len())
+            .max(into.capacity() * 2)
+            .min(bound);
+        let mut grown = BytesMut::with_capacity(want);
+        grown.extend_from_slice(into);
+        *into = grown;
+    }
+    into.extend_from_slice(read);
+    Poll::Ready(Ok(read.len()))
+}
+
+/// What a connection knows of the next request's head while a request is served.
+enum Ahead {
+    /// No byte of it yet.
+    Nothing,
+    /// Begun: its `--header-read-timeout`, from the first byte.
+    Begun(Pin<Box<tokio::time::Sleep>>),
+    /// Whole in the read buffer (or malformed there: answered when its turn comes), waiting
+    /// for the response in flight to end.
+    Whole,
+}
+
 /// One client connection: its transport and what has been read and not yet used.
 struct Conn<IO> {
     io: IO,
     rbuf: BytesMut,
     settings: Settings,
+    /// The next request's head, as far as it came while the current one was served.
+    ahead: Ahead,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
@@ -273,13 +316,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         first: bool,
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<Option<h1::RequestHead>, ConnError> {
-        // Empty lines before a request line are skipped (RFC 9112 §2.2).
-        let mut deadline: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // Empty lines before a request line are skipped (RFC 9112 §2.2). A head begun while
+        // the previous request was served keeps the deadline it got at its first byte.
+        let mut deadline = match std::mem::replace(&mut self.ahead, Ahead::Nothing) {
+            Ahead::Begun(d) => Some(d),
+            Ahead::Nothing | Ahead::Whole => None,
+        };
         let mut stop_gone = false;
         loop {
+            let before = self.rbuf.len();
             if let Some(head) = h1::take_request(&mut self.rbuf, self.settings.max_headers)
                 .map_err(ConnError::Request)?
             {
+                // Whole in the last read, a head may have passed the bound by up to a read.
+                if before - self.rbuf.len() > self.settings.max_head_bytes {
+                    return Err(ConnError::Request(RequestError::HeadTooLarge));
+                }
                 return Ok(Some(head));
             }
             if self.rbuf.len() > self.settings.max_head_bytes {
@@ -365,13 +417,40 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     }
 
     /// Watches for the client's close while nothing is read for a request: `Ready(Err)` when
-    /// it closed; bytes it sends meanwhile stay for the next request (not read past the head
-    /// bound: then the watch pauses).
+    /// it closed; bytes it sends meanwhile stay for the next request, at most the head bound
+    /// of them (then the watch pauses), and their head must be whole within
+    /// `--header-read-timeout` of its first byte (`Ready(Err(HeaderTimeout))` when it is not:
+    /// the connection closes as one whose head is slow between requests does, at once).
     fn poll_eof(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
-        if self.rbuf.len() > self.settings.max_head_bytes {
+        if !self.rbuf.is_empty() {
+            if matches!(self.ahead, Ahead::Nothing) {
+                let timeout = self.settings.header_read_timeout;
+                self.ahead = Ahead::Begun(Box::pin(tokio::time::sleep(timeout)));
+            }
+            if let Ahead::Begun(deadline) = &mut self.ahead {
+                if deadline.as_mut().poll(cx).is_ready() {
+                    // Parsed on a copy, once: the head is taken when its turn comes.
+                    let mut probe = self.rbuf.clone();
+                    if !matches!(
+                        h1::take_request(&mut probe, self.settings.max_headers),
+                        Ok(Some(_))
+                    ) {
+                        return Poll::Ready(Err(ConnError::HeaderTimeout));
+                    }
+                    self.ahead = Ahead::Whole;
+                }
+            }
+        }
+        let bound = self.settings.max_head_bytes;
+        if self.rbuf.len() >= bound {
             return Poll::Pending;
         }
-        match ready!(self.poll_fill(cx)) {
+        match ready!(poll_read_bounded(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.rbuf,
+            bound
+        )) {
             Ok(0) => Poll::Ready(Err(ConnError::ClientGone)),
             Ok(_) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(ConnError::Io(e))),
@@ -435,6 +514,7 @@ where
         io,
         rbuf: read,
         settings,
+        ahead: Ahead::Nothing,
     };
     let mut svc = svc;
     let mut stop = stop;
@@ -532,7 +612,7 @@ fn request<IO: AsyncRead + AsyncWrite + Unpin>(
             let shared = Arc::new(Mutex::new(Shared::default()));
             let mut feed = Feed {
                 shared: shared.clone(),
-                decoder: BodyDecoder::new(framing),
+                decoder: BodyDecoder::with_trailer_limit(framing, conn.settings.max_head_bytes),
                 expect_continue: expect_continue && conn.rbuf.is_empty(),
                 continue_written: 0,
             };
@@ -1042,6 +1122,27 @@ mod tests {
             assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
             assert!(matches!(task.await.unwrap(), Err(ConnError::Request(_))));
         }
+        // Whole in one read, a head over the bound is refused too: the bound is the head's,
+        // not the reads'.
+        let max = settings().max_head_bytes;
+        for len in [max, max + 1, max + READ_BYTES - 1] {
+            let line = "GET /a HTTP/1.1\r\nx: \r\n\r\n";
+            let head = format!(
+                "GET /a HTTP/1.1\r\nx: {}\r\n\r\n",
+                "a".repeat(len - line.len())
+            );
+            assert_eq!(head.len(), len);
+            let (mut c, task, _stop) = start(echo);
+            c.write_all(head.as_bytes()).await.unwrap();
+            c.shutdown().await.unwrap();
+            let text = read_all(c).await;
+            let want = if len > max { "431" } else { "200" };
+            assert!(
+                text.starts_with(&format!("HTTP/1.1 {want} ")),
+                "{len}: {text}"
+            );
+            let _ = task.await.unwrap();
+        }
         let (mut c, task, _stop) = start(echo);
         let big = format!("GET /a HTTP/1.1\r\nx: {}\r\n", "a".repeat(9000));
         c.write_all(big.as_bytes()).await.unwrap();
@@ -1063,6 +1164,96 @@ mod tests {
         assert!(matches!(end, Err(ConnError::HeaderTimeout)), "{end:?}");
         let text = read_all(c).await;
         assert_eq!(bodies(&text), ["GET /a "], "{text}");
+    }
+
+    /// A response that streams `first`, then nothing until `end` fires (or forever).
+    fn streaming(
+        end: Option<tokio::sync::oneshot::Receiver<()>>,
+    ) -> Result<Response<TestBody>, std::convert::Infallible> {
+        use futures::StreamExt;
+        let first = futures::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(
+            Bytes::from("data: first\n\n"),
+        ))]);
+        let rest = futures::stream::once(async move {
+            match end {
+                Some(end) => {
+                    let _ = end.await;
+                }
+                None => std::future::pending().await,
+            }
+        })
+        .filter_map(|()| async { None });
+        Ok(Response::new(
+            StreamBody::new(first.chain(rest)).boxed_unsync(),
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_while_a_response_streams_has_the_header_read_timeout() {
+        // Half a next request behind a stream: closed --header-read-timeout after its first
+        // byte, not held for as long as the stream lives.
+        let (mut c, task, _stop) = start(|_req: Request<ReqBody>| async { streaming(None) });
+        c.write_all(b"GET /s HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let end = tokio::time::timeout(Duration::from_secs(600), task).await;
+        let end = end.expect("the connection ended").unwrap();
+        assert!(matches!(end, Err(ConnError::HeaderTimeout)), "{end:?}");
+        assert_eq!(started.elapsed(), settings().header_read_timeout);
+        // A whole next request waits for the stream, however long it lasts.
+        let (mut c, task, _stop) = start(|_req: Request<ReqBody>| async { streaming(None) });
+        c.write_all(b"GET /s HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!task.is_finished(), "{:?}", task.await);
+    }
+
+    #[tokio::test]
+    async fn what_is_read_of_a_next_head_while_a_response_streams_is_the_head_bound() {
+        // The client writes a next head that never ends while a response streams: the
+        // connection takes at most --max-header-bytes of it, the pipe the rest.
+        const PIPE: usize = 1024;
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel();
+        let mut end_rx = Some(end_rx);
+        let (mut c, server) = tokio::io::duplex(PIPE);
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let svc = move |_req: Request<ReqBody>| {
+            let end = end_rx.take();
+            async move { streaming(end) }
+        };
+        let task = tokio::spawn(serve(server, BytesMut::new(), settings(), svc, stop));
+        c.write_all(b"GET /s HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"data: first\n\n\r\n") {
+            let mut buf = [0u8; 512];
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        let mut written = 0;
+        let mut head = b"GET /b HTTP/1.1\r\nx: ".to_vec();
+        head.resize(64 * 1024, b'a');
+        for _ in 0..1000 {
+            match tokio::time::timeout(Duration::from_millis(100), c.write(&head[written..])).await
+            {
+                Ok(Ok(n)) => written += n,
+                _ => break,
+            }
+        }
+        let bound = settings().max_head_bytes;
+        assert_eq!(written, bound + PIPE, "bytes the client could write");
+        // When the stream ends, the head is too large, as on an idle connection.
+        end_tx.send(()).unwrap();
+        let text = read_all(c).await;
+        assert!(text.contains("\r\n\r\nHTTP/1.1 431 "), "{text}");
+        assert!(matches!(
+            task.await.unwrap(),
+            Err(ConnError::Request(RequestError::HeadTooLarge))
+        ));
     }
 
     #[tokio::test]

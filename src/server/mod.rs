@@ -424,6 +424,13 @@ impl<'a> Ending<'a> {
             tokio::select! {
                 res = serving => {
                     if let Err(e) = res {
+                        if let Some(refused) = e.refused_head() {
+                            crate::access::head_refused(
+                                self.remote.ip(),
+                                refused.status(),
+                                refused.reason(),
+                            );
+                        }
                         self.metrics.connection_error(e.kind());
                         tracing::debug!(error = %e, "client connection ended with an error");
                     }
@@ -449,11 +456,24 @@ impl<'a> Ending<'a> {
 trait ServedError: std::fmt::Display {
     /// The `connection_errors_total` kind.
     fn kind(&self) -> ConnectionErrorKind;
+
+    /// The request head the gateway's HTTP/1.1 refused (answered 400 or 431), which gets an
+    /// access line; hyper's refusals get none.
+    fn refused_head(&self) -> Option<&crate::h1::RequestError> {
+        None
+    }
 }
 
 impl ServedError for h1::ConnError {
     fn kind(&self) -> ConnectionErrorKind {
         h1::ConnError::kind(self)
+    }
+
+    fn refused_head(&self) -> Option<&crate::h1::RequestError> {
+        match self {
+            h1::ConnError::Request(e) => Some(e),
+            _ => None,
+        }
     }
 }
 

@@ -4,10 +4,13 @@
 //! read goes into a buffer on the stack and is decoded at once, framing and SSE in one pass).
 //!
 //! A connection whose answer ended cleanly (its framing's end, nothing after it, HTTP/1.1
-//! without `Connection: close`) goes back to a small pool of idle ones, newest first; one
-//! that ended any other way, or was dropped part-way, is closed. A pooled connection is used
-//! again only if the upstream has not closed it meanwhile and it idled less than
-//! [`IDLE_TIMEOUT`], which is shorter than the common servers' own keep-alive timeouts.
+//! without `Connection: close`, not an answer to `HEAD`) goes back to a small pool of idle
+//! ones, newest first; one that ended any other way, or was dropped part-way, is closed. A
+//! connection with anything unread (bytes, a close) is neither pooled nor used again, so a
+//! late extra answer is never the next request's; a pooled connection is used again only if
+//! it idled less than [`IDLE_TIMEOUT`], which is shorter than the common servers' own
+//! keep-alive timeouts. Interim (`1xx`) heads before an answer are bounded
+//! ([`h1::MAX_INTERIM_HEADS`], and with the final head in [`h1::MAX_HEAD_BYTES`]).
 //!
 //! Knows the connector and [`crate::h1`]; nothing of sessions.
 
@@ -61,19 +64,24 @@ impl Pool {
     }
 
     /// The newest idle connection still open, if any (older ones past the timeout, and any
-    /// the upstream closed, are dropped on the way).
+    /// the upstream closed or wrote to meanwhile, are dropped on the way).
     fn checkout(&self) -> Option<Box<Conn>> {
         let now = Instant::now();
         let mut idle = self.lock();
         while let Some((mut io, since)) = idle.pop() {
-            if now.duration_since(since) < IDLE_TIMEOUT && still_open(&mut io) {
+            if now.duration_since(since) < IDLE_TIMEOUT && quiet(&mut io) {
                 return Some(io);
             }
         }
         None
     }
 
-    fn checkin(&self, io: Box<Conn>) {
+    /// Keeps `io`, whose answer has ended, for a next request: unless anything is left to
+    /// read on it (then it is closed), or the pool is full.
+    fn checkin(&self, mut io: Box<Conn>) {
+        if !quiet(&mut io) {
+            return;
+        }
         let mut idle = self.lock();
         if idle.len() < self.max_idle {
             idle.push((io, Instant::now()));
@@ -95,13 +103,16 @@ impl Pool {
     }
 }
 
-/// Whether an idle connection is still open: nothing to read (a close, a reset, or bytes
-/// the upstream should not have sent all mean it is not).
-fn still_open(io: &mut Conn) -> bool {
+/// Whether a connection between answers is open and has nothing to read: a close, a reset,
+/// or bytes the upstream should not have sent (a late extra answer, a `HEAD`'s body) all mean
+/// it is not, whether the transport holds them already (TLS keeps what it decrypted) or the
+/// socket does.
+fn quiet(io: &mut Conn) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     let mut byte = [MaybeUninit::<u8>::uninit(); 1];
     let mut rb = ReadBuf::uninit(&mut byte);
-    Pin::new(io).poll_read(&mut cx, &mut rb).is_pending()
+    Pin::new(&mut *io).poll_read(&mut cx, &mut rb).is_pending()
+        && io.inner().get_ref().socket_quiet()
 }
 
 /// The body of an upstream response, read on its connection by whoever polls it: as
@@ -191,8 +202,9 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
         None => connect_and_write(up, target, &head, &body, together).await?,
     };
     let mut buf = bytes::BytesMut::with_capacity(4096);
+    let mut interim = h1::Interim::default();
     loop {
-        if let Some(head) = h1::take_head(&mut buf)? {
+        if let Some(head) = h1::take_head_after(&mut buf, &mut interim)? {
             // What followed the head: the body's first bytes. None: nothing is kept, for an
             // empty `buf` still holds the rest of the read buffer (an idle held stream would
             // keep 4 KiB for nothing).
@@ -207,7 +219,11 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
             } else {
                 head.framing
             };
-            let reuse = (head.keep_alive && framing != h1::Framing::Close).then(|| up.pool.clone());
+            // Nor is a `HEAD`'s connection used again: its upstream may yet write the body
+            // its head announced, which would read as the next request's answer.
+            let reuse =
+                (head.keep_alive && framing != h1::Framing::Close && method != Method::HEAD)
+                    .then(|| up.pool.clone());
             let mut body = OwnBody {
                 io: Some(io),
                 decoder: BodyDecoder::new(framing),
@@ -518,6 +534,49 @@ mod tests {
             None,
         );
         send(&up, req).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_unread_bytes_is_neither_pooled_nor_reused() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri: http::Uri = format!("http://{}/mcp", l.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let up = Upstream::new(Arc::new(crate::Config::new(uri.clone())));
+        let connect = || async {
+            let mut connector = up.connector.clone();
+            std::future::poll_fn(|cx| connector.poll_ready(cx))
+                .await
+                .unwrap();
+            Box::new(TokioIo::new(connector.call(uri.clone()).await.unwrap()))
+        };
+        let mut io = connect().await;
+        let (mut upstream, _) = l.accept().unwrap();
+        // An answer read to its end: tokio then takes the socket for drained.
+        upstream
+            .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = AsyncReadExt::read(&mut *io, &mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"HTTP/1.1 204 No Content\r\n\r\n");
+        // A late extra answer, in the socket before the connection goes back to the pool
+        // (and before tokio's driver has run to learn of it).
+        upstream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nforeign")
+            .unwrap();
+        let pool = Pool::new(4);
+        pool.checkin(io);
+        assert!(
+            pool.checkout().is_none(),
+            "a connection with unread bytes was handed out again"
+        );
+        assert!(pool.lock().is_empty());
+        // A quiet one is pooled and handed out.
+        let io = connect().await;
+        let (_upstream, _) = l.accept().unwrap();
+        pool.checkin(io);
+        assert!(pool.checkout().is_some());
     }
 
     #[tokio::test]

@@ -49,6 +49,30 @@ impl tower_service::Service<Uri> for Slim {
     }
 }
 
+impl UpIo {
+    /// The connection's socket, under TLS if any.
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            UpIo::Plain(t) => t.inner(),
+            UpIo::Tls(t) => match &**t {
+                MaybeHttpsStream::Http(t) => t.inner(),
+                MaybeHttpsStream::Https(tls) => tls.inner().get_ref().0.inner().inner(),
+            },
+        }
+    }
+
+    /// Whether the socket has nothing to read: no byte, no close, no error waiting in it.
+    /// Asked of the socket itself (a peek), not of tokio's readiness, which learns of bytes
+    /// that came after the last read only when its driver next runs.
+    pub(crate) fn socket_quiet(&self) -> bool {
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        matches!(
+            socket2::SockRef::from(self.tcp()).peek(&mut byte),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        )
+    }
+}
+
 impl Connection for UpIo {
     fn connected(&self) -> Connected {
         match self {

@@ -142,6 +142,13 @@ pin_project! {
     }
 }
 
+impl<T> CountedIo<T> {
+    /// The connection itself.
+    pub(crate) fn get_ref(&self) -> &T {
+        &self.io
+    }
+}
+
 impl<T: Connection> Connection for CountedIo<T> {
     fn connected(&self) -> Connected {
         self.io.connected()

@@ -217,14 +217,21 @@ pub(crate) struct UpRequest {
     body: UpBody,
 }
 
-/// End-to-end headers the gateway itself acts on: a `Connection` header naming one of them
-/// is not honoured for it, or the gateway and the upstream would see different requests (a
-/// session only one of them knows, a principal computed from a header the upstream never
-/// gets, an era split between them). A custom `--principal-header` is set by the hop in
-/// front, which also owns the `Connection` header the gateway receives.
-static ACTED_ON: [HeaderName; 5] = [
+/// End-to-end headers the gateway acts on or the upstream relies on: a `Connection` header
+/// naming one of them is not honoured for it, or the gateway and the upstream would see
+/// different requests (a session only one of them knows, a principal computed from a header
+/// the upstream never gets, an era split between them, an `Origin` the gateway checked that
+/// the upstream's own DNS-rebinding check never sees, a body whose media type or an `Accept`
+/// the upstream validates gone). A client must not remove what the upstream checks. A custom
+/// `--principal-header` is set by the hop in front, which also owns the `Connection` header
+/// the gateway receives. The body's framing (`Content-Length`, `Transfer-Encoding`) is the
+/// gateway's own either way: it frames every request it sends itself.
+static ACTED_ON: [HeaderName; 8] = [
     header::HOST,
     header::AUTHORIZATION,
+    header::ORIGIN,
+    header::CONTENT_TYPE,
+    header::ACCEPT,
     HeaderName::from_static("mcp-session-id"),
     HeaderName::from_static("mcp-protocol-version"),
     LAST_EVENT_ID,
@@ -485,6 +492,51 @@ mod tests {
             assert_eq!(h.len(), 1, "{name}: {h:?}");
             assert!(h.contains_key(header::ACCEPT), "{name}");
         }
+    }
+
+    #[test]
+    fn a_connection_header_cannot_remove_what_the_upstream_checks() {
+        let up = Upstream::new(Arc::new(Config::new(
+            "http://10.0.0.7:3000".parse().unwrap(),
+        )));
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static(
+                "origin, content-type, accept, authorization, host, mcp-session-id, \
+                 mcp-protocol-version, x-hop",
+            ),
+        );
+        for (name, value) in [
+            ("host", "mcp.example"),
+            ("origin", "https://app.example"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("authorization", "Bearer t"),
+            ("mcp-session-id", "abc"),
+            ("mcp-protocol-version", "2025-06-18"),
+            ("x-hop", "1"),
+        ] {
+            h.insert(name, HeaderValue::from_static(value));
+        }
+        let uri: Uri = "/mcp".parse().unwrap();
+        let req = up.request(&Method::POST, &uri, &h, None, full_body(Bytes::new()), None);
+        let head = String::from_utf8(req.head).unwrap();
+        for kept in [
+            "host: mcp.example\r\n",
+            "origin: https://app.example\r\n",
+            "content-type: application/json\r\n",
+            "accept: application/json, text/event-stream\r\n",
+            "authorization: Bearer t\r\n",
+            "mcp-session-id: abc\r\n",
+            "mcp-protocol-version: 2025-06-18\r\n",
+        ] {
+            assert!(head.contains(kept), "{kept:?} removed: {head}");
+        }
+        assert!(
+            !head.contains("x-hop") && !head.contains("connection"),
+            "{head}"
+        );
     }
 
     #[test]
