@@ -345,7 +345,7 @@ impl Gateway {
                 let answer = upstream.send(req).await;
                 if let Ok(resp) = &answer {
                     let took = sent.elapsed();
-                    facts.upstream_answered(took);
+                    facts.upstream_answered(took, resp.status());
                     metrics.upstream_answered(took.as_secs_f64());
                     tracing::Span::current()
                         .record("http.response.status_code", resp.status().as_u16());
