@@ -110,7 +110,8 @@ label_values! {
         Connect => "connect",
         /// A request named a session id the gateway minted and no longer holds.
         MintedSessionGone => "minted_session_gone",
-        /// A request needed a new upstream connection at --max-upstream-connections.
+        /// A request needed a new upstream connection at --max-upstream-connections, or its
+        /// caller held its fair part of them.
         UpstreamConnections => "upstream_connections",
         /// A session already had --max-detached-calls calls running with no client.
         DetachedCalls => "detached_calls",

@@ -337,6 +337,7 @@ impl Gateway {
             body,
             Some(inb.remote),
         );
+        let req = req.in_share(inb.share);
         let upstream = self.upstream.clone();
         let (facts, metrics) = (inb.facts.clone(), self.registry.metrics().clone());
         Box::pin(

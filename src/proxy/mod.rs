@@ -309,6 +309,11 @@ impl Gateway {
             .filter(|s| s.endpoint() == inb.parts.uri.path());
         if let Some(s) = &session {
             let _ = facts.session.set(Arc::downgrade(s));
+            if s.principal() == inb.principal {
+                // Its owner's request counts in the session's share (an anonymous caller's
+                // address), as its upstream connection does.
+                inb.share = s.share();
+            }
         }
         if session.as_ref().is_some_and(|s| s.minted()) {
             // The gateway's own id: the stateless upstream never sees it.
