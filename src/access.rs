@@ -56,6 +56,8 @@ pub trait Learned: Send + Sync + std::fmt::Debug {
     fn call(&self) -> (Option<&'static str>, Option<&str>);
     /// The upstream's time to the response head, if the request was sent upstream.
     fn upstream_time(&self) -> Option<std::time::Duration>;
+    /// The upstream answered the request with a success status.
+    fn upstream_succeeded(&self) -> bool;
 }
 
 /// What is known of a request when it arrives (cheap clones of its parts).
@@ -179,7 +181,9 @@ impl Drop for AccessLog {
         }
         let (call, tool) = self.learned.call();
         if let Some(m) = call {
-            self.metrics.mcp_request_done(m, tool, self.status, seconds);
+            let succeeded = self.learned.upstream_succeeded();
+            self.metrics
+                .mcp_request_done(m, tool, succeeded, self.status, seconds);
         }
         let outcome = match (&self.stream, self.ended) {
             (Some(s), _) => s.outcome().map_or("detached", Outcome::as_str),

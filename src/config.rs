@@ -435,7 +435,8 @@ pub struct GatewayArgs {
     pub ready_upstream: bool,
 
     /// Count `tools/call`s per tool name (`mcp_reattach_tool_calls_total{tool}`) for at most
-    /// this many distinct names, the rest as `other`; 0: no per-tool metric (count).
+    /// this many distinct names, each taking its place with a call the upstream answered with
+    /// success, the rest as `other`; 0: no per-tool metric (count).
     #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_METRICS_TOOL_NAMES", default_value_t = defaults::METRICS_TOOL_NAMES)]
     pub metrics_tool_names: u32,
 }

@@ -62,7 +62,7 @@ pub enum ProxyError {
     AtCapacity(AtCapacity),
     #[error("upstream unavailable")]
     Upstream(#[source] crate::upstream::SendError),
-    #[error("the gateway has {0} upstream connections open, its bound (--max-upstream-connections); retry shortly")]
+    #[error("the gateway has no upstream connection for this caller: its bound of {0} (--max-upstream-connections) is reached, or the caller holds its fair part of it; retry shortly")]
     UpstreamConnections(usize),
     #[error("this session has {0} calls still running whose clients left (--max-detached-calls); resume or wait for one of them first")]
     DetachedCalls(usize),

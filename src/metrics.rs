@@ -110,7 +110,8 @@ label_values! {
         Connect => "connect",
         /// A POST reused a request id in flight for another principal in its session.
         RequestInFlight => "request_in_flight",
-        /// A request needed a new upstream connection at --max-upstream-connections.
+        /// A request needed a new upstream connection at --max-upstream-connections, or its
+        /// caller held its fair part of them.
         UpstreamConnections => "upstream_connections",
         /// A session already had --max-detached-calls calls running with no client.
         DetachedCalls => "detached_calls",
@@ -278,13 +279,55 @@ pub struct Metrics {
     mcp_requests: Family<Labels2, Counter>,
     mcp_request_duration: Family<Label, Histogram>,
     /// `tools/call`s per tool, for at most `tool_names` distinct names (the rest `other`).
-    tool_calls: Family<Vec<(&'static str, String)>, Counter>,
+    tool_calls: Family<[(&'static str, ToolLabel); 1], Counter>,
     /// The series of `request_duration`, `mcp_requests` and `mcp_request_duration`, by index.
     request_duration_by: Series<Histogram>,
     mcp_requests_by: Series<Counter>,
     mcp_request_duration_by: Series<Histogram>,
+    /// The names holding a `tool` label value: each took its slot when the upstream first
+    /// answered a call of it with success.
     tool_names: std::sync::Mutex<std::collections::HashSet<String>>,
     tool_names_max: std::sync::atomic::AtomicUsize,
+}
+
+/// The longest tool name that gets a `tool` label value of its own.
+const TOOL_NAME_MAX: usize = 128;
+
+/// Whether `tool` may be a `tool` label value: a name of visible ASCII without quotes or
+/// backslashes, as tool names are, and no longer than [`TOOL_NAME_MAX`]. Any other is the
+/// client's text, not a tool's name, and counts as `other`.
+fn labelable(tool: &str) -> bool {
+    !tool.is_empty()
+        && tool.len() <= TOOL_NAME_MAX
+        && tool
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+}
+
+/// A `tool` label value: a tool name, which is a client's text, so escaped as both text
+/// formats say (prometheus-client writes label values as they are) even though only
+/// [`labelable`] names become one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ToolLabel(Box<str>);
+
+impl prometheus_client::encoding::EncodeLabelValue for ToolLabel {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        let mut rest = &*self.0;
+        while let Some(i) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..i])?;
+            encoder.write_str(match rest.as_bytes()[i] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        encoder.write_str(rest)
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -547,7 +590,7 @@ impl Metrics {
         );
         registry.register(
             "tool_calls",
-            "tools/call POSTs by tool, for the first --metrics-tool-names names (the rest: other)",
+            "tools/call POSTs by tool, for the first --metrics-tool-names names the upstream answered with success (the rest: other)",
             m.tool_calls.clone(),
         );
         registry.register_with_unit(
@@ -622,11 +665,14 @@ impl Metrics {
     }
 
     /// A POST of MCP method `method` (a [`crate::jsonrpc::METHODS`] label) ended with
-    /// `status` after `seconds`; `tool` is the tool of a `tools/call`.
+    /// `status` after `seconds`; `tool` is the tool of a `tools/call`, and `succeeded` says
+    /// whether the upstream answered it with success (only then may its name take one of the
+    /// `tool` label's slots: names a client makes up must not keep the real tools out).
     pub fn mcp_request_done(
         &self,
         method: &'static str,
         tool: Option<&str>,
+        succeeded: bool,
         status: http::StatusCode,
         seconds: f64,
     ) {
@@ -653,22 +699,25 @@ impl Metrics {
             })
             .observe(seconds);
         if let Some(tool) = tool {
-            let max = self
-                .tool_names_max
-                .load(std::sync::atomic::Ordering::Relaxed);
-            if max > 0 {
-                let name = {
-                    let mut seen = self.tool_names.lock().unwrap_or_else(|e| e.into_inner());
-                    if seen.contains(tool) || seen.len() < max {
-                        seen.insert(tool.to_owned());
-                        tool.to_owned()
-                    } else {
-                        "other".to_owned()
-                    }
-                };
-                self.tool_calls.get_or_create(&vec![("tool", name)]).inc();
-            }
+            self.tool_called(tool, succeeded);
         }
+    }
+
+    /// Counts a `tools/call` of `tool` under its name if that name holds a slot, or takes a
+    /// free one now (`succeeded`, and a [`labelable`] name); else under `other`.
+    fn tool_called(&self, tool: &str, succeeded: bool) {
+        let max = self
+            .tool_names_max
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if max == 0 {
+            return;
+        }
+        let named = labelable(tool) && {
+            let mut seen = self.tool_names.lock().unwrap_or_else(|e| e.into_inner());
+            seen.contains(tool) || (succeeded && seen.len() < max && seen.insert(tool.to_owned()))
+        };
+        let label = ToolLabel(if named { tool } else { "other" }.into());
+        self.tool_calls.get_or_create(&[("tool", label)]).inc();
     }
 
     /// Counts `tools/call`s per tool for at most `max` distinct tool names (0: not at all).
@@ -974,6 +1023,68 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Tool names are a client's text (issue 46): one that is not a plain name never becomes
+    /// a label value, and a name takes one of the slots only with a call the upstream
+    /// answered with success; a name holding one counts every call of it.
+    #[test]
+    fn tool_names_take_a_slot_only_when_plain_and_answered() {
+        let m = Metrics::new();
+        m.set_tool_names(2);
+        let call = |tool: &str, succeeded| {
+            m.mcp_request_done(
+                "tools/call",
+                Some(tool),
+                succeeded,
+                http::StatusCode::OK,
+                0.1,
+            )
+        };
+        call("x\"} 1\nmcp_reattach_sessions 31337\n# \u{1b}[2J", true);
+        call("made_up", false);
+        call("back\\slash", true);
+        call("", true);
+        call(&"long".repeat(TOOL_NAME_MAX), true);
+        call("search", true);
+        call("made_up", false);
+        call("search", false);
+        call("fetch", true);
+        call("third", true);
+        for text in [m.encode(), m.encode_prometheus()] {
+            let tools: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("mcp_reattach_tool_calls_total{"))
+                .collect();
+            let mut want = [
+                "mcp_reattach_tool_calls_total{tool=\"fetch\"} 1",
+                "mcp_reattach_tool_calls_total{tool=\"other\"} 7",
+                "mcp_reattach_tool_calls_total{tool=\"search\"} 2",
+            ];
+            let mut tools = tools;
+            tools.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(tools, want, "{text}");
+            assert!(!text.contains("31337"), "{text}");
+        }
+    }
+
+    /// A `tool` label value is escaped as both text formats say, whatever it holds.
+    #[test]
+    fn tool_label_values_are_escaped() {
+        let family: Family<[(&'static str, ToolLabel); 1], Counter> = Family::default();
+        family
+            .get_or_create(&[("tool", ToolLabel("a\"b\\c\nd\"} 1".into()))])
+            .inc();
+        let mut registry = Registry::default();
+        registry.register("t", "t", family);
+        let mut out = String::new();
+        encode(&mut out, &registry).unwrap();
+        assert!(
+            out.contains("\nt_total{tool=\"a\\\"b\\\\c\\nd\\\"} 1\"} 1\n"),
+            "{out}"
+        );
+        assert_eq!(out.lines().filter(|l| l.starts_with("t_total")).count(), 1);
     }
 
     #[test]

@@ -303,6 +303,138 @@ async fn one_caller_holding_every_session_cannot_lock_out_another() {
     drop(held);
 }
 
+/// A caller of the fair-share tests: anonymous on a loopback address of its own (the gateway
+/// counts an anonymous caller by its address), or with a bearer token.
+#[derive(Clone, Copy, Debug)]
+enum Caller {
+    Anonymous(std::net::IpAddr),
+    Bearer(&'static str),
+}
+
+/// One request of `caller` on a fresh connection, or why it got no answer.
+async fn send_as(
+    addr: SocketAddr,
+    caller: Caller,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, String> {
+    let from = match caller {
+        Caller::Bearer(token) => return try_send(addr, with_auth(req, token)).await,
+        Caller::Anonymous(from) => from,
+    };
+    let socket = tokio::net::TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
+    socket
+        .bind(SocketAddr::new(from, 0))
+        .map_err(|e| format!("bind {from}: {e}"))?;
+    let tcp = socket
+        .connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))
+}
+
+/// `caller` initializes a session and gets a call answered in full in it; or the first
+/// answer that was not right.
+async fn served(addr: SocketAddr, caller: Caller) -> Result<(), String> {
+    let step = |what: &'static str, req| async move {
+        tokio::time::timeout(WAIT, send_as(addr, caller, req))
+            .await
+            .map_err(|_| format!("{what}: no answer in time"))?
+            .map_err(|e| format!("{what}: {e}"))
+    };
+    let resp = step("initialize", post(INITIALIZE, None)).await?;
+    let sid = match resp.headers().get("mcp-session-id") {
+        Some(sid) if resp.status() == 200 => sid.to_str().unwrap().to_owned(),
+        _ => return Err(format!("initialize: status {}", resp.status())),
+    };
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let resp = step("initialized", post(note, Some(&sid))).await?;
+    if resp.status() != 202 {
+        return Err(format!("initialized: status {}", resp.status()));
+    }
+    let resp = step("the call", post(&tool_call(7, "echo"), Some(&sid))).await?;
+    if resp.status() != 200 {
+        return Err(format!("the call: status {}", resp.status()));
+    }
+    let body = tokio::time::timeout(WAIT, resp.into_body().collect())
+        .await
+        .map_err(|_| "the call's stream did not end in time".to_owned())?
+        .map_err(|e| format!("reading the call's stream: {e}"))?
+        .to_bytes();
+    match String::from_utf8_lossy(&body).contains("echoed") {
+        true => Ok(()),
+        false => Err(format!("no result in the call's stream: {body:?}")),
+    }
+}
+
+/// Issue 46 item 4: one anonymous caller's slow calls, detached once their heads came, took
+/// every upstream connection (4 sessions of 32 calls filled `--max-upstream-connections 100`),
+/// and every other caller's initialize and calls got 503 for as long as the tools ran. Now
+/// each share (a principal, or an anonymous caller's address) has a fair part of the bound:
+/// the attacker's calls past its part get 503, and another anonymous caller and an
+/// authenticated one are served in full while all of the attacker's calls still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_cannot_take_every_upstream_connection() {
+    let server = Server::start().await;
+    let gw = Binary::start(
+        server.addr,
+        &[
+            "--max-upstream-connections",
+            "40",
+            "--hold-standalone",
+            "false",
+        ],
+    )
+    .await;
+    let addr = gw.addr;
+    let attacker = Caller::Anonymous([127, 0, 0, 1].into());
+    // The attack, bounded in count: 2 sessions of 30 slow calls, each client gone once its
+    // call's head arrived.
+    let mut sids = Vec::new();
+    for _ in 0..2 {
+        sids.push(initialize(addr).await.expect("the attacker's sessions"));
+    }
+    let mut heads = Vec::new();
+    for sid in &sids {
+        for id in 1..=30 {
+            let req = post(&tool_call(id, "slow"), Some(sid));
+            match tokio::time::timeout(WAIT, send_as(addr, attacker, req)).await {
+                Ok(Ok(resp)) => heads.push(resp.status().as_u16()),
+                _ => heads.push(0),
+            }
+        }
+    }
+    let running = heads.iter().filter(|&&h| h == 200).count();
+    eprintln!(
+        "attack done: {running} slow calls running, heads {heads:?}, upstream connections open {}",
+        server.open.load(Ordering::SeqCst)
+    );
+    for other in [
+        Caller::Anonymous([127, 0, 0, 2].into()),
+        Caller::Bearer("legit"),
+    ] {
+        let got = served(addr, other).await;
+        assert!(
+            got.is_ok(),
+            "{other:?} while the attacker's calls run: {got:?}"
+        );
+    }
+    // The attacker's calls are all still running, and those past its part were refused.
+    assert!(
+        server.open.load(Ordering::SeqCst) >= running,
+        "the upstream holds the attacker's calls"
+    );
+    assert!(running >= 20, "the attacker's part: {heads:?}");
+    assert_eq!(heads.last(), Some(&503), "{heads:?}");
+    assert!(heads.iter().all(|&h| h == 200 || h == 503), "{heads:?}");
+}
+
 /// Issue 22 item 3: `--max-connections` h2c connections that each sent one request and then
 /// nothing held the gateway for good (HTTP/2 had no idle timeout); now each is closed after
 /// `--idle-timeout` and a legitimate client waiting in the listen backlog is served.

@@ -15,9 +15,17 @@ use support::*;
 
 /// A blocking one-shot HTTP/1.0 GET; returns (status, body).
 fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http_get_accept(addr, path, "*/*")
+}
+
+/// [`http_get`] asking for the media type `accept`.
+fn http_get_accept(addr: SocketAddr, path: &str, accept: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: x\r\nAccept: {accept}\r\n\r\n"
+    )?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;
     let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -648,4 +656,90 @@ async fn access_lines_count_the_streams_served() {
     let upgraded = line_of(&mut gw, "POST", "tools/call").await;
     assert_eq!(upgraded["events"], 1, "{upgraded}");
     assert_eq!(upgraded["outcome"], "completed", "{upgraded}");
+}
+
+/// Tool names are the client's text (issue 46): one with a quote, a newline and an escape
+/// sequence neither forges a sample nor puts control bytes in the page, and a name takes one
+/// of the `--metrics-tool-names` label slots only once the upstream answered its call with
+/// success, so names a client makes up to fill them cannot keep a real tool out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_tool_names_neither_forge_samples_nor_keep_the_label_slots() {
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(mock.addr, &["--metrics-tool-names", "1"]).await;
+    let sid = init_session(&gw.addr, &mut mock, "s1").await;
+    let hostile = "x\"} 1\nmcp_reattach_sessions 31337\n# \u{1b}[2J\u{1b}[31m";
+    // Call `id` of `tool`, answered by the upstream with `status`, its body read to its end.
+    async fn call_tool(gw: &Binary, mock: &mut Mock, sid: &str, id: u64, tool: &str, status: u16) {
+        use http_body_util::BodyExt;
+        let body = serde_json::json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool}
+        })
+        .to_string();
+        let pending = tokio::spawn(send(gw.addr, post(&body, Some(sid))));
+        mock.next()
+            .await
+            .respond(json_response(status, &[], result(id)));
+        let resp = pending.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+            .await
+            .expect("the answer ends")
+            .expect("the answer's body");
+    }
+    call_tool(&gw, &mut mock, &sid, 1, hostile, 200).await;
+    // Refused by the upstream: no slot, whatever the name.
+    call_tool(&gw, &mut mock, &sid, 2, "made_up", 403).await;
+    call_tool(&gw, &mut mock, &sid, 3, "search", 200).await;
+    // The counts are written when each response's log ends: a few scrapes at most.
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = scrape_metrics(gw.admin).await.1;
+        if metric_sum(&text, "mcp_reattach_tool_calls_total") == Some(3.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("{text}");
+    let admin = gw.admin;
+    let open = tokio::task::spawn_blocking(move || {
+        http_get_accept(admin, "/metrics", "application/openmetrics-text").unwrap()
+    })
+    .await
+    .unwrap()
+    .1;
+    for page in [&text, &open] {
+        assert!(
+            !page
+                .lines()
+                .any(|l| l.starts_with("mcp_reattach_sessions 31337")),
+            "a tool name forged a sample:\n{page}"
+        );
+        assert!(
+            !page.bytes().any(|b| b.is_ascii_control() && b != b'\n'),
+            "control bytes in the page:\n{page:?}"
+        );
+    }
+    assert_eq!(metric(&open, "mcp_reattach_sessions"), 1.0);
+    assert_eq!(metric(&text, "mcp_reattach_sessions"), 1.0);
+    assert_eq!(
+        metric(&text, "mcp_reattach_tool_calls_total{tool=\"search\"}"),
+        1.0,
+        "the first name the upstream answered holds the slot:\n{text}"
+    );
+    assert_eq!(
+        metric(&text, "mcp_reattach_tool_calls_total{tool=\"other\"}"),
+        2.0
+    );
+    match promtool_check(&text) {
+        Some((ok, out)) => {
+            assert!(ok, "promtool check metrics failed:\n{out}");
+            eprintln!("promtool check metrics: OK {out}");
+        }
+        None => {
+            assert!(
+                std::env::var_os("CI_REQUIRE_PROMTOOL").is_none(),
+                "promtool is required in CI"
+            );
+            eprintln!("promtool not installed; skipped the promtool check (CI installs it)");
+        }
+    }
 }

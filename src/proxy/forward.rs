@@ -348,6 +348,7 @@ impl Gateway {
             body,
             Some(inb.remote),
         );
+        let req = req.in_share(inb.share);
         let upstream = self.upstream.clone();
         let (facts, metrics) = (inb.facts.clone(), self.registry.metrics().clone());
         Box::pin(
@@ -356,7 +357,7 @@ impl Gateway {
                 let answer = upstream.send(req).await;
                 if let Ok(resp) = &answer {
                     let took = sent.elapsed();
-                    facts.upstream_answered(took);
+                    facts.upstream_answered(took, resp.status());
                     metrics.upstream_answered(took.as_secs_f64());
                     tracing::Span::current()
                         .record("http.response.status_code", resp.status().as_u16());

@@ -40,8 +40,9 @@ pub(super) struct Inbound {
     /// The caller's principal (a keyed MAC of its credential).
     pub principal: Principal,
     /// Whose share of the session cap and memory budget a session this request creates counts
-    /// against (an `initialize`'s: the principal, or an anonymous caller's address); the
-    /// principal for any other request.
+    /// against (an `initialize`'s: the principal, or an anonymous caller's address), and of the
+    /// upstream connections the request's does; for a request of a session's owner the
+    /// session's (set by the route), the principal for any other request.
     pub share: Principal,
     /// What a POST's body carries (empty for other methods).
     pub info: PostInfo,

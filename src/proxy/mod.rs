@@ -316,6 +316,11 @@ impl Gateway {
         };
         if let Some(s) = &session {
             let _ = facts.session.set(Arc::downgrade(s));
+            if s.principal() == inb.principal {
+                // Its owner's request counts in the session's share (an anonymous caller's
+                // address), as its upstream connection does.
+                inb.share = s.share();
+            }
         }
         if session.as_ref().is_some_and(|s| s.minted()) {
             // The gateway's own id: the stateless upstream never sees it.
@@ -416,6 +421,8 @@ pub(crate) struct Facts {
     /// Microseconds from sending the request upstream to its response head, plus one
     /// (0: never sent).
     upstream_us: std::sync::atomic::AtomicU64,
+    /// The upstream's answer had a success status.
+    upstream_succeeded: AtomicBool,
     /// The counts of the stream the response serves, if it serves one (an SSE response of
     /// the gateway's: [`respond`]). Here, not in the response's extensions: their map is
     /// allocated on the first insert (~400 instructions of every streamed answer).
@@ -429,6 +436,10 @@ impl Learned for Facts {
 
     fn upstream_time(&self) -> Option<std::time::Duration> {
         Facts::upstream_time(self)
+    }
+
+    fn upstream_succeeded(&self) -> bool {
+        self.upstream_succeeded.load(Ordering::Relaxed)
     }
 }
 
@@ -447,10 +458,12 @@ impl Facts {
         let _ = self.stream.set(stats);
     }
 
-    /// The upstream answered with its head `took` after the request was sent.
-    pub(crate) fn upstream_answered(&self, took: std::time::Duration) {
+    /// The upstream answered with its head, of `status`, `took` after the request was sent.
+    pub(crate) fn upstream_answered(&self, took: std::time::Duration, status: http::StatusCode) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);
         self.upstream_us.store(us + 1, Ordering::Relaxed);
+        self.upstream_succeeded
+            .store(status.is_success(), Ordering::Relaxed);
     }
 
     /// The upstream's time to the response head, if the request was sent.

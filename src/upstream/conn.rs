@@ -126,6 +126,8 @@ pub struct OwnBody {
     early: bytes::BytesMut,
     /// Where the connection goes when the body ends cleanly; `None`: it is closed.
     reuse: Option<Arc<Pool>>,
+    /// The place of the client's share the exchange holds until the body ends.
+    admitted: Option<super::limit::Admitted>,
 }
 
 /// How a read of an [`OwnBody`] ended.
@@ -172,13 +174,15 @@ impl SendError {
 }
 
 /// Sends `req` (built by [`Upstream::request`]; its body is sent whole, with a
-/// `Content-Length`) on a pooled or new connection and reads the response head.
+/// `Content-Length`) on a pooled or new connection and reads the response head. A client's
+/// request over its share's part of the connections is refused before either (`limit`).
 pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBody>, SendError> {
     let UpRequest {
         method,
         target,
         mut head,
         body,
+        share,
     } = req;
     let body = body.collect().await.map_err(SendError::Body)?.to_bytes();
     // Methods that carry a body say its length even when it is empty, as hyper does.
@@ -192,6 +196,15 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
     if together {
         head.extend_from_slice(&body);
     }
+    // A client's request first takes its share's place, pooled connection or new.
+    let admitted = match share {
+        Some(share) => Some(
+            up.conns
+                .admit(share)
+                .map_err(|e| SendError::Connect(e.into()))?,
+        ),
+        None => None,
+    };
     let mut io = match up.pool.checkout() {
         // A pooled connection that fails while the request is written never delivered it
         // whole: the request is sent again on a new connection.
@@ -229,6 +242,7 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
                 decoder: BodyDecoder::new(framing),
                 early,
                 reuse,
+                admitted,
             };
             if body.decoder.is_done() && !body.early.is_empty() {
                 // Bytes after a body that had none: not a connection to use again.
@@ -323,8 +337,10 @@ impl OwnBody {
         self.finish();
     }
 
-    /// The body has ended: its connection goes back to the pool when it may, else closes.
+    /// The body has ended: its connection goes back to the pool when it may, else closes, and
+    /// the client's share has its place back.
     fn finish(&mut self) {
+        self.admitted = None;
         let io = self.io.take();
         if let (Some(io), Some(pool)) = (io, self.reuse.take()) {
             pool.checkin(io);

@@ -1,7 +1,8 @@
 //! The upstream side: the gateway's HTTP/1.1 client to the MCP server (`conn`: requests written
 //! and answers read on the socket by the task that wants them, a small pool of idle
 //! connections), how a forwarded request is built (target URL, hop-by-hop headers,
-//! `X-Forwarded-*`), the recipe to reopen a stream ([`Source`]); [`reader`]: the
+//! `X-Forwarded-*`), the bound on its connections and each client share's fair part of it
+//! (`limit`), the recipe to reopen a stream ([`Source`]); [`reader`]: the
 //! flow-controlled reader of a tagged stream and its upstream resume; [`hold`]: the one
 //! holder task per session of its standalone stream.
 //!
@@ -200,7 +201,17 @@ impl Upstream {
             target,
             head,
             body,
+            share: None,
         }
+    }
+}
+
+impl UpRequest {
+    /// The request is a client's, in `share`: it takes a place of that share's fair part of
+    /// the upstream connections (see `limit`). The gateway's own requests are in none.
+    pub(crate) fn in_share(mut self, share: crate::session::Principal) -> UpRequest {
+        self.share = Some(share);
+        self
     }
 }
 
@@ -215,6 +226,8 @@ pub(crate) struct UpRequest {
     target: Uri,
     head: Vec<u8>,
     body: UpBody,
+    /// The client's share the request counts in, if it is a client's.
+    share: Option<crate::session::Principal>,
 }
 
 /// End-to-end headers the gateway acts on or the upstream relies on: a `Connection` header
