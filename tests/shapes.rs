@@ -191,6 +191,32 @@ async fn a_stateless_upstream_gets_a_minted_session_the_upstream_never_sees() {
     assert!(mock.nothing_within(Duration::from_millis(200)).await);
 }
 
+/// Issue 46 item 10: a stateless upstream answers without a session id; a client that sends
+/// an id of its own choosing (not of the minted form) gets the upstream's answer passed
+/// through, and no session is created under the id it chose (before: the gateway created
+/// one, bound to whoever named that id first).
+#[tokio::test]
+async fn a_stateless_upstream_gets_no_session_under_an_id_the_client_chose() {
+    let mut mock = Mock::start().await;
+    let gw = gateway(mock.addr, |c| c.hold_standalone = false).await;
+    let pending = tokio::spawn(send(gw.addr, post(&call(3), Some("chosen-by-client"))));
+    let writer = mock.next().await.respond_sse(None);
+    writer.message(&result(3)).await;
+    drop(writer);
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = SseReader::new(resp).rest().await;
+    assert_eq!(messages(&events), vec![result(3)]);
+    assert!(
+        events.iter().all(|e| e.id.is_none()),
+        "untagged: {events:?}"
+    );
+    assert!(
+        gw.gateway.registry().is_empty(),
+        "no session under the chosen id"
+    );
+}
+
 #[tokio::test]
 async fn a_minted_session_is_its_creators_and_keeps_its_id() {
     let mut mock = Mock::start().await;
