@@ -69,6 +69,7 @@ impl Budget {
             budget: self.clone(),
             held: 0,
             number: self.charges.fetch_add(1, Ordering::Relaxed) + 1,
+            moving: false,
         }
     }
 
@@ -149,6 +150,8 @@ pub struct Charge {
     budget: Arc<Budget>,
     held: usize,
     number: u64,
+    /// This reader is the budget's mover (see [`Charge::room_for`]).
+    moving: bool,
 }
 
 impl Charge {
@@ -170,18 +173,17 @@ impl Charge {
             b.adjust(self.held, held);
             self.held = held;
         }
-        if held < released {
+        if self.moving && held < released {
             self.let_go();
         }
     }
 
-    fn let_go(&self) {
+    fn let_go(&mut self) {
         let b = &self.budget;
-        // Most readers never move: one load, no write.
-        if b.mover.load(Ordering::Relaxed) == self.number
-            && b.mover
-                .compare_exchange(self.number, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+        self.moving = false;
+        if b.mover
+            .compare_exchange(self.number, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
         {
             b.freed.notify_waiters();
         }
@@ -202,7 +204,10 @@ impl Charge {
                 .mover
                 .compare_exchange(0, self.number, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => {
+                    self.moving = true;
+                    return;
+                }
                 Err(n) if n == self.number => return,
                 Err(_) => {}
             }
