@@ -798,6 +798,34 @@ async fn without_alpn_either_http_is_read_from_the_stream() {
     assert_eq!(resp.version(), http::Version::HTTP_2);
 }
 
+/// Issue 47 item 1: a TLS client that names no ALPN protocol speaks HTTP/1.1 to the gateway's
+/// own engine, as on a plaintext port, not to hyper's (whose semantics differ, and which the
+/// smuggling suite does not cover). A request with both `Content-Length` and
+/// `Transfer-Encoding`, which hyper serves (chunked wins) and the gateway's engine refuses as
+/// ambiguous, never reaches the upstream (before: hyper served it, the upstream got it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_alpn_http11_is_the_gateways_own_engine() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (ca, mut mock, gw) = alpn_gateway("no-alpn-engine").await;
+    let client = client_config(&ca.pem, None, &[]);
+    let mut tls = tls_connect(gw.addr, &client).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{INITIALIZE}\r\n0\r\n\r\n",
+        INITIALIZE.len(),
+        INITIALIZE.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    assert!(
+        mock.nothing_within(Duration::from_secs(1)).await,
+        "a request with both Content-Length and Transfer-Encoding reached the upstream"
+    );
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_millis(200), tls.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(!text.starts_with("HTTP/1.1 2"), "{text}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // HTTPS upstream
 // ---------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -147,9 +146,7 @@ pub async fn serve_gateway(
                     // `sniff`); within --header-read-timeout like the head itself.
                     let mut tcp = tcp;
                     match tokio::time::timeout(cfg.header_read_timeout, sniff(&mut tcp)).await {
-                        Ok(Some((v, read))) => {
-                            (crate::tls::Stream::Plain(tcp), read, None, Some(v))
-                        }
+                        Ok(Some((v, read))) => (crate::tls::Stream::Plain(tcp), read, None, v),
                         Ok(None) => {
                             metrics.connection_error(ConnectionErrorKind::ClientGone);
                             metrics.connections.dec();
@@ -167,14 +164,32 @@ pub async fn serve_gateway(
                     // Boxed: the handshake's state is ~8 KB, and inline it would size every
                     // connection's task (plain ones too) for as long as the connection lives.
                     match Box::pin(crate::tls::accept(tls, tcp, cfg.header_read_timeout)).await {
-                        // ALPN's choice; without one, hyper-util reads it from the stream.
-                        Ok((io, subject)) => {
-                            let version = io.alpn_protocol().map(|p| match p {
-                                b"h2" => Version::H2,
-                                _ => Version::H1,
-                            });
-                            (io, BytesMut::new(), subject, version)
-                        }
+                        // ALPN's choice; without one, read from the stream as on a plaintext
+                        // port, so every HTTP/1.1 request is the gateway's own engine's.
+                        Ok((mut io, subject)) => match io.alpn_protocol() {
+                            Some(b"h2") => (io, BytesMut::new(), subject, Version::H2),
+                            Some(_) => (io, BytesMut::new(), subject, Version::H1),
+                            None => {
+                                let sniffed =
+                                    tokio::time::timeout(cfg.header_read_timeout, sniff(&mut io))
+                                        .await;
+                                match sniffed {
+                                    Ok(Some((v, read))) => (io, read, subject, v),
+                                    Ok(None) => {
+                                        metrics.connection_error(ConnectionErrorKind::ClientGone);
+                                        metrics.connections.dec();
+                                        return;
+                                    }
+                                    Err(_) => {
+                                        metrics
+                                            .connection_error(ConnectionErrorKind::HeaderTimeout);
+                                        tracing::debug!(%remote, "no request within --header-read-timeout: closed");
+                                        metrics.connections.dec();
+                                        return;
+                                    }
+                                }
+                            }
+                        },
                         Err(e) => {
                             metrics.connection_error(e.kind());
                             tracing::debug!(%remote, error = ?e, "TLS connection not established");
@@ -232,40 +247,25 @@ pub async fn serve_gateway(
                 remote: &remote,
                 cfg,
             };
-            // HTTP/1.1, the common case, inline: hyper's HTTP/1.1 connection is ~750 bytes
-            // where hyper-util's either-protocol one is sized for HTTP/2's (~1.6 KB), for as
-            // long as the connection lives. HTTP/2 and the unknown (TLS without ALPN) boxed.
+            // One engine per protocol: HTTP/1.1 is the gateway's own, inline (the common
+            // case); HTTP/2 is hyper's, boxed (its connection is the larger).
             match version {
-                // HTTP/1.1, the common case: the gateway's own (see `h1`). The watcher is
-                // held until the connection ends so the drain counts it; the drain's stop
-                // arrives as `stop`.
-                Some(Version::H1) => {
+                // HTTP/1.1: the gateway's own (see `h1`). The watcher is held until the
+                // connection ends so the drain counts it; the drain's stop arrives as `stop`.
+                Version::H1 => {
                     let _counted = watcher;
                     let own = move |req: Request<h1::ReqBody>| serve_req(req.map(ClientBody::Own));
                     let conn = h1::serve(io, read, h1_settings(cfg), own, stop);
                     ending.serve(pin!(conn)).await
                 }
-                // HTTP/2 and the unknown (TLS without ALPN): hyper's, boxed (hyper-util's
-                // either-protocol connection is sized for HTTP/2's, ~1.6 KB).
-                Some(Version::H2) => {
+                // HTTP/2: hyper's, boxed.
+                Version::H2 => {
                     let svc = service_fn(move |req: Request<Incoming>| {
                         serve_req(req.map(ClientBody::Hyper))
                     });
                     let io = TokioIo::new(Prefixed { read, io });
                     Box::pin(async move {
                         let conn = http2_builder(cfg, exec).serve_connection(io, svc);
-                        ending.serve(pin!(watcher.watch(conn))).await
-                    })
-                    .await
-                }
-                None => {
-                    let svc = service_fn(move |req: Request<Incoming>| {
-                        serve_req(req.map(ClientBody::Hyper))
-                    });
-                    let io = TokioIo::new(io);
-                    let either = connection_builder(cfg, exec);
-                    Box::pin(async {
-                        let conn = either.serve_connection(io, svc);
                         ending.serve(pin!(watcher.watch(conn))).await
                     })
                     .await
@@ -541,10 +541,10 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// bytes again, and one more when the connection is accepted before its first bytes arrive
 /// (most are); the gateway's HTTP/1.1 starts from the bytes read here, and hyper's HTTP/2
 /// reads them again first ([`Prefixed`]).
-async fn sniff(tcp: &mut tokio::net::TcpStream) -> Option<(Version, BytesMut)> {
+async fn sniff<IO: AsyncRead + Unpin>(io: &mut IO) -> Option<(Version, BytesMut)> {
     let mut read = BytesMut::new();
     loop {
-        let n = poll_fn(|cx| h1::poll_read_into(Pin::new(&mut *tcp), cx, &mut read))
+        let n = poll_fn(|cx| h1::poll_read_into(Pin::new(&mut *io), cx, &mut read))
             .await
             .ok()?;
         if n == 0 {
@@ -617,27 +617,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
     }
 }
 
-/// The HTTP/1.1 settings, on hyper's builder or hyper-util's view of it (the same methods).
-macro_rules! http1_settings {
-    ($builder:expr, $cfg:expr) => {{
-        let cfg: &Config = $cfg;
-        $builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(cfg.header_read_timeout)
-            // hyper panics below its minimum; a Config built in code may hold less.
-            .max_buf_size(
-                cfg.max_header_bytes
-                    .max(crate::config::MIN_HEADER_BYTES as usize),
-            );
-        // Only when it differs from hyper's own default (the same 100): set, hyper fills a
-        // header array of that size on every request head it parses (~1.7 k instructions).
-        if cfg.max_headers != HYPER_MAX_HEADERS {
-            $builder.max_headers(cfg.max_headers);
-        }
-    }};
-}
-
-/// The HTTP/2 settings, on hyper's builder or hyper-util's view of it.
+/// The HTTP/2 settings, on hyper's builder.
 macro_rules! http2_settings {
     ($builder:expr, $cfg:expr) => {{
         let cfg: &Config = $cfg;
@@ -665,14 +645,6 @@ fn h1_settings(cfg: &Config) -> h1::Settings {
 fn http2_builder(cfg: &Config, exec: StreamExec) -> http2::Builder<StreamExec> {
     let mut builder = http2::Builder::new(exec);
     http2_settings!(builder, cfg);
-    builder
-}
-
-/// Either protocol, read from the connection's first bytes (a TLS connection without ALPN).
-fn connection_builder(cfg: &Config, exec: StreamExec) -> auto::Builder<StreamExec> {
-    let mut builder = auto::Builder::new(exec);
-    http1_settings!(builder.http1(), cfg);
-    http2_settings!(builder.http2(), cfg);
     builder
 }
 
@@ -728,9 +700,6 @@ where
         }
     }
 }
-
-/// hyper's HTTP/1.1 header count limit when none is set.
-const HYPER_MAX_HEADERS: usize = 100;
 
 /// How long an HTTP/2 ping may go unanswered before the connection is closed.
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
