@@ -902,8 +902,17 @@ impl Seen {
 }
 
 /// The body framing of a request (RFC 9112 §6.3): as a response's, but a request without
-/// either header has no body (never close-delimited).
+/// either header has no body (never close-delimited), and a `Content-Length` list (`5, 5`,
+/// which RFC 9112 lets a recipient refuse) is refused, as hyper's server does: a client's
+/// request is never read more leniently than hyper would (`fuzz/checks/h1_differential.rs`).
 fn request_framing(headers: &HeaderMap, http10: bool) -> Result<Framing, RequestError> {
+    if headers
+        .get_all(http::header::CONTENT_LENGTH)
+        .iter()
+        .any(|v| v.as_bytes().contains(&b','))
+    {
+        return Err(RequestError::Framing("a Content-Length list"));
+    }
     match framing(StatusCode::OK, headers, http10) {
         Ok(Framing::Close) => Ok(Framing::Length(0)),
         Ok(f) => Ok(f),

@@ -1,7 +1,8 @@
 //! Every input the fuzzers ever kept (`fuzz/corpus/<target>/`), replayed through the same
 //! check the fuzz target calls (`fuzz/checks/<target>.rs`), so CI guards them on stable Rust
 //! without libFuzzer: `cursor`, `sse_decoder`, `h1_response`, `h1_request`, `window_model` (decoded with the same
-//! `arbitrary` version as the fuzz target), and `http_connection` (each input a real
+//! `arbitrary` version as the fuzz target), `h1_request` again against hyper's HTTP/1.1 server
+//! (`h1_differential`), and `http_connection` (each input a real
 //! connection to an in-process gateway; the check waits for the gateway to close or to fall
 //! silent for 50 ms, so the whole corpus takes seconds).
 //!
@@ -10,6 +11,8 @@
 
 #[path = "../fuzz/checks/cursor.rs"]
 mod cursor;
+#[path = "../fuzz/checks/h1_differential.rs"]
+mod h1_differential;
 #[path = "../fuzz/checks/h1_request.rs"]
 mod h1_request;
 #[path = "../fuzz/checks/h1_response.rs"]
@@ -65,6 +68,19 @@ fn h1_request_corpus() {
     assert!(framings.contains(&Some(mcp_reattach::h1::Framing::Length(5))));
     assert!(framings.contains(&None), "cl-te refused");
     eprintln!("replayed {} h1_request corpus inputs", framings.len());
+}
+
+/// Issue 47: the gateway's request reader against hyper's server on every request input the
+/// corpus holds: they agree, or the gateway's is the stricter.
+#[test]
+fn h1_request_corpus_against_hyper() {
+    let taken = replay("h1_request", h1_differential::check);
+    let n = taken.iter().filter(|t| **t).count();
+    assert!(n >= 10, "the corpus holds requests the gateway takes: {n}");
+    eprintln!(
+        "compared {} h1_request corpus inputs with hyper's server ({n} taken by the gateway's reader)",
+        taken.len()
+    );
 }
 
 #[test]
