@@ -150,7 +150,7 @@ async fn an_id_in_flight_is_never_forwarded_for_another_principal(mode: &str) {
     let upstream = Upstream::ts(mode).await;
     let gw = gateway(upstream.addr, |_| {}).await;
     let sid = initialize(&gw, VICTIM).await;
-    let owners = tool(5, "slow_progress", r#"{"steps":6,"interval_ms":150}"#);
+    let owners = tool(5, "slow_progress", r#"{"steps":10,"interval_ms":200}"#);
     let resp = send(gw.addr, as_(post(&owners, Some(&sid)), VICTIM)).await;
     assert_eq!(resp.status(), 200);
     let mut owner = SseReader::new(resp);
@@ -170,7 +170,7 @@ async fn an_id_in_flight_is_never_forwarded_for_another_principal(mode: &str) {
     let mut events = vec![first];
     events.extend(owner.rest().await);
     let got = messages(&events).join("\n");
-    assert!(got.contains("done 6"), "{mode}: the owner's result: {got}");
+    assert!(got.contains("done 10"), "{mode}: the owner's result: {got}");
     // Once answered, the id is no longer in flight: the other principal's id 5 is its own.
     let resp = send(gw.addr, as_(post(&hijack, Some(&sid)), ATTACKER)).await;
     assert_eq!(resp.status(), 200, "{mode}");
