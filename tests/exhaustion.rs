@@ -146,6 +146,14 @@ async fn try_send(
     let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    try_send_on(tcp, req).await
+}
+
+/// One request on `tcp`, or why it got no answer.
+async fn try_send_on(
+    tcp: TcpStream,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, String> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
@@ -329,14 +337,7 @@ async fn send_as(
         .connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
-    sender
-        .send_request(req)
-        .await
-        .map_err(|e| format!("request: {e}"))
+    try_send_on(tcp, req).await
 }
 
 /// `caller` initializes a session and gets a call answered in full in it; or the first

@@ -52,15 +52,20 @@ async fn text(resp: http::Response<hyper::body::Incoming>) -> String {
     String::from_utf8_lossy(&body).into_owned()
 }
 
+/// The session id an answer names.
+fn session_id(resp: &http::Response<hyper::body::Incoming>) -> String {
+    resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// A session initialized by `auth` through the gateway at `gw` (with its
 /// `notifications/initialized`), as an SDK client does; its id.
 async fn initialize(gw: &Gw, auth: &str) -> String {
     let resp = send(gw.addr, as_(post(INITIALIZE, None), auth)).await;
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let sid = session_id(&resp);
     let body = text(resp).await;
     assert!(body.contains("serverInfo"), "{body}");
     let resp = send(gw.addr, as_(post(INITIALIZED, Some(&sid)), auth)).await;
@@ -247,10 +252,7 @@ async fn a_minted_session_answers_strangers_as_an_unknown_one() {
     let gw = gateway(upstream.addr, |_| {}).await;
     let resp = send(gw.addr, as_(post(INITIALIZE, None), VICTIM)).await;
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let sid = session_id(&resp);
     text(resp).await;
     assert!(sid.starts_with("mra-"), "{sid}");
     // An id of the same form the gateway does not hold.

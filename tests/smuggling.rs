@@ -276,9 +276,8 @@ fn cases() -> Vec<(&'static str, String)> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
-    let (up, log) = recorder().await;
+/// A gateway with the default config in front of the upstream at `up`; its address.
+async fn gateway_before(up: SocketAddr) -> SocketAddr {
     let gateway = Gateway::new(Config::new(format!("http://{up}").parse().unwrap()));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -287,6 +286,13 @@ async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
         gateway,
         std::future::pending(),
     ));
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
+    let (up, log) = recorder().await;
+    let addr = gateway_before(up).await;
 
     let mut table = Vec::new();
     let mut failures = Vec::new();
@@ -365,14 +371,7 @@ async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_trailer_lines_are_refused_with_400() {
     let (up, log) = recorder().await;
-    let gateway = Gateway::new(Config::new(format!("http://{up}").parse().unwrap()));
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(mcp_reattach::serve_gateway(
-        l,
-        gateway,
-        std::future::pending(),
-    ));
+    let addr = gateway_before(up).await;
     let chunked = |trailers: &str| {
         format!(
             "POST /mcp HTTP/1.1\r\nHost: mcp.example\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{J}\r\n0\r\n{trailers}\r\n",
