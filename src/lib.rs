@@ -13,7 +13,8 @@
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
 //! | [`metrics`] | Prometheus metrics, their label values as enums, their exposition | HTTP, sessions |
 //! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (inside: `stream` one stream's bookkeeping, `reserve` the in-flight reserve, `batch` the frame one poll writes, `dedup` POST de-duplication, `control` the gateway's own events, `whole` an answer that came whole served under one lock, `registry` all sessions and the memory budget, readers' charges included) | HTTP, sockets |
-//! | [`upstream`] | upstream client, request building, every upstream request written and its answer read on the socket by the task that wants it, over a small pool of idle keep-alive connections (`conn`; `io`: a connection's transport, a plain one at its socket's size, TLS boxed), the bound on its connections (`limit`: a connector counting sockets, and each client share's fair part of them), the flow-controlled stream reader and its upstream resume, the answer reader of an upgraded POST, or its JSON answer served at once when it came whole, as a POST's SSE answer that came whole is (`reader`), the one holder task per session of its standalone stream (`hold`) | client requests, retention rules |
+//! | [`upstream`] | the HTTP client to the upstream: request building, every upstream request written and its answer read on the socket by the task that wants it, over a small pool of idle keep-alive connections (`conn`; `io`: a connection's transport, a plain one at its socket's size, TLS boxed), the bound on its connections (`limit`: a connector counting sockets, and each client share's fair part of them), the recipe to reopen a stream (`Source`) | client requests, sessions' streams, retention rules |
+//! | [`feed`] | the one owner of what fills a session's streams, with one entry point each: a tagged SSE answer (read by a reader task, or served at once when a POST's answer came whole), an upgraded POST's JSON answer that came whole, an upgraded answer still to come, the holder of the standalone stream; every task spawned in `feed/mod.rs` (the holder's in `hold`), which ends the stream with what the task returns (inside: `read` the flow-controlled reader and its upstream resume, `whole` an answer that came whole as events, `answer` what an upgraded POST's answer becomes, `hold` the holder's loop) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`logwriter`] | the log's writer: lines gathered in one bounded buffer, written to stdout in batches by a thread of its own | what a line says |
@@ -40,6 +41,7 @@ pub mod config;
 pub mod cursor;
 pub mod demo;
 pub(crate) mod error;
+pub(crate) mod feed;
 pub mod h1;
 pub(crate) mod jsonrpc;
 pub mod logwriter;

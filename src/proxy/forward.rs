@@ -14,19 +14,16 @@ use tracing::Instrument;
 
 use super::inbound::Inbound;
 use super::respond::{minted_header, pass_through};
-use super::upgrade::Feed;
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
 use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
+use crate::feed::{self, Answer, Fed, Upgraded};
 use crate::metrics::ResumeOutcome;
 use crate::session::{
     Eviction, Forwarding, InFlight, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
-use crate::upstream::{
-    full_body, hold, media, serve_whole, spawn_reader, whole_sse, Answer, Media, OwnBody,
-    SendError, Source,
-};
+use crate::upstream::{full_body, media, Media, OwnBody, SendError, Source};
 
 /// A request on its way upstream: its answer, once polled to the end.
 pub(super) type Pending = std::pin::Pin<
@@ -162,13 +159,13 @@ impl Gateway {
                     // Its events are in the stream before its head is written: nothing to wait for.
                     Some(whole) => {
                         early = false;
-                        Feed::Whole(whole)
+                        Upgraded::Whole(whole)
                     }
                     None => {
                         let answer: Answer = Box::pin(std::future::ready(Ok(
                             Response::from_parts(parts.clone(), body),
                         )));
-                        Feed::Answer(answer)
+                        Upgraded::ToCome(answer)
                     }
                 };
                 self.commit(inb, session, Some(parts.headers), feed)
@@ -457,7 +454,7 @@ impl Gateway {
         initialized
             && self.cfg.hold_standalone
             && !session.minted()
-            && hold::start(&self.registry, session, source)
+            && feed::hold(&self.registry, session, source)
     }
 
     /// Tags the upstream's SSE answer: a new stream of the session, read into its window by
@@ -493,11 +490,10 @@ impl Gateway {
             kill: Some(inb.kill),
             trace: crate::telemetry::current(),
         };
-        let (parts, mut upstream_body) = resp.into_parts();
-        // A POST's answer that came whole with its head is served at once, without a reader.
-        if kind == StreamKind::Post {
-            if let Some(answer) = whole_sse(&mut upstream_body, self.cfg.max_event_bytes) {
-                let whole = serve_whole(&self.registry, &session, open, answer);
+        let (parts, upstream_body) = resp.into_parts();
+        let attachment = match feed::sse(&self.registry, &session, open, upstream_body, source) {
+            // A POST's answer that came whole with its head: served at once, without a reader.
+            Fed::Whole(whole) => {
                 let resp = self.whole_response(
                     &inb.facts,
                     parts.status,
@@ -507,15 +503,8 @@ impl Gateway {
                 );
                 return (resp, false);
             }
-        }
-        let attachment = session.open_stream(open);
-        spawn_reader(
-            self.registry.clone(),
-            session.clone(),
-            attachment.stream,
-            upstream_body,
-            source,
-        );
+            Fed::Stream(attachment) => attachment,
+        };
         let s = session.clone();
         let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         let resp = self.sse_response(&inb.facts, parts.status, Some(parts.headers), s.id(), body);

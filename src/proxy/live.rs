@@ -13,9 +13,9 @@ use super::inbound::Inbound;
 use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::error::Refusal;
+use crate::feed;
 use crate::metrics::ResumeOutcome;
 use crate::session::{Reattach, Session};
-use crate::upstream::hold;
 
 impl Gateway {
     /// [`Route::Attach`](super::inbound::Route::Attach), and a standalone cursor that
@@ -40,8 +40,8 @@ impl Gateway {
             && !s.has_standalone()
             && self.authorized(&mut inb, &s).await
         {
-            hold::start(&self.registry, &s, || inb.source(&self.upstream));
-            s.hold_attempts_settled(hold::settle_limit(self.cfg.upstream_header_timeout))
+            feed::hold(&self.registry, &s, || inb.source(&self.upstream));
+            s.hold_attempts_settled(feed::hold_settle_limit(self.cfg.upstream_header_timeout))
                 .await;
         }
         if s.has_standalone() && self.authorized(&mut inb, &s).await {

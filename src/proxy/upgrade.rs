@@ -7,10 +7,9 @@
 //! is served as on the forward route (an error keeps its status, an SSE stream is tagged, a
 //! JSON body becomes the stream's events). Past it the gateway commits: the client gets the
 //! stream at once (an id first, keep-alives), and the answer, when it comes, is fed into it
-//! by a task of its own (`upstream::spawn_answer_reader`).
+//! by a task of its own (`feed::answer_to_come`).
 //!
-//! Knows the upstream client and the session API; what the answer becomes lives in
-//! `upstream::reader`.
+//! Knows the upstream client and the session API; what the answer becomes lives in `feed`.
 
 use std::sync::Arc;
 
@@ -22,16 +21,8 @@ use super::{Gateway, ResBody};
 use crate::attach::AttachBody;
 use crate::config::ResumeAuth;
 use crate::error::{ProxyError, Refusal};
+use crate::feed::{self, Answer, Upgraded};
 use crate::session::{OpenStream, Session, StreamKind};
-use crate::upstream::{serve_whole, spawn_answer_reader, whole_json, Answer};
-
-/// What becomes of an upgraded POST's stream ([`Gateway::commit`]).
-pub(super) enum Feed {
-    /// The upstream's JSON answer, whole: its events go into the stream at once.
-    Whole(bytes::Bytes),
-    /// The upstream's answer, when it comes: read into the stream by a task of its own.
-    Answer(Answer),
-}
 
 impl Gateway {
     /// [`Route::Upgrade`](super::inbound::Route::Upgrade).
@@ -60,7 +51,7 @@ impl Gateway {
             Err(_) => {
                 let answer: Answer =
                     Box::pin(async move { answer.await.map_err(|e| e.to_string()) });
-                Ok(self.commit(inb, s, None, Feed::Answer(answer)))
+                Ok(self.commit(inb, s, None, Upgraded::ToCome(answer)))
             }
         }
     }
@@ -75,10 +66,10 @@ impl Gateway {
         mut inb: Box<Inbound>,
         session: Arc<Session>,
         upstream_headers: Option<HeaderMap>,
-        feed: Feed,
+        feed: Upgraded,
     ) -> Response<ResBody> {
         // Only an answer still to come is read by a task that may reopen its stream upstream.
-        let source = matches!(feed, Feed::Answer(_)).then(|| inb.take_source(&self.upstream));
+        let source = matches!(feed, Upgraded::ToCome(_)).then(|| inb.take_source(&self.upstream));
         let version = inb
             .header_version
             .clone()
@@ -100,10 +91,9 @@ impl Gateway {
         };
         let answer = match feed {
             // The usual answer: its stream is served whole, with its length.
-            Feed::Whole(body) => {
-                let metrics = self.registry.metrics();
-                let answer = whole_json(metrics, &body, self.cfg.max_event_bytes);
-                let whole = serve_whole(&self.registry, &session, open, answer);
+            Upgraded::Whole(body) => {
+                let max = self.cfg.max_event_bytes;
+                let whole = feed::json(&self.registry, &session, open, &body, max);
                 return self.whole_response(
                     &inb.facts,
                     StatusCode::OK,
@@ -112,22 +102,15 @@ impl Gateway {
                     whole,
                 );
             }
-            Feed::Answer(answer) => answer,
+            Upgraded::ToCome(answer) => answer,
         };
-        let attachment = session.open_stream(open);
         // The upstream's 404 ends the session only when the request was the session's own.
         let own = !session.minted()
             && inb.authorized.unwrap_or_else(|| {
                 self.cfg.resume_auth == ResumeAuth::None || session.principal() == inb.principal
             });
-        spawn_answer_reader(
-            self.registry.clone(),
-            session.clone(),
-            attachment.stream,
-            answer,
-            source.expect("taken for an answer to come"),
-            own,
-        );
+        let source = source.expect("taken for an answer to come");
+        let attachment = feed::answer_to_come(&self.registry, &session, open, answer, source, own);
         let s = session.clone();
         let body = AttachBody::new(session, attachment, self.cfg.keepalive);
         self.sse_response(&inb.facts, StatusCode::OK, upstream_headers, s.id(), body)

@@ -1,6 +1,6 @@
 //! The held standalone stream's state machine: where the gateway stands in holding the
 //! session's standalone stream for its client, as one [`Phase`] under the session's lock, and
-//! the holder task (the one loop that opens, reads and reopens it, `upstream::hold`) that the
+//! the holder task (the one loop that opens, reads and reopens it, `feed::hold`) that the
 //! session owns and `close` aborts.
 //!
 //! Knows the session's streams and its lock; nothing of HTTP or of how the stream is opened.

@@ -2,22 +2,16 @@
 //! and answers read on the socket by the task that wants them, a small pool of idle
 //! connections), how a forwarded request is built (target URL, hop-by-hop headers,
 //! `X-Forwarded-*`), the bound on its connections and each client share's fair part of it
-//! (`limit`), the recipe to reopen a stream ([`Source`]); [`reader`]: the
-//! flow-controlled reader of a tagged stream and its upstream resume; [`hold`]: the one
-//! holder task per session of its standalone stream.
+//! (`limit`), the recipe to reopen a stream ([`Source`]). What is done with an answer's body
+//! (tagging, reading, holding) is the `feed` layer's.
 //!
-//! Knows HTTP and the session API; the rules of what may be evicted live in `session`.
+//! Knows HTTP; of sessions only the client share a connection is counted in.
 
 mod conn;
-pub(crate) mod hold;
 mod io;
 mod limit;
-mod reader;
 
-pub(crate) use self::conn::{OwnBody, SendError};
-pub(crate) use self::reader::{
-    serve_whole, spawn_answer_reader, spawn_reader, whole_json, whole_sse, Answer,
-};
+pub(crate) use self::conn::{OwnBody, ReadEnd, SendError};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,7 +43,7 @@ type Connector = limit::Counted<io::Slim>;
 
 /// The client to the upstream MCP server: its connector and its idle connections (`conn`).
 pub struct Upstream {
-    cfg: Arc<Config>,
+    pub(crate) cfg: Arc<Config>,
     connector: Connector,
     pool: Arc<conn::Pool>,
     /// Its open connections and their bound (`--max-upstream-connections`).
@@ -418,7 +412,7 @@ impl Source {
     /// `GET` to the upstream with the source's headers (no body), `Last-Event-ID` set to
     /// `last_id` or absent, on a connection of its own that the gateway reads itself. The
     /// stream if the upstream answered with one, else its status (`None`: no answer at all).
-    async fn get(&self, last_id: Option<&str>) -> Result<OwnBody, Option<StatusCode>> {
+    pub(crate) async fn get(&self, last_id: Option<&str>) -> Result<OwnBody, Option<StatusCode>> {
         let mut headers = own_request_headers(&self.headers, None, "text/event-stream");
         // A compressed event stream could not be tagged.
         headers.insert(
@@ -456,7 +450,7 @@ impl Source {
     }
 
     /// `GET` with `Last-Event-ID` to the upstream; the new body if it answered with a stream.
-    async fn resume(&self, last_id: &str) -> Option<OwnBody> {
+    pub(crate) async fn resume(&self, last_id: &str) -> Option<OwnBody> {
         self.get(Some(last_id)).await.ok()
     }
 }

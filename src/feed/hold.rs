@@ -4,17 +4,18 @@
 //! aborts the task) or the upstream has none. The phases it moves through are the session's
 //! (`session::Phase`); this module only does the I/O.
 //!
-//! Knows the upstream client and the session API; nothing of client requests.
+//! Knows the upstream client and the session API; nothing of client requests. Its task is
+//! its own: spawned here, aborted by the session's `close`.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use http::StatusCode;
 
-use super::reader::read_stream;
-use super::{OwnBody, Source};
+use super::read;
 use crate::metrics::UpstreamErrorKind;
 use crate::session::{Attempt, HoldStart, Registry, Session};
+use crate::upstream::{OwnBody, Source};
 
 /// Attempts to open the held standalone stream before giving up until the next trigger.
 const HOLD_ATTEMPTS: u32 = 4;
@@ -39,7 +40,7 @@ pub(crate) fn start(
 
 /// After a client's own standalone stream `stream` ended: the holder takes over once the
 /// session's rest delay has passed (nothing for POST streams).
-pub(crate) fn after_client_stream(
+pub(super) fn after_client_stream(
     registry: &Arc<Registry>,
     session: &Arc<Session>,
     stream: u32,
@@ -95,7 +96,8 @@ fn run(
                 return;
             };
             let (held, body) = stream;
-            read_stream(&registry, &session, held, body, &source).await;
+            let end = read::stream(&registry, &session, held, body, &source).await;
+            session.end_stream(held, end);
             match session.hold_rest(held) {
                 Some(delay) => rest = Some(delay),
                 None => return,
