@@ -367,8 +367,8 @@ enum Value<'a> {
 }
 
 /// One access line at `now`, in JSON or text, with its newline. Built by appending each
-/// piece: through `fmt::write` the line cost ~5 k instructions a request (`bench/callgrind`
-/// call), most of a request's logging.
+/// piece: through `fmt::write` the line was most of a request's logging (bench/notes.md,
+/// "Figure: the access line").
 fn format_line(json: bool, now: std::time::SystemTime, l: &Line<'_>) -> String {
     let fields = [
         ("http.request.method", Value::Token(l.method)),
@@ -434,7 +434,7 @@ fn format_line(json: bool, now: std::time::SystemTime, l: &Line<'_>) -> String {
 
 /// `now` as RFC 3339 to the microsecond, UTC (`humantime::format_rfc3339_micros`'s text).
 /// The part up to the second is formatted once a second per thread and copied after: through
-/// `fmt` the timestamp was ~800 instructions a line.
+/// `fmt` it was a large part of each line (bench/notes.md, "Figure: the access line").
 fn push_timestamp(out: &mut String, now: std::time::SystemTime) {
     use std::cell::RefCell;
     thread_local! {

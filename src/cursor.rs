@@ -45,8 +45,8 @@ impl Cursor {
         write_position(self.stream, self.seq, out);
     }
 
-    /// The canonical text (what `Display` writes, without the formatting machinery: ~1,200
-    /// instructions of every resume's control event).
+    /// The canonical text (what `Display` writes, without the formatting machinery, which was
+    /// a visible part of every resume: bench/notes.md, "Figure: cursors").
     pub fn text(&self) -> String {
         let mut out = Vec::with_capacity(16 + 1 + POSITION_LEN);
         self.write_to(&mut out);
@@ -59,8 +59,8 @@ impl Cursor {
         if s.len() > MAX_CURSOR_LEN {
             return Err(CursorError::TooLong);
         }
-        // Read in one pass (splitting and `from_str_radix` were ~1,000 instructions a
-        // resume): 16 hex digits and a dot, then `<stream>.<seq>`.
+        // Read in one pass (splitting and `from_str_radix` cost more: bench/notes.md,
+        // "Figure: cursors"): 16 hex digits and a dot, then `<stream>.<seq>`.
         let (Some(epoch), Some(b'.')) = (s.get(..16), s.get(16)) else {
             return Err(CursorError::Malformed);
         };

@@ -259,8 +259,8 @@ pub enum Message {
 
 /// Reads message `m`: whether it is JSON-RPC 2.0 and, if it is a response, its id. An object
 /// (the usual message) is parsed once: the upgraded JSON answer's envelope is checked before
-/// its events are tagged, and tagging them parsed each again for its id (~1,100 instructions
-/// a request, `bench/callgrind` json). `Err`: `m` is not JSON at all.
+/// its events are tagged, and tagging them parsed each again for its id (bench/notes.md,
+/// "Figure: one parse per message"). `Err`: `m` is not JSON at all.
 pub fn read_message(m: &str) -> Result<Message, serde_json::Error> {
     #[derive(Deserialize)]
     struct Enveloped<'a> {
@@ -316,8 +316,8 @@ fn read_message_twice(m: &str) -> Result<Message, serde_json::Error> {
 /// `"method"`: a request or a notification as the SDKs write them (a progress notification is
 /// most of a stream), never a response. Exact: an object with a `method` member is not a
 /// response, whatever follows (and a duplicate member fails the parse), so skipping the
-/// search and the parse changes no answer; it saves both (~200 instructions for a 200 B
-/// event, `bench/callgrind` sse-200-burst).
+/// search and the parse changes no answer; it saves both (bench/notes.md, "Figure: one parse
+/// per message").
 #[inline]
 fn names_method_first(b: &[u8]) -> bool {
     let Some(rest) = b.trim_ascii_start().strip_prefix(b"{") else {

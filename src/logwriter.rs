@@ -3,15 +3,15 @@
 //! in one batch at most every [`BATCH_INTERVAL`]. A busy gateway pays a copy per line and
 //! one `write` per batch, where tracing-appender's `non_blocking` paid a thread wake-up
 //! (a `futex`, then ~3 `sched_yield` spins of its worker before it parks again) and a
-//! `write` for every line: ~15 % of the gateway's system calls per short call, most of them
-//! per resume in a reconnect storm (`strace -c` in bench/notes.md).
+//! `write` for every line: a large share of the gateway's system calls per short call, most
+//! of them per resume in a reconnect storm (bench/notes.md, "Figure: the log's writer").
 //!
 //! Bounded: past [`LIMIT`] bytes of lines waiting or being written (stdout blocked), whole
 //! lines are dropped and counted, never half-written, and the count is written as a line of its own once stdout
 //! takes lines again. Two buffers take turns (lines gather in one while the other is
 //! written), each keeping its capacity while lines keep coming: a busy gateway's batches
 //! outgrew a buffer made afresh for each, and growing it again faulted in new pages every
-//! batch (~500 page faults a second at 30,000 requests a second, bench/notes.md). Both are
+//! batch (bench/notes.md, "Figure: the log's writer"). Both are
 //! released (past [`KEEP`]) when the log goes idle; an idle gateway keeps none.
 
 use std::io::Write;
@@ -20,8 +20,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Most bytes of lines waiting for stdout or being written to it; past it lines are dropped
-/// (4 MiB: ~13,000 access lines, a second or more of a busy gateway's log while stdout is
-/// blocked).
+/// (a second or more of a busy gateway's log while stdout is blocked).
 pub const LIMIT: usize = 4 << 20;
 
 /// How long the writer thread gathers lines after a write before it writes again: the

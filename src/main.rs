@@ -11,8 +11,9 @@ use mcp_reattach::tls::{Reload, ServerTls};
 use tokio::net::TcpListener;
 use tracing_subscriber::prelude::*;
 
-/// mimalloc: a request allocates and frees ~70 small blocks (header maps, bodies, futures);
-/// glibc's malloc/free took ~15 k of ~123 k instructions per short tool call.
+/// mimalloc: a request allocates and frees many small blocks (header maps, bodies, futures),
+/// and glibc's malloc/free was a large part of a short call (bench/notes.md, "Figure: the
+/// allocator").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -83,7 +84,7 @@ fn main() -> ExitCode {
     tracing_subscriber::registry().with(fmt).with(traces).init();
     // One CPU to run on (a container limited to one, a process pinned to one): the
     // current-thread scheduler, the same work without the work-stealing scheduler's
-    // bookkeeping between threads (~3 % of a short call's instructions, `bench/callgrind`).
+    // bookkeeping between threads (bench/notes.md, "Figure: the runtime on one CPU").
     // More: one worker per CPU, as tokio sizes it.
     let mut builder = if worker_threads() == 1 {
         tokio::runtime::Builder::new_current_thread()

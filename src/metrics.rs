@@ -173,7 +173,7 @@ label_values! {
 /// A counter family with one label whose values are `L`, every value at 0 from the start (so
 /// `rate()` and `increase()` see the first occurrence and scrapes declare every series).
 /// Each value's counter is kept by its index: counting costs no hash of the label and no
-/// lock of the family (~480 instructions an upgraded POST, `bench/callgrind` json).
+/// lock of the family (bench/notes.md, "Figure: metrics by index").
 struct Counters<L> {
     family: Family<Label, Counter>,
     counters: Box<[Counter]>,
@@ -201,7 +201,7 @@ impl<L: LabelValue> Counters<L> {
 
 /// Handles to the series of a family, by the indices of their label values, each created in
 /// the family on its first use: recording then costs an index, not a hash of the labels and
-/// the family's lock (per request, `bench/callgrind` json: three families, ~2 k instructions).
+/// the family's lock (bench/notes.md, "Figure: metrics by index").
 /// A series still appears in the exposition only once used, as with `get_or_create`.
 struct Series<M> {
     slots: Box<[std::sync::OnceLock<M>]>,

@@ -17,7 +17,7 @@ pub struct Event {
     /// The `id` field as sent by the upstream, if any (the gateway replaces it).
     id: Option<Box<str>>,
     /// The fields most events lack, out of line: events are moved by value through the
-    /// reader's batch (64 bytes each, not 120).
+    /// reader's batch, so the event is kept small (bench/notes.md, "Figure: an event's size").
     rare: Option<Box<Rare>>,
     /// Where the `data:` lines start in `body` ([`NO_DATA`]: the block had no `data` field).
     data_at: u32,
@@ -400,7 +400,7 @@ impl Decoder {
     /// by the chunk's end, an event over the limit or with invalid UTF-8): the line-by-line
     /// path then decodes it, errors included. Decodes to exactly what that path would (the
     /// property tests below compare the two): one search for the data line's end instead of
-    /// one per line and no field-by-field assembly, ~25 % of a small event's decoding.
+    /// one per line and no field-by-field assembly (bench/notes.md, "Figure: an event's size").
     fn whole_event(&self, chunk: &[u8]) -> Option<(Event, usize)> {
         const TYPE: &[u8] = b"event: message";
         // Compared as two words (a call to `memcmp` otherwise).

@@ -9,7 +9,8 @@ use std::collections::VecDeque;
 /// One retained event: its session-wide sequence number, its stream, and its encoded body.
 /// The body is what follows the `id:` line on the wire (which is rebuilt from `seq` and
 /// `stream` when the event is sent); when `message` is set the `event: message` line is
-/// implied too. 32 bytes plus the body's allocation.
+/// implied too. Kept small: the window holds many (its size: bench/notes.md, "Figure: the
+/// window's entries").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub seq: u64,
@@ -120,11 +121,10 @@ impl Window {
         mut evictable: impl FnMut(&Entry) -> bool,
     ) -> Option<(usize, Entry)> {
         // Mostly the first one looked at: that one without the iterator's machinery (its
-        // adapters were ~250 instructions an eviction, `bench/callgrind` sse-200-burst).
+        // adapters cost every eviction: bench/notes.md, "Figure: the window's entries").
         let first = self.entries.get(from)?;
         let (i, e) = if evictable(first) {
-            // The oldest, the usual one: `remove(0)` still called the general shift (~20
-            // instructions).
+            // The oldest, the usual one: `remove(0)` still called the general shift.
             let e = if from == 0 {
                 self.entries.pop_front()
             } else {
@@ -152,8 +152,8 @@ impl Window {
 
     /// Removes every entry of `stream`, whose positions all lie in `seqs` (its state is being
     /// forgotten). Only that range is looked at: the stream forgotten is an old one, and the
-    /// whole window behind it would be scanned for nothing (per call, `bench/callgrind` call:
-    /// 7.2 k of 165 k instructions went to a `retain` over the window).
+    /// whole window behind it would be scanned for nothing (a `retain` over the window was a
+    /// visible part of every call: bench/notes.md, "Figure: the window's entries").
     pub fn remove_stream(&mut self, stream: u32, seqs: std::ops::RangeInclusive<u64>) {
         let lo = self.entries.partition_point(|e| e.seq < *seqs.start());
         let hi = self.entries.partition_point(|e| e.seq <= *seqs.end());

@@ -58,8 +58,8 @@ pub(crate) fn sse(
     let attachment = session.open_stream(open);
     let stream = attachment.stream;
     let (r, s) = (registry.clone(), session.clone());
-    // Boxed: the task's cell then holds a pointer, not the ~1 KB future it would copy in
-    // and out of its stages (~1 k instructions per short call, `bench/callgrind`).
+    // Boxed: the task's cell then holds a pointer, not the large future it would copy in
+    // and out of its stages (bench/notes.md, "Figure: boxed futures").
     let reader = tokio::spawn(Box::pin(async move {
         let end = read::stream(&r, &s, stream, body, &source).await;
         s.end_stream(stream, end);

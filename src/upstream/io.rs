@@ -1,8 +1,8 @@
 //! An upstream connection's transport as the gateway keeps it: a plain TCP connection at the
 //! size of its socket, a TLS one boxed. hyper-rustls's `MaybeHttpsStream` is an enum as large
-//! as its TLS state (1,120 bytes with the counting wrapper), so every plain upstream
-//! connection (each held standalone stream, each pooled connection) carried ~1.1 KB of room
-//! for a TLS session it never had.
+//! as its TLS state, so every plain upstream connection (each held standalone stream, each
+//! pooled connection) carried room for a TLS session it never had (bench/notes.md, "Figure:
+//! a plain upstream connection").
 
 use std::future::Future;
 use std::pin::Pin;
