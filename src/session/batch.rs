@@ -222,7 +222,7 @@ mod tests {
         Entry {
             seq,
             stream,
-            message: seq % 2 == 0,
+            message: seq.is_multiple_of(2),
             body: format!("data: {body}\n\n").into_bytes().into_boxed_slice(),
         }
     }
