@@ -178,8 +178,8 @@ impl Gateway {
             };
         if early {
             // The answer's first bytes came with its head: one turn for the stream's reader
-            // (just spawned, it runs next) to take them before hyper writes the head, so the
-            // head, those events and often the end go out in one write instead of two.
+            // (just spawned, it runs next) to take them before the connection writes the
+            // head, so the head, those events and often the end go out in one write, not two.
             tokio::task::yield_now().await;
         }
         Ok(tagged)

@@ -364,9 +364,9 @@ pub fn is_json(h: &HeaderMap) -> bool {
     media(h) == Media::Json
 }
 
-/// A copy of a value parsed from a client's request, for keeping long: hyper's values point
+/// A copy of a value parsed from a client's request, for keeping long: parsed values point
 /// into the client connection's read buffer, and one kept value keeps that whole buffer
-/// (8 KiB) alive beside the one hyper reads into next.
+/// alive beside the one the connection reads into next.
 pub(crate) fn owned_value(value: &HeaderValue) -> HeaderValue {
     // Every value a parser let through is valid again; a clone is only the fallback.
     let mut copy = HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes()))
