@@ -1,8 +1,10 @@
 //! Unit tests of the session state machine, with paused time where clocks matter.
 
+use super::life::MAX_ENDED_STREAMS;
 use super::*;
 use crate::jsonrpc::{EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
     let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
@@ -256,7 +258,8 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
         assert!(matches!(s.resume(start, None), Ok(Resume::Attached { .. })));
         s.detach(stream, current_generation(&s, stream));
         // Once the stall budget has passed without the client, the window moves on.
-        tokio::time::advance(s.cfg.stall_timeout).await;
+        let stall = lock(&s.state).consts.stall;
+        tokio::time::advance(stall).await;
         assert!(s.push_events(stream, &mut more, None));
         assert_eq!(s.resume(start, None).unwrap_err(), ResumeError::Gap);
         assert!(s.metrics.events_evicted_undelivered.get() > 0);
@@ -292,7 +295,8 @@ async fn gap_after_the_first_event(first: impl FnOnce(&Session, u32)) -> String 
         stream,
         seq: 2,
     };
-    tokio::time::advance(s.cfg.stall_timeout).await;
+    let stall = lock(&s.state).consts.stall;
+    tokio::time::advance(stall).await;
     for _ in 0..3 {
         s.push_events(
             stream,
@@ -828,7 +832,7 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
     });
     let opening = String::from_utf8(opening.unwrap().to_vec()).unwrap();
     assert!(
-        opening.starts_with(&format!("id: {}\n", s.cursor(n, 4))),
+        opening.starts_with(&format!("id: {}\n", lock(&s.state).consts.cursor(n, 4))),
         "{opening}"
     );
     assert!(opening.contains(EVENT_RESUMED), "{opening}");
