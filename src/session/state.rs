@@ -76,7 +76,7 @@ impl Consts {
     }
 
     /// The `mcp-reattach/stream` event that gives a client an id on a new stream without a
-    /// priming event (see [`OpenStream::announce`](super::OpenStream::announce)).
+    /// priming event (see `OpenStream::announce`).
     pub fn announcement(&self, stream: u32, seq: u64) -> Bytes {
         control::announce(&self.cursor(stream, seq), stream, self.retry_hint)
     }
@@ -105,12 +105,12 @@ pub(super) struct Books<'a> {
 ///   progress), is never evicted: the upstream reader waits instead. An event evicted or
 ///   dropped raises its stream's `lost_upto`, so a resume before it is an explicit gap.
 /// - Bookkeeping beside `streams`: `running` is exactly the streams not ended; `ended` lists
-///   the ended ones in the order they ended, at most [`MAX_ENDED_STREAMS`] of them retained
+///   the ended ones in the order they ended, at most `MAX_ENDED_STREAMS` (`life`) of them retained
 ///   but those a client still reads; `carried` indexes exactly the request ids of the
 ///   retained streams, `retired` those of the forgotten ones; every stream with a paused
 ///   reader is in `paused`.
 /// - Standalone: `standalone`, when set, is a retained standalone stream not ended;
-///   `standalone_history` holds the last [`STANDALONE_HISTORY`] standalone stream numbers.
+///   `standalone_history` holds the last `STANDALONE_HISTORY` (`open`) standalone stream numbers.
 /// - Principal: `principal` is whom the session is bound to; its streams and forwarded ids
 ///   follow it when it is rebound.
 /// - Budget: what `window` and the overflow slots hold is what the session counts in the
@@ -120,9 +120,6 @@ pub(super) struct Books<'a> {
 /// - Closed: once `closed`, always; `streams`, `carried`, `running`, `paused` and `inflight`
 ///   are empty, the window holds nothing, and `closing` holds the last frames of the clients
 ///   that were attached.
-///
-/// [`MAX_ENDED_STREAMS`]: super::life::MAX_ENDED_STREAMS
-/// [`STANDALONE_HISTORY`]: super::open::STANDALONE_HISTORY
 #[derive(Debug)]
 pub(super) struct State {
     pub consts: Consts,
