@@ -74,7 +74,7 @@ use crate::metrics::Metrics;
 use crate::sse::Event;
 
 /// Ids of sessions that stopped being quiet since the registry's last sweep (see
-/// [`Session::stir`]): the sweeper visits them again at its next round.
+/// [`State::stir`]): the sweeper visits them again at its next round.
 #[derive(Debug, Default)]
 pub(crate) struct Stirred(Mutex<Vec<String>>);
 
