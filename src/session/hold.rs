@@ -3,7 +3,9 @@
 //! the holder task (the one loop that opens, reads and reopens it, `feed::hold`) that the
 //! session owns and `close` aborts.
 //!
-//! Knows the session's streams and its lock; nothing of HTTP or of how the stream is opened.
+//! [`Hold`] is pure; its rules that need the session's streams are `State`'s (`open`), and
+//! the `Session` methods here only lock, call one, unlock and wake. Knows nothing of HTTP or
+//! of how the stream is opened.
 //!
 //! ```text
 //!            start              opened                 stream ended
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
-use super::{lock, Session, State, Stream, StreamKind};
+use super::{lock, Session};
 
 /// The first and the longest delay before reopening a standalone stream the upstream ended.
 pub(super) const REHOLD_MIN: Duration = Duration::from_secs(1);
@@ -44,7 +46,7 @@ pub enum Phase {
     Unsupported,
 }
 
-/// The hold's state, kept in the session's [`State`].
+/// The hold's state, kept in the session's `State`.
 #[derive(Debug)]
 pub(super) struct Hold {
     pub(super) phase: Phase,
@@ -62,6 +64,23 @@ impl Hold {
             rehold_delay: REHOLD_MIN,
             task: None,
         }
+    }
+
+    /// Remembers the holder task, aborted when the session closes.
+    pub(super) fn set_task(&mut self, task: AbortHandle) {
+        self.task = Some(task);
+    }
+
+    /// The delay before reopening a standalone stream that ended (and carried events, or
+    /// not): short when it did, doubling while the upstream keeps ending empty ones.
+    pub(super) fn rest(&mut self, carried: bool) -> Duration {
+        let delay = if carried {
+            REHOLD_MIN
+        } else {
+            (self.rehold_delay * 2).min(REHOLD_MAX)
+        };
+        self.rehold_delay = delay;
+        delay
     }
 
     /// Stops the holder task (the session is closing).
@@ -96,11 +115,6 @@ pub enum Attempt {
     GiveUp,
 }
 
-fn live_standalone(st: &State) -> bool {
-    st.standalone
-        .is_some_and(|s| st.streams.get(&s).is_some_and(|s| s.end.is_none()))
-}
-
 impl Session {
     /// The hold's phase now.
     pub fn hold_phase(&self) -> Phase {
@@ -112,17 +126,7 @@ impl Session {
     /// something but [`HoldStart::Nothing`], so a client's `GET` that waits next cannot miss
     /// the attempt.
     pub fn hold_start(&self) -> HoldStart {
-        let mut st = lock(&self.state);
-        if st.closed || live_standalone(&st) {
-            return HoldStart::Nothing;
-        }
-        let start = match st.hold.phase {
-            Phase::Idle => HoldStart::Spawn,
-            Phase::Backoff | Phase::Resting => HoldStart::Kicked,
-            Phase::Opening | Phase::Holding | Phase::Unsupported => return HoldStart::Nothing,
-        };
-        st.hold.phase = Phase::Opening;
-        drop(st);
+        let start = lock(&self.state).hold_start();
         if start == HoldStart::Kicked {
             self.hold_kick.notify_one();
         }
@@ -133,46 +137,26 @@ impl Session {
     /// before opening a new one (it is then `Resting`; spawn it with this delay). `None`: not
     /// a standalone stream, or the session is closed, holds another, or a holder runs.
     pub fn hold_after_client_stream(&self, stream: u32) -> Option<Duration> {
-        let mut st = lock(&self.state);
-        if st.hold.phase != Phase::Idle {
-            return None;
-        }
-        let delay = Self::rest_delay(&mut st, stream)?;
-        st.hold.phase = Phase::Resting;
-        Some(delay)
+        lock(&self.state).hold_after_client_stream(stream)
     }
 
     /// Remembers the holder task, so closing the session stops it.
     pub fn set_holder(&self, handle: AbortHandle) {
-        let mut st = lock(&self.state);
-        if st.closed {
-            handle.abort();
-        } else {
-            st.hold.task = Some(handle);
-        }
+        lock(&self.state).set_holder(handle);
     }
 
     /// The holder, at the top of an attempt: `false` when there is nothing left to do (the
     /// session closed, or a client's own standalone stream got there first); the holder then
     /// ends.
     pub fn hold_attempt(&self) -> bool {
-        let mut st = lock(&self.state);
-        let go = !st.closed && !live_standalone(&st);
-        st.hold.phase = if go { Phase::Opening } else { Phase::Idle };
-        drop(st);
+        let go = lock(&self.state).hold_attempt();
         self.hold_settled.notify_waiters();
         go
     }
 
     /// The holder, after an attempt that opened nothing: the phase `attempt` leads to.
     pub fn hold_failed(&self, attempt: Attempt) {
-        let mut st = lock(&self.state);
-        st.hold.phase = match attempt {
-            Attempt::Unsupported => Phase::Unsupported,
-            Attempt::Retry => Phase::Backoff,
-            Attempt::GiveUp => Phase::Idle,
-        };
-        drop(st);
+        lock(&self.state).hold_failed(attempt);
         self.hold_settled.notify_waiters();
     }
 
@@ -194,32 +178,7 @@ impl Session {
     /// yet: its events are kept for the first client's `GET`). `None` if the session closed
     /// meanwhile or a client's own standalone stream got there first (the holder then ends).
     pub fn open_held_standalone(&self) -> Option<u32> {
-        let mut st = lock(&self.state);
-        let opened = (!st.closed && !live_standalone(&st)).then(|| {
-            st.last_seq += 1;
-            let seq = st.last_seq;
-            let stream = st.next_stream;
-            st.next_stream += 1;
-            st.streams.insert(
-                stream,
-                Box::new(Stream::new(
-                    StreamKind::Standalone,
-                    seq,
-                    Vec::new(),
-                    false,
-                    None,
-                )),
-            );
-            st.running.insert(stream);
-            Self::set_standalone(&mut st, stream);
-            stream
-        });
-        st.hold.phase = if opened.is_some() {
-            Phase::Holding
-        } else {
-            Phase::Idle
-        };
-        drop(st);
+        let opened = lock(&self.state).open_held_standalone();
         self.hold_settled.notify_waiters();
         opened
     }
@@ -227,34 +186,7 @@ impl Session {
     /// The holder, after its held stream `stream` ended: how long to rest before reopening
     /// it (`None`: the session closed or holds another; the holder then ends).
     pub fn hold_rest(&self, stream: u32) -> Option<Duration> {
-        let mut st = lock(&self.state);
-        let delay = Self::rest_delay(&mut st, stream);
-        st.hold.phase = if delay.is_some() {
-            Phase::Resting
-        } else {
-            Phase::Idle
-        };
-        delay
-    }
-
-    /// The delay before reopening after the standalone stream `stream` ended: short when it
-    /// carried events, doubling while the upstream keeps ending empty ones.
-    fn rest_delay(st: &mut State, stream: u32) -> Option<Duration> {
-        let carried = st
-            .streams
-            .get(&stream)
-            .filter(|s| s.kind == StreamKind::Standalone)
-            .map(|s| s.last_seq > s.first_seq)?;
-        if st.closed || st.standalone.is_some() {
-            return None;
-        }
-        let delay = if carried {
-            REHOLD_MIN
-        } else {
-            (st.hold.rehold_delay * 2).min(REHOLD_MAX)
-        };
-        st.hold.rehold_delay = delay;
-        Some(delay)
+        lock(&self.state).hold_rest(stream)
     }
 
     /// Waits (at most `limit`) until no attempt to open the held stream is in flight, so a

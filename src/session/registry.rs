@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{lock, Session, Stirred, StreamKind};
+use super::{lock, Session, Stirred};
 use crate::config::Config;
 /// Why a session's state was dropped (the `session_evictions_total` label).
 pub use crate::metrics::Eviction;
@@ -658,9 +658,8 @@ impl Registry {
     /// Tells attached clients to resume elsewhere (graceful shutdown): those of standalone
     /// streams only, or all of them.
     pub fn end_clients(&self, standalone_only: bool) {
-        let kind = standalone_only.then_some(StreamKind::Standalone);
         for (_, s) in self.all() {
-            s.end_clients(kind);
+            s.end_clients(standalone_only);
         }
     }
 

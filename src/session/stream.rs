@@ -77,8 +77,8 @@ pub(super) struct PendingRequest {
     /// The gateway already answered it with an error (gap, upstream failure); a client that
     /// reconnects after that error is not told again.
     pub reported: bool,
-    /// Its id's keyed hash, as [`Carried`](super::dedup::Carried) indexed it (and
-    /// [`Retired`](super::dedup::Retired) keeps it, under the same key): the id is not read
+    /// Its id's keyed hash, as `dedup::Carried` indexed it (and
+    /// `dedup::Retired` keeps it, under the same key): the id is not read
     /// and hashed again when the stream is forgotten.
     pub hash: u64,
 }

@@ -1,8 +1,10 @@
 //! Unit tests of the session state machine, with paused time where clocks matter.
 
+use super::life::MAX_ENDED_STREAMS;
 use super::*;
 use crate::jsonrpc::{EVENT_RESUMED, EVENT_RESUMPTION_FAILED, EVENT_RESUMPTION_REQUIRED};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 fn cfg(f: impl FnOnce(&mut Config)) -> Arc<Config> {
     let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
@@ -256,7 +258,8 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
         assert!(matches!(s.resume(start, None), Ok(Resume::Attached { .. })));
         s.detach(stream, current_generation(&s, stream));
         // Once the stall budget has passed without the client, the window moves on.
-        tokio::time::advance(s.cfg.stall_timeout).await;
+        let stall = lock(&s.state).consts.stall;
+        tokio::time::advance(stall).await;
         assert!(s.push_events(stream, &mut more, None));
         assert_eq!(s.resume(start, None).unwrap_err(), ResumeError::Gap);
         assert!(s.metrics.events_evicted_undelivered.get() > 0);
@@ -292,7 +295,8 @@ async fn gap_after_the_first_event(first: impl FnOnce(&Session, u32)) -> String 
         stream,
         seq: 2,
     };
-    tokio::time::advance(s.cfg.stall_timeout).await;
+    let stall = lock(&s.state).consts.stall;
+    tokio::time::advance(stall).await;
     for _ in 0..3 {
         s.push_events(
             stream,
@@ -828,7 +832,7 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
     });
     let opening = String::from_utf8(opening.unwrap().to_vec()).unwrap();
     assert!(
-        opening.starts_with(&format!("id: {}\n", s.cursor(n, 4))),
+        opening.starts_with(&format!("id: {}\n", lock(&s.state).consts.cursor(n, 4))),
         "{opening}"
     );
     assert!(opening.contains(EVENT_RESUMED), "{opening}");
@@ -1770,4 +1774,185 @@ async fn readers_take_more_only_with_room_and_one_always_moves() {
         .expect("the mover let go");
     drop((a, b, c));
     assert_eq!(budget.used(), 0, "every charge is given back");
+}
+
+// State's rules, called directly: no runtime, no lock, and time is whatever `now` they are
+// given (no paused clock needed).
+
+fn state(f: impl FnOnce(&mut Config)) -> State {
+    let c = cfg(f);
+    State::new(Consts::new(&c, 7), Principal::default(), Instant::now())
+}
+
+fn books<'a>(metrics: &'a Metrics, budget: &'a Budget) -> Books<'a> {
+    Books { metrics, budget }
+}
+
+#[test]
+fn state_refuses_an_id_in_flight_for_another_and_holds_it_for_its_own() {
+    let mut st = state(|_| {});
+    let (owner, other) = (Principal([1; 16]), Principal([2; 16]));
+    st.set_principal(owner);
+    let five = vec!["5".to_owned()];
+    assert_eq!(st.begin_forward(owner, &five), Ok(()));
+    assert_eq!(st.begin_forward(owner, &five), Err(InFlight::Own));
+    assert_eq!(st.begin_forward(other, &five), Err(InFlight::Another));
+    assert!(st.forwarding(owner, &five));
+    // Rebinding the session takes the owner's ids in flight with it.
+    let renewed = Principal([3; 16]);
+    st.set_principal(renewed);
+    assert_eq!(st.principal, renewed);
+    assert!(!st.forwarding(owner, &five));
+    assert_eq!(st.begin_forward(renewed, &five), Err(InFlight::Own));
+    st.settle_forward(renewed, &five);
+    assert!(!st.forwarding(renewed, &five));
+    assert_eq!(
+        st.begin_forward(other, &five),
+        Ok(()),
+        "settled, never carried"
+    );
+}
+
+#[test]
+fn state_may_resume_only_the_senders_call() {
+    let (metrics, budget) = (Metrics::default(), Budget::new(usize::MAX));
+    let mut st = state(|_| {});
+    let now = Instant::now();
+    let (owner, other) = (Principal([1; 16]), Principal([2; 16]));
+    let mut open = OpenStream::new(StreamKind::Post, vec!["1".into()]);
+    open.principal = owner;
+    let call = st.open(books(&metrics, &budget), open, now).stream;
+    let standalone = st
+        .open(
+            books(&metrics, &budget),
+            OpenStream::new(StreamKind::Standalone, vec![]),
+            now,
+        )
+        .stream;
+    let at = |stream, epoch| Cursor {
+        epoch,
+        stream,
+        seq: 1,
+    };
+    assert!(st.may_resume(&at(call, 7), owner));
+    assert!(!st.may_resume(&at(call, 7), other), "the owner's call");
+    assert!(st.may_resume(&at(standalone, 7), other), "the session's");
+    assert!(
+        st.may_resume(&at(call, 8), other),
+        "left to resume to refuse"
+    );
+    assert!(st.may_resume(&at(99, 7), other), "left to resume to refuse");
+    assert_eq!(
+        st.resume(&metrics, at(call, 8), None, now).unwrap_err(),
+        ResumeError::ForeignCursor
+    );
+    assert_eq!(
+        st.resume(&metrics, at(99, 7), None, now).unwrap_err(),
+        ResumeError::CursorAhead
+    );
+}
+
+#[test]
+fn state_pauses_the_reader_until_the_stall_timeout_then_evicts_into_a_gap() {
+    let (metrics, budget) = (Metrics::default(), Budget::new(usize::MAX));
+    let mut st = state(|c| c.window_events = 2);
+    let stall = st.consts.stall;
+    let t0 = Instant::now();
+    let opened = st.open(
+        books(&metrics, &budget),
+        OpenStream::new(StreamKind::Post, vec![]),
+        t0,
+    );
+    let (stream, generation) = (opened.stream, opened.generation);
+    st.quiet = true;
+    let mut events = numbered(0, 3, 0);
+    let reader = Waker::noop();
+    assert!(
+        !st.push(
+            books(&metrics, &budget),
+            stream,
+            &mut events,
+            Some(reader),
+            None,
+            t0
+        ),
+        "the client still needs both retained events"
+    );
+    assert_eq!(events.len(), 1);
+    assert_eq!(st.paused, vec![stream]);
+    assert!(!st.quiet, "a paused reader stirs the session");
+    st.detach(&metrics, stream, generation, t0);
+    let half = t0 + stall / 2;
+    assert!(
+        !st.push(
+            books(&metrics, &budget),
+            stream,
+            &mut events,
+            Some(reader),
+            None,
+            half
+        ),
+        "a client that left is guarded for the stall timeout"
+    );
+    let later = t0 + stall;
+    assert!(st.push(
+        books(&metrics, &budget),
+        stream,
+        &mut events,
+        Some(reader),
+        None,
+        later
+    ));
+    assert!(events.is_empty());
+    assert_eq!(metrics.window_evictions.get(), 1);
+    assert_eq!(metrics.events_evicted_undelivered.get(), 1);
+    let at = |seq| Cursor {
+        epoch: 7,
+        stream,
+        seq,
+    };
+    assert_eq!(
+        st.resume(&metrics, at(1), None, later).unwrap_err(),
+        ResumeError::Gap
+    );
+    let Ok(Resume::Attached { replay, .. }) = st.resume(&metrics, at(2), None, later) else {
+        panic!("the events after the evicted one are retained");
+    };
+    assert_eq!(replay, 2);
+}
+
+#[test]
+fn state_sweep_detaches_a_stalled_client_then_finds_the_session_quiet() {
+    let (metrics, budget) = (Metrics::default(), Budget::new(usize::MAX));
+    let mut st = state(|_| {});
+    let stall = st.consts.stall;
+    let t0 = Instant::now();
+    let opened = st.open(
+        books(&metrics, &budget),
+        OpenStream::new(StreamKind::Post, vec![]),
+        t0,
+    );
+    let (stream, generation) = (opened.stream, opened.generation);
+    assert!(st.push(
+        books(&metrics, &budget),
+        stream,
+        &mut numbered(0, 1, 0),
+        None,
+        None,
+        t0
+    ));
+    let swept = st.sweep(books(&metrics, &budget), t0);
+    assert!(!swept.idle && !swept.quiet);
+    let late = t0 + stall;
+    st.sweep(books(&metrics, &budget), late);
+    assert_eq!(metrics.slow_consumer_detaches.get(), 1);
+    let step = st.step(&budget, stream, generation, Waker::noop(), late);
+    assert!(
+        matches!(step, Step::Finish(_, Outcome::SlowConsumer)),
+        "{step:?}"
+    );
+    assert!(text(step).contains(EVENT_RESUMPTION_REQUIRED));
+    let swept = st.sweep(books(&metrics, &budget), late);
+    assert!(swept.idle && swept.quiet, "no client, no reader paused");
+    assert_eq!(swept.since, late);
 }

@@ -2,7 +2,7 @@
 //! answer): its stream opened, its events tagged, its end and its first client's whole body
 //! made under one hold of the session's lock, as the usual steps would make them one by one
 //! (open, push, end, then the attached body's polls and its detach), so the client gets it
-//! with its length, in one piece.
+//! with its length, in one piece. The rule is `State`'s; `Session::open_whole` locks for it.
 
 use std::collections::VecDeque;
 use std::task::Waker;
@@ -10,13 +10,16 @@ use std::task::Waker;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{lock, Attachment, End, OpenStream, Outcome, Session, Step};
+use super::deliver::Step;
+use super::open::OpenStream;
+use super::state::{Books, State};
+use super::{Attachment, End, Outcome};
 use crate::sse::Event;
 
 /// Most steps a whole body is made of: the events, then the end.
 const WHOLE_STEPS: usize = 2;
 
-/// What [`Session::open_whole`] made of an answer.
+/// What [`State::open_whole`] made of an answer.
 #[derive(Debug)]
 pub enum Whole {
     /// The client's whole body: its stream's opening, events and end.
@@ -33,42 +36,40 @@ pub enum Whole {
     Attached { attachment: Attachment, handed: u64 },
 }
 
-impl Session {
-    /// Opens a stream as [`Session::open_stream`] does, tags `events` into it and ends it
-    /// with `end` (`answers[i]`: the ids of the responses `events[i]` is, when read already,
-    /// so tagging does not read them again), then makes its first client's whole body,
-    /// detached.
+impl State {
+    /// Opens a stream as [`State::open`] does, tags `events` into it and ends it with `end`
+    /// (`answers[i]`: the ids of the responses `events[i]` is, when read already, so tagging
+    /// does not read them again), then makes its first client's whole body, detached.
     pub fn open_whole(
-        &self,
+        &mut self,
+        books: Books<'_>,
         open: OpenStream<'_>,
         events: &mut VecDeque<Event>,
         answers: Option<&[Vec<String>]>,
         end: End,
+        now: Instant,
     ) -> Whole {
-        let now = Instant::now();
-        let mut st = lock(&self.state);
-        let st = &mut *st;
-        let opened = self.open_locked(st, open, now);
-        let mut attachment = opened.attachment(self);
+        let opened = self.open(books, open, now);
+        let mut attachment = opened.attachment();
         let (stream, generation) = (opened.stream, opened.generation);
-        if !events.is_empty() && !self.push_locked(st, stream, events, None, answers, now) {
+        if !events.is_empty() && !self.push(books, stream, events, None, answers, now) {
             return Whole::Attached {
                 attachment,
                 handed: 0,
             };
         }
-        self.end_locked(st, stream, end);
+        self.end(books.budget, stream, end);
         let mut parts: Vec<Bytes> = attachment.opening.take().into_iter().collect();
         let mut handed = 0;
         for _ in 0..WHOLE_STEPS {
-            match self.step_locked(st, stream, generation, Waker::noop(), now) {
+            match self.step(books.budget, stream, generation, Waker::noop(), now) {
                 Step::Data(b, n) => {
                     parts.push(b);
                     handed += n;
                 }
                 Step::Finish(b, outcome) => {
                     parts.push(b);
-                    self.detach_locked(st, stream, generation, now);
+                    self.detach(books.metrics, stream, generation, now);
                     return Whole::Served {
                         body: concat(parts),
                         events: handed,
