@@ -129,10 +129,10 @@ impl Batch {
 }
 
 /// The `id:` line (and the `event: message` line its flag implies) of each event of one
-/// stream, made in one buffer per batch: `id: <epoch hex>.<stream>.` once (formatting the
-/// stream into every event's id was ~60 instructions an event), then each event's position,
-/// counted on from the one before when it follows it (the usual batch: dividing each
-/// position into digits was ~50 instructions an event).
+/// stream, made in one buffer per batch: `id: <epoch hex>.<stream>.` once (not formatted
+/// into every event's id), then each event's position, counted on from the one before when
+/// it follows it (the usual batch), not divided into digits each time (bench/notes.md,
+/// "Figure: a batch's ids").
 struct StreamHead {
     /// The prefix, then the last position's digits, its LF and room for `event: message`.
     buf: [u8; StreamHead::MAX],
@@ -207,8 +207,8 @@ fn write_entry(head: &mut StreamHead, e: &Entry, out: &mut BytesMut) {
 }
 
 /// What goes before a retained event's body on the wire: its `id:` line, and the
-/// `event: message` line its flag implies, appended in one piece (appending each part was
-/// ~80 instructions an event of a replay).
+/// `event: message` line its flag implies, appended in one piece, not part by part
+/// (bench/notes.md, "Figure: a batch's ids").
 fn write_head(head: &mut StreamHead, e: &Entry, out: &mut BytesMut) {
     out.put_slice(head.line(e));
 }

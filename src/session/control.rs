@@ -91,8 +91,8 @@ pub(super) fn resumed(
     ended: bool,
 ) -> Bytes {
     // The event's data, its fields in the order `json!` wrote them (sorted), written
-    // directly: a `Value` map was ~7 k instructions of every resume, serde's serializer
-    // (escaping each string) ~900. Nothing in it needs escaping: `here` is a cursor
+    // directly, not through a `Value` map or serde's serializer (bench/notes.md, "Figure:
+    // the resumed event"). Nothing in it needs escaping: `here` is a cursor
     // (hex, digits and dots), `kind` a name of ours.
     debug_assert!(here.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'));
     let mut numbers = itoa::Buffer::new();

@@ -200,8 +200,8 @@ impl Carriers {
 
 /// Which retained streams carried each request id, by a keyed hash of the id. Every POST asks
 /// whether one of its ids was sent before, and a session retains up to
-/// `MAX_ENDED_STREAMS` ended streams besides the running ones: scanning them all cost ~5 k
-/// instructions a call (`bench/callgrind` call). Kept beside the session's streams: a stream
+/// `MAX_ENDED_STREAMS` ended streams besides the running ones, too many to scan on every
+/// call (bench/notes.md, "Figure: carried ids"). Kept beside the session's streams: a stream
 /// is added when it is opened with requests and removed when it is forgotten.
 #[derive(Debug, Default)]
 pub(super) struct Carried {

@@ -124,8 +124,8 @@ impl State {
         };
         let (overflow, limits) = (s.overflow.as_ref(), self.inflight.limits());
         // Nothing of this stream after the cursor (the usual poll after a batch was written:
-        // no event is later than the stream's last): no batch to look for (an empty one was
-        // ~450 instructions, three a resume, `bench/callgrind` storm).
+        // no event is later than the stream's last): no batch to look for (an empty one cost
+        // every resume: bench/notes.md, "Figure: a client body's steps").
         let nothing_new = partial.is_none() && cursor >= s.last_seq;
         let batch = (!nothing_new)
             .then(|| {

@@ -129,12 +129,12 @@ impl Subscriber {
 
 /// A session's streams by number, in number order: a sorted ring buffer. A session has a few
 /// streams at once (its standalone stream, its POSTs in flight, a bounded number of ended
-/// ones) and tagging an event looks its stream up: a `BTreeMap`'s search was ~45
-/// instructions a lookup, several per event (`bench/callgrind` sse-200-burst). Boxed: a
-/// stream is large, and an insert or a removal moves 16 bytes per stream on its shorter
-/// side. A ring, not a vector: a new stream goes at the back and the one forgotten is
-/// mostly the oldest, at the front (in a vector, every short call moved the ~64 retained
-/// streams behind it: a 1 KiB `memmove`).
+/// ones) and tagging an event looks its stream up, several times per event, cheaper in a
+/// short sorted ring than a `BTreeMap`'s search. Boxed: a stream is large, and an insert or
+/// a removal moves only a pointer per stream on its shorter side. A ring, not a vector: a
+/// new stream goes at the back and the one forgotten is mostly the oldest, at the front (a
+/// vector moved every retained stream behind it on every short call). Figures:
+/// bench/notes.md, "Figure: a session's streams".
 #[derive(Debug, Default)]
 pub(super) struct Streams(VecDeque<(u32, Box<Stream>)>);
 

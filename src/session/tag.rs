@@ -20,8 +20,8 @@ use crate::window::Entry;
 /// batches are aged): how many entries at the front were found needed (not looked at again),
 /// and the last stream looked up with the position after which its events must stay (the
 /// entries scanned are mostly of one stream). Without it every eviction looked its stream up
-/// in the map again (~150 instructions a 200 B event, `bench/callgrind` sse-200-burst), and
-/// scanned past another stream's needed events again.
+/// in the map again and scanned past another stream's needed events again (bench/notes.md,
+/// "Figure: eviction scans").
 #[derive(Default)]
 struct Scan {
     kept: usize,
