@@ -51,7 +51,7 @@ impl StreamStats {
 /// What the proxy learned of a request while routing it, read when its line is written: its
 /// MCP method and tool, and the upstream's time to the response head (which an upgraded call
 /// learns only after its response started).
-pub trait Learned: Send + Sync + std::fmt::Debug {
+pub(crate) trait Learned: Send + Sync + std::fmt::Debug {
     /// The MCP method label ([`crate::jsonrpc::METHODS`]) and the tool of a `tools/call`.
     fn call(&self) -> (Option<&'static str>, Option<&str>);
     /// The upstream's time to the response head, if the request was sent upstream.
@@ -62,7 +62,7 @@ pub trait Learned: Send + Sync + std::fmt::Debug {
 
 /// What is known of a request when it arrives (cheap clones of its parts).
 #[derive(Debug)]
-pub struct Requested {
+pub(crate) struct Requested {
     pub method: Method,
     pub start: Instant,
     /// The request target's path and query (the line shows the path only).
@@ -78,7 +78,7 @@ pub struct Requested {
 
 /// What is known of a request when its response starts.
 #[derive(Debug)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     pub requested: Requested,
     pub status: StatusCode,
     /// Hashed session id, if any.
@@ -99,7 +99,7 @@ pub struct AccessLog {
 impl AccessLog {
     /// The log of a request whose response has started (`status`).
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         requested: Requested,
         status: StatusCode,
         session: Option<Arc<str>>,
@@ -547,7 +547,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> Observed<B> {
-    pub fn new(inner: B, mut log: AccessLog) -> Observed<B>
+    pub(crate) fn new(inner: B, mut log: AccessLog) -> Observed<B>
     where
         B: Body,
     {

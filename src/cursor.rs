@@ -87,7 +87,7 @@ impl Cursor {
 }
 
 /// The epoch as a cursor spells it: 16 lowercase hex digits. A session computes it once.
-pub fn epoch_hex(epoch: u64) -> [u8; 16] {
+pub(crate) fn epoch_hex(epoch: u64) -> [u8; 16] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut buf = [0u8; 16];
     for (i, b) in buf.iter_mut().enumerate() {
@@ -97,18 +97,18 @@ pub fn epoch_hex(epoch: u64) -> [u8; 16] {
 }
 
 /// Appends what follows `<epoch>.` in a cursor, `<stream>.<seq>`, in one piece.
-pub fn write_position(stream: u32, seq: u64, out: &mut impl bytes::BufMut) {
+pub(crate) fn write_position(stream: u32, seq: u64, out: &mut impl bytes::BufMut) {
     let mut buf = [0u8; POSITION_LEN];
     let n = put_position(stream, seq, &mut buf);
     out.put_slice(&buf[..n]);
 }
 
 /// The longest `<stream>.<seq>`: 10 + 1 + 20 digits.
-pub const POSITION_LEN: usize = 31;
+pub(crate) const POSITION_LEN: usize = 31;
 
 /// Writes `<stream>.<seq>` at the start of `out` (at least [`POSITION_LEN`] bytes),
 /// returning its length.
-pub fn put_position(stream: u32, seq: u64, out: &mut [u8]) -> usize {
+pub(crate) fn put_position(stream: u32, seq: u64, out: &mut [u8]) -> usize {
     let mut n = put_decimal(u64::from(stream), out);
     out[n] = b'.';
     n += 1;
@@ -118,7 +118,7 @@ pub fn put_position(stream: u32, seq: u64, out: &mut [u8]) -> usize {
 /// Writes `n` in decimal at the start of `out` (room for its digits: 20 for any `u64`),
 /// returning its length. In place, last digit first: formatting into a buffer and copying the digits out was a
 /// `memcpy` call of a few bytes for every event id a batch writes.
-pub fn put_decimal(mut n: u64, out: &mut [u8]) -> usize {
+pub(crate) fn put_decimal(mut n: u64, out: &mut [u8]) -> usize {
     let len = n.checked_ilog10().map_or(1, |l| l as usize + 1);
     for d in out[..len].iter_mut().rev() {
         *d = b'0' + (n % 10) as u8;
@@ -143,7 +143,7 @@ fn decimal(b: &[u8]) -> Result<u64, CursorError> {
 }
 
 /// A fresh random epoch for a new session state.
-pub fn new_epoch() -> u64 {
+pub(crate) fn new_epoch() -> u64 {
     let mut b = [0u8; 8];
     if getrandom::getrandom(&mut b).is_err() {
         // No OS randomness: fall back to std's randomly keyed SipHash over the time.

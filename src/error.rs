@@ -22,20 +22,20 @@ use crate::session::{AtCapacity, ResumeError};
 use crate::upstream::BoxError;
 
 /// JSON-RPC error codes the gateway writes in its own error bodies.
-pub mod codes {
+pub(crate) mod codes {
     /// Generic gateway/transport error (as the SDKs use for transport problems).
-    pub const GATEWAY: i64 = -32000;
+    pub(crate) const GATEWAY: i64 = -32000;
     /// Session not found (the code the SDKs use for it).
-    pub const SESSION_NOT_FOUND: i64 = -32001;
+    pub(crate) const SESSION_NOT_FOUND: i64 = -32001;
     /// Resumption failed (also used inside streams, see `session`).
-    pub const RESUMPTION_FAILED: i64 = crate::jsonrpc::ERROR_CODE_RESUMPTION_FAILED;
+    pub(crate) const RESUMPTION_FAILED: i64 = crate::jsonrpc::ERROR_CODE_RESUMPTION_FAILED;
     /// Upstream unavailable or failed.
-    pub const UPSTREAM: i64 = crate::jsonrpc::ERROR_CODE_UPSTREAM_FAILED;
+    pub(crate) const UPSTREAM: i64 = crate::jsonrpc::ERROR_CODE_UPSTREAM_FAILED;
 }
 
 /// Everything a request can fail with before a normal response exists.
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     #[error("Mcp-Session-Id must be one visible-ASCII value")]
     BadSessionHeader,
     #[error("the request target must be a path")]
@@ -78,7 +78,7 @@ pub enum ProxyError {
 
 /// Whose fault an error is (as pingora tags its errors): what an operator should look at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// The client sent something the gateway cannot serve (4xx; logged at debug).
     Client,
     /// The upstream failed or was too slow (502/504; logged at warn).
@@ -89,7 +89,7 @@ pub enum Fault {
 
 /// The metric an error is counted under: a family and its label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counted {
+pub(crate) enum Counted {
     /// `resumes_total{outcome}`.
     Resume(ResumeOutcome),
     /// `upstream_errors_total{kind}`.
@@ -100,7 +100,7 @@ pub enum Counted {
 
 /// One row of the error table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Class {
+pub(crate) struct Class {
     pub status: StatusCode,
     /// JSON-RPC `error.code`.
     pub code: i64,
@@ -113,7 +113,7 @@ pub struct Class {
 
 impl ProxyError {
     /// The error table: one exhaustive match, everything else derives from it.
-    pub fn class(&self) -> Class {
+    pub(crate) fn class(&self) -> Class {
         use Counted::{Rejected, Resume, Upstream};
         use Fault::{Client, Gateway, Upstream as Up};
         let (status, code, reason, counted, fault) = match self {
@@ -282,7 +282,7 @@ impl ProxyError {
 
     /// The error for a request the upstream client could not send: the bound on upstream
     /// connections when that is why, else the upstream's own failure.
-    pub fn upstream(e: crate::upstream::SendError) -> ProxyError {
+    pub(crate) fn upstream(e: crate::upstream::SendError) -> ProxyError {
         match e.at_limit() {
             Some(max) => ProxyError::UpstreamConnections(max),
             None => ProxyError::Upstream(e),
@@ -290,12 +290,12 @@ impl ProxyError {
     }
 
     /// This error as the answer to the JSON-RPC request `id` (if the request had one).
-    pub fn for_request(self, id: Option<Value>) -> Refusal {
+    pub(crate) fn for_request(self, id: Option<Value>) -> Refusal {
         Refusal { error: self, id }
     }
 
     /// The error with its sources, for the log (never for clients).
-    pub fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         let mut out = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(s) = source {
@@ -308,12 +308,12 @@ impl ProxyError {
 }
 
 /// The methods the gateway serves (its `Allow` header).
-pub const ALLOWED_METHODS: &str = "GET, POST, DELETE, OPTIONS";
+pub(crate) const ALLOWED_METHODS: &str = "GET, POST, DELETE, OPTIONS";
 
 /// A request the gateway answers with an error: the error and the JSON-RPC id of the request
 /// it answers (a single request; `null` otherwise).
 #[derive(Debug)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub error: ProxyError,
     pub id: Option<Value>,
 }
@@ -327,7 +327,7 @@ impl From<ProxyError> for Refusal {
 impl Refusal {
     /// Counts the refusal, logs it at its level, and builds its response: status, a
     /// JSON-RPC error body naming the cause, and `Retry-After` for a 503 or 429.
-    pub fn respond(self, method: &http::Method, metrics: &Metrics) -> Response<Bytes> {
+    pub(crate) fn respond(self, method: &http::Method, metrics: &Metrics) -> Response<Bytes> {
         let class = self.error.class();
         match class.counted {
             Counted::Resume(l) => metrics.resume(l),

@@ -19,17 +19,17 @@ use http::StatusCode;
 const ADDED_HEADERS: usize = 4;
 
 /// Most bytes of a response head (status line and headers).
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most headers in a response head.
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 /// Most bytes of chunk extensions over one body (they carry nothing the gateway uses).
-pub const MAX_EXTENSION_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_EXTENSION_BYTES: usize = 16 * 1024;
 /// Most bytes of trailers after the last chunk (read and dropped); a client's request body
 /// is held to the smaller of this and its head bound ([`BodyDecoder::with_trailer_limit`]).
-pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_TRAILER_BYTES: usize = 16 * 1024;
 /// Most interim (`1xx`) heads before a response's final head: an upstream that sends more
 /// (an endless stream of them) is refused, not read for as long as it writes.
-pub const MAX_INTERIM_HEADS: usize = 16;
+pub(crate) const MAX_INTERIM_HEADS: usize = 16;
 
 /// Why a response cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,7 +99,7 @@ fn header_name(bytes: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderNa
 /// value that is not visible ASCII is replaced by the address alone), and
 /// `X-Forwarded-Proto` unless the hop in front set one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Forwarded<'a> {
+pub(crate) struct Forwarded<'a> {
     /// The client's address; `None`: `X-Forwarded-For` is left as it is.
     pub for_addr: Option<&'a str>,
     /// `http` or `https`: how the client reached the gateway.
@@ -108,7 +108,7 @@ pub struct Forwarded<'a> {
 
 /// What the head of a forwarded request gets beside the client's headers.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Added<'a> {
+pub(crate) struct Added<'a> {
     /// `Host`, when the client's headers have none (an HTTP/2 client's `:authority`).
     pub host: Option<&'a str>,
     /// Headers of the gateway's own (a trace context), written after the client's; a client
@@ -122,7 +122,7 @@ pub struct Added<'a> {
 /// refuses them) less those `skip` names, then what `added` adds. The gateway sends every
 /// body whole and frames it itself ([`end_request_head`]), so the framing headers of
 /// `headers` are left out, and so is `Expect` (nothing waits for a `100 Continue`).
-pub fn request_head(
+pub(crate) fn request_head(
     method: &http::Method,
     path_and_query: &str,
     headers: &HeaderMap,
@@ -193,7 +193,7 @@ pub fn request_head(
 
 /// Ends a head [`request_head`] started: a `Content-Length` of `body_len` when it is
 /// `Some`, and the empty line.
-pub fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
+pub(crate) fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
     if let Some(n) = body_len {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
@@ -206,7 +206,7 @@ pub fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
 /// [`MAX_INTERIM_HEADS`] of them, and their bytes with the final head's within
 /// [`MAX_HEAD_BYTES`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Interim {
+pub(crate) struct Interim {
     heads: usize,
     bytes: usize,
 }
@@ -275,7 +275,7 @@ pub fn take_head(buf: &mut bytes::BytesMut) -> Result<Option<Head>, H1Error> {
 
 /// [`take_head`] on one read after another of the same response: `interim` counts the
 /// interim heads taken off `buf` so far (their bound holds over all the reads).
-pub fn take_head_after(
+pub(crate) fn take_head_after(
     buf: &mut bytes::BytesMut,
     interim: &mut Interim,
 ) -> Result<Option<Head>, H1Error> {
@@ -779,7 +779,7 @@ const STACK_HEADERS: usize = 100;
 /// request line are skipped (RFC 9112 §2.2). Strict where a reverse proxy must be (RFC 9112
 /// §6.1, §6.3): a `Transfer-Encoding` with a `Content-Length` or in HTTP/1.0, a transfer coding
 /// other than `chunked` alone, invalid or differing lengths, obs-fold and bare CR are errors.
-pub fn take_request(
+pub(crate) fn take_request(
     buf: &mut bytes::BytesMut,
     max_headers: usize,
 ) -> Result<Option<RequestHead>, RequestError> {
@@ -923,7 +923,7 @@ fn request_framing(headers: &HeaderMap, http10: bool) -> Result<Framing, Request
 
 /// How a response's body is framed on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResponseFraming {
+pub(crate) enum ResponseFraming {
     /// `Content-Length`.
     Length(u64),
     /// `Transfer-Encoding: chunked`.
@@ -938,7 +938,7 @@ pub enum ResponseFraming {
 /// Writes a response head: the status line, `headers` (their framing headers replaced by
 /// `framing`'s, unless it is [`ResponseFraming::None`]), `Connection: close` when the
 /// connection ends after it, and `date` when `headers` have none.
-pub fn response_head(
+pub(crate) fn response_head(
     status: StatusCode,
     headers: &HeaderMap,
     framing: ResponseFraming,
@@ -986,7 +986,7 @@ pub fn response_head(
 }
 
 /// The size line of one chunk of `n` bytes (`<hex>\r\n`) in `out`; its length.
-pub fn chunk_size_line(n: usize, out: &mut [u8; 18]) -> usize {
+pub(crate) fn chunk_size_line(n: usize, out: &mut [u8; 18]) -> usize {
     let digits = if n == 0 {
         1
     } else {

@@ -16,13 +16,13 @@ use serde_json::Value;
 use crate::sse;
 
 /// First protocol version of the modern (sessionless, cancel-on-disconnect) era.
-pub const FIRST_MODERN_VERSION: &str = "2026-07-28";
+pub(crate) const FIRST_MODERN_VERSION: &str = "2026-07-28";
 /// First protocol version whose servers prime streams (SEP-1699).
-pub const FIRST_PRIMING_VERSION: &str = "2025-11-25";
+pub(crate) const FIRST_PRIMING_VERSION: &str = "2025-11-25";
 
 /// What the gateway needs to know of a POST body.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct PostInfo {
+pub(crate) struct PostInfo {
     /// Ids (canonical JSON text) of the requests in the body.
     pub request_ids: Vec<String>,
     /// The body holds an `initialize` request.
@@ -44,7 +44,7 @@ pub struct PostInfo {
 impl PostInfo {
     /// Whether the body names a modern-era version in `_meta` (an `initialize`'s requested
     /// version does not count: `initialize` exists only in the legacy eras).
-    pub fn modern(&self) -> bool {
+    pub(crate) fn modern(&self) -> bool {
         self.meta_version.as_deref().is_some_and(is_modern)
     }
 }
@@ -93,7 +93,7 @@ fn one_or_many<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<(Vec<T>, b
 }
 
 /// Reads a POST body. Anything that is not JSON-RPC yields the default (the upstream judges it).
-pub fn inspect_post(body: &[u8]) -> PostInfo {
+pub(crate) fn inspect_post(body: &[u8]) -> PostInfo {
     let Some((msgs, single)) = one_or_many::<Msg>(body) else {
         return PostInfo::default();
     };
@@ -142,7 +142,7 @@ pub fn inspect_post(body: &[u8]) -> PostInfo {
 /// MCP methods a client sends (requests and notifications, every protocol version so far):
 /// the values of the `method` label of the per-method metrics and the access line's
 /// `mcp.method.name`. Anything else is `other`, so the label's values are bounded.
-pub const METHODS: [&str; 27] = [
+pub(crate) const METHODS: [&str; 27] = [
     "initialize",
     "ping",
     "tools/list",
@@ -173,7 +173,7 @@ pub const METHODS: [&str; 27] = [
 ];
 
 /// The label for a JSON-RPC method: itself if it is an MCP method ([`METHODS`]), else `other`.
-pub fn method_label(method: &str) -> &'static str {
+pub(crate) fn method_label(method: &str) -> &'static str {
     METHODS
         .iter()
         .find(|m| **m == method)
@@ -196,7 +196,7 @@ struct Reply<'a> {
 /// Ids (canonical JSON text) of the JSON-RPC responses in an event's data. Inlined: for
 /// most events of a stream (notifications) it is the first member's check alone.
 #[inline]
-pub fn response_ids<D: AsRef<[u8]> + ?Sized>(data: &D) -> Vec<String> {
+pub(crate) fn response_ids<D: AsRef<[u8]> + ?Sized>(data: &D) -> Vec<String> {
     // Progress and other notifications are most of a stream: skip them without parsing.
     // The searchers are built once: building one per event cost more than the search.
     // A response has an `id` (null at worst) and a `result` or an `error`; a notification,
@@ -249,7 +249,7 @@ fn parsed_response_ids(data: &str) -> Vec<String> {
 /// One message of an upstream's JSON answer (a body, or a member of a batch), read by
 /// [`read_message`].
 #[derive(Debug, PartialEq, Eq)]
-pub enum Message {
+pub(crate) enum Message {
     /// JSON, but not a JSON-RPC 2.0 message.
     NotRpc,
     /// A JSON-RPC 2.0 message, and the ids (canonical JSON text) of the responses it is:
@@ -261,7 +261,7 @@ pub enum Message {
 /// (the usual message) is parsed once: the upgraded JSON answer's envelope is checked before
 /// its events are tagged, and tagging them parsed each again for its id (bench/notes.md,
 /// "Figure: one parse per message"). `Err`: `m` is not JSON at all.
-pub fn read_message(m: &str) -> Result<Message, serde_json::Error> {
+pub(crate) fn read_message(m: &str) -> Result<Message, serde_json::Error> {
     #[derive(Deserialize)]
     struct Enveloped<'a> {
         #[serde(default, borrow)]
@@ -359,19 +359,19 @@ struct InitResult {
 }
 
 /// The negotiated protocol version, if `data` is an `InitializeResult` response.
-pub fn initialize_version<D: AsRef<[u8]> + ?Sized>(data: &D) -> Option<String> {
+pub(crate) fn initialize_version<D: AsRef<[u8]> + ?Sized>(data: &D) -> Option<String> {
     serde_json::from_slice::<InitReply>(data.as_ref())
         .ok()
         .map(|r| r.result.protocol_version)
 }
 
 /// Whether a protocol version string (`YYYY-MM-DD`) is of the modern era.
-pub fn is_modern(version: &str) -> bool {
+pub(crate) fn is_modern(version: &str) -> bool {
     is_date(version) && version >= FIRST_MODERN_VERSION
 }
 
 /// Whether sessions of this protocol version get priming events under `--priming auto`.
-pub fn primes(version: &str) -> bool {
+pub(crate) fn primes(version: &str) -> bool {
     is_date(version) && version >= FIRST_PRIMING_VERSION
 }
 
@@ -388,7 +388,7 @@ fn is_date(v: &str) -> bool {
 }
 
 /// A JSON-RPC error response body written by the gateway.
-pub fn error_body(id: Option<&Value>, code: i64, message: &str, reason: &str) -> Bytes {
+pub(crate) fn error_body(id: Option<&Value>, code: i64, message: &str, reason: &str) -> Bytes {
     let body = serde_json::json!({
         "jsonrpc": "2.0",
         "id": id.cloned().unwrap_or(Value::Null),
@@ -399,22 +399,22 @@ pub fn error_body(id: Option<&Value>, code: i64, message: &str, reason: &str) ->
 
 /// JSON-RPC error code the gateway uses for requests whose result cannot be delivered
 /// (resumption failed: a gap, a duplicate request id it cannot serve).
-pub const ERROR_CODE_RESUMPTION_FAILED: i64 = -32010;
+pub(crate) const ERROR_CODE_RESUMPTION_FAILED: i64 = -32010;
 /// JSON-RPC error code for requests whose upstream stream failed.
-pub const ERROR_CODE_UPSTREAM_FAILED: i64 = -32011;
+pub(crate) const ERROR_CODE_UPSTREAM_FAILED: i64 = -32011;
 
 /// Event types of the gateway's own control events (never `message`, so clients that do
 /// not know them ignore their data).
-pub const EVENT_RESUMED: &str = "mcp-reattach/resumed";
-pub const EVENT_RESUMPTION_FAILED: &str = "mcp-reattach/resumption-failed";
-pub const EVENT_RESUMPTION_REQUIRED: &str = "mcp-reattach/resumption-required";
-pub const EVENT_UPSTREAM_FAILED: &str = "mcp-reattach/upstream-failed";
+pub(crate) const EVENT_RESUMED: &str = "mcp-reattach/resumed";
+pub(crate) const EVENT_RESUMPTION_FAILED: &str = "mcp-reattach/resumption-failed";
+pub(crate) const EVENT_RESUMPTION_REQUIRED: &str = "mcp-reattach/resumption-required";
+pub(crate) const EVENT_UPSTREAM_FAILED: &str = "mcp-reattach/upstream-failed";
 /// Opens an upgraded JSON answer's stream with an id where no priming event is sent.
-pub const EVENT_STREAM: &str = "mcp-reattach/stream";
+pub(crate) const EVENT_STREAM: &str = "mcp-reattach/stream";
 
-pub const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
-pub const SESSION_CLOSED_MESSAGE: &str = "mcp-reattach: the session ended at the gateway (deleted, forgotten by the upstream, or shed) before this request was answered";
-pub const UPSTREAM_ENDED_MESSAGE: &str =
+pub(crate) const GAP_MESSAGE: &str = "mcp-reattach: resumption failed: the events after the client's last event id were evicted from the gateway's window, so this request's result cannot be delivered";
+pub(crate) const SESSION_CLOSED_MESSAGE: &str = "mcp-reattach: the session ended at the gateway (deleted, forgotten by the upstream, or shed) before this request was answered";
+pub(crate) const UPSTREAM_ENDED_MESSAGE: &str =
     "mcp-reattach: the upstream server ended the stream without answering this request";
 
 /// SSE frames that end a stream explicitly: a `resumption-failed` control event at `here`,
@@ -422,7 +422,7 @@ pub const UPSTREAM_ENDED_MESSAGE: &str =
 /// The event carries `here` as its id only when `with_id` (the client already holds a cursor
 /// on this stream): a client that was never given an id must not get one now, or it would
 /// try to resume a stream that has nothing more.
-pub fn failure_frames(
+pub(crate) fn failure_frames(
     here: &str,
     with_id: bool,
     reason: &str,
@@ -450,7 +450,12 @@ pub fn failure_frames(
 }
 
 /// Like [`failure_frames`], for a stream whose upstream failed with `cause`.
-pub fn upstream_failure_frames(here: &str, with_id: bool, cause: &str, ids: &[String]) -> Bytes {
+pub(crate) fn upstream_failure_frames(
+    here: &str,
+    with_id: bool,
+    cause: &str,
+    ids: &[String],
+) -> Bytes {
     let info = serde_json::json!({ "reason": "upstream-failed", "cause": cause, "at": here });
     let mut out = BytesMut::from(
         &sse::control(

@@ -31,33 +31,54 @@
 //! [`shutdown::Shutdown`] and SIGHUP to [`tls::ServerTls::reload_now`], binds, and calls
 //! [`serve_gateway`] and [`serve_admin`]. See `docs/design.md` for the decisions behind this shape.
 
-// The public surface: what `main.rs`, the integration tests, the fuzz targets and the bench
-// use (config, the pure core, the demo, TLS setup, shutdown, the access sink, and the session
-// and attach types of the paused-time tests). The request path's layers are the crate's own.
-pub mod access;
-pub(crate) mod admin;
-pub mod attach;
-pub mod config;
-pub mod cursor;
-pub mod demo;
-pub(crate) mod error;
-pub(crate) mod feed;
-pub mod h1;
-pub(crate) mod jsonrpc;
-pub mod logwriter;
-pub(crate) mod metrics;
-pub(crate) mod proxy;
-pub(crate) mod server;
-pub mod session;
-pub mod shutdown;
-pub mod sse;
-pub mod telemetry;
-pub mod tls;
-pub(crate) mod upstream;
-pub mod window;
+#![warn(unreachable_pub)]
 
+// The public surface is a small façade: the flags ([`config`]), the demo upstream ([`demo`]),
+// TLS setup ([`tls`]), and the handles `main.rs` wires together (below). What the fuzz
+// targets and the paused-time tests reach inside is behind [`internals`], not an API.
+// Everything else is the crate's own.
+mod access;
+mod admin;
+mod attach;
+pub mod config;
+mod cursor;
+pub mod demo;
+mod error;
+mod feed;
+mod h1;
+mod jsonrpc;
+mod logwriter;
+mod metrics;
+mod proxy;
+mod server;
+mod session;
+mod shutdown;
+mod sse;
+mod telemetry;
+pub mod tls;
+mod upstream;
+mod window;
+
+pub use access::set_sink as set_access_sink;
 pub use admin::serve_admin;
 pub use config::{Config, Priming};
+pub use logwriter::spawn as spawn_log_writer;
 pub use proxy::Gateway;
 pub use server::serve_gateway;
-pub use shutdown::Health;
+pub use shutdown::{Health, Mode as ShutdownMode, Shutdown};
+pub use telemetry::{layer as otlp_layer, wanted_by_env as otlp_wanted_by_env};
+
+/// The crate's insides that its fuzz targets, property checks and paused-time tests drive
+/// directly (the pure core, a session and an attached client's body). Not an API: it
+/// changes with the code.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::attach::AttachBody;
+    pub use crate::cursor::{Cursor, CursorError, MAX_CURSOR_LEN};
+    pub use crate::h1::{
+        parse_head, parse_request, take_head, BodyDecoder, Framing, H1Error, Head,
+    };
+    pub use crate::session::{hash_id, OpenStream, Owner, Principal, Registry, StreamKind};
+    pub use crate::sse::{encode, is_valid_id, write_id, Decoder, Event, SseError, KEEPALIVE};
+    pub use crate::window::{Entry, Window};
+}

@@ -21,11 +21,11 @@ use std::time::Duration;
 
 /// Most bytes of lines waiting for stdout or being written to it; past it lines are dropped
 /// (a second or more of a busy gateway's log while stdout is blocked).
-pub const LIMIT: usize = 4 << 20;
+pub(crate) const LIMIT: usize = 4 << 20;
 
 /// How long the writer thread gathers lines after a write before it writes again: the
 /// most a line waits while the log is busy.
-pub const BATCH_INTERVAL: Duration = Duration::from_millis(20);
+pub(crate) const BATCH_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Capacity each buffer keeps when the log goes idle; a larger one is freed then.
 const KEEP: usize = 64 << 10;

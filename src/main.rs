@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mcp_reattach::config::{self, Cli, Command, Config, GatewayArgs, LogFormat};
-use mcp_reattach::shutdown::{Mode, Shutdown};
 use mcp_reattach::tls::{Reload, ServerTls};
+use mcp_reattach::{Shutdown, ShutdownMode as Mode};
 use tokio::net::TcpListener;
 use tracing_subscriber::prelude::*;
 
@@ -51,14 +51,14 @@ fn main() -> ExitCode {
     };
     // Log lines are written by a thread of their own, in batches (one line per request must
     // not cost each request a write, nor a wake-up of that thread); colours only on a terminal.
-    let (writer, _log_flush) = match mcp_reattach::logwriter::spawn(std::io::stdout()) {
+    let (writer, _log_flush) = match mcp_reattach::spawn_log_writer(std::io::stdout()) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("error: cannot start the log writer: {e}");
             return ExitCode::FAILURE;
         }
     };
-    mcp_reattach::access::set_sink(writer.clone(), cli.gateway.log_format == LogFormat::Json);
+    mcp_reattach::set_access_sink(writer.clone(), cli.gateway.log_format == LogFormat::Json);
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
@@ -69,8 +69,8 @@ fn main() -> ExitCode {
     }
     .with_filter(filter);
     // Traces: only when asked for (the standard OTLP endpoint variables, or the flag).
-    let traces = if cli.gateway.otlp_traces || mcp_reattach::telemetry::wanted_by_env() {
-        match mcp_reattach::telemetry::layer() {
+    let traces = if cli.gateway.otlp_traces || mcp_reattach::otlp_wanted_by_env() {
+        match mcp_reattach::otlp_layer() {
             Ok(t) => Some(t),
             Err(e) => {
                 eprintln!("error: {e}");

@@ -26,7 +26,7 @@ type Labels2 = [(&'static str, &'static str); 2];
 
 /// The values of one label of a counter family, as an enum: a value the code counts is a
 /// variant (a typo is a compile error), and [`LabelValue::ALL`] is what is pre-registered.
-pub trait LabelValue: Copy + Send + Sync + 'static {
+pub(crate) trait LabelValue: Copy + Send + Sync + 'static {
     /// The label's name.
     const KEY: &'static str;
     /// Every value, each exported at 0 from the start.

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use crate::session::Registry;
 
 /// How long the last `retry:` hints get to reach clients after the drain deadline.
-pub const FINAL_FLUSH: Duration = Duration::from_secs(2);
+pub(crate) const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
 /// Liveness and readiness state shared with the admin listener: ready until a shutdown is
 /// requested ([`Shutdown::stop_accepting`]).
@@ -189,7 +189,7 @@ impl Drop for Draining {
 
 /// How a drain ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drained {
+pub(crate) enum Drained {
     /// Every connection finished before the deadline.
     Finished,
     /// The deadline (or a quick shutdown) came first: the remaining streams were ended.
@@ -201,7 +201,7 @@ pub enum Drained {
 /// connections until `drain_timeout` (or until [`Draining::hurried`]), then ends the
 /// remaining streams and gives their hints [`FINAL_FLUSH`] to get out. `draining` is dropped
 /// on return, which resolves [`Shutdown::drained`].
-pub async fn drain(
+pub(crate) async fn drain(
     registry: &Registry,
     connections: GracefulShutdown,
     drain_timeout: Duration,

@@ -532,7 +532,12 @@ pub fn write_id(id: impl std::fmt::Display, out: &mut BytesMut) {
 
 /// Writes a gateway-made event: `id`, an optional `event` type, an optional `retry`, and `data`
 /// (a single line of JSON or empty).
-pub fn control(id: Option<&str>, event: Option<&str>, retry_ms: Option<u64>, data: &str) -> Bytes {
+pub(crate) fn control(
+    id: Option<&str>,
+    event: Option<&str>,
+    retry_ms: Option<u64>,
+    data: &str,
+) -> Bytes {
     debug_assert!(!data.contains(['\n', '\r']));
     let mut out = BytesMut::with_capacity(64 + data.len());
     if let Some(id) = id {

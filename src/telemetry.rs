@@ -27,12 +27,12 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-pub use crate::session::TraceParent;
+pub(crate) use crate::session::TraceParent;
 
 static ON: AtomicBool = AtomicBool::new(false);
 
 /// Whether spans are exported (set once at startup).
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
@@ -145,7 +145,7 @@ impl Injector for HeadersMut<'_> {
 
 /// Continues the client's trace: `span` (a request's) becomes a child of the `traceparent`
 /// in `headers`, if there is a valid one. Whether there was.
-pub fn continue_from(span: &tracing::Span, headers: &HeaderMap) -> bool {
+pub(crate) fn continue_from(span: &tracing::Span, headers: &HeaderMap) -> bool {
     let cx = TraceContextPropagator::new().extract(&Headers(headers));
     if !cx.span().span_context().is_valid() {
         return false;
@@ -156,13 +156,13 @@ pub fn continue_from(span: &tracing::Span, headers: &HeaderMap) -> bool {
 
 /// Writes `span`'s context as the request's `traceparent` (and `tracestate`), replacing the
 /// client's: the upstream's spans become children of the gateway's.
-pub fn inject(span: &tracing::Span, headers: &mut HeaderMap) {
+pub(crate) fn inject(span: &tracing::Span, headers: &mut HeaderMap) {
     let cx = span.context();
     TraceContextPropagator::new().inject_context(&cx, &mut HeadersMut(headers));
 }
 
 /// The current span's context when traces are exported: what a stream opened now keeps.
-pub fn current() -> Option<TraceParent> {
+pub(crate) fn current() -> Option<TraceParent> {
     if !enabled() {
         return None;
     }
@@ -170,7 +170,7 @@ pub fn current() -> Option<TraceParent> {
 }
 
 /// `span`'s own context, to be remembered (by a stream, for the resumes of it).
-pub fn context_of(span: &tracing::Span) -> Option<TraceParent> {
+pub(crate) fn context_of(span: &tracing::Span) -> Option<TraceParent> {
     let cx = span.context();
     let sc = cx.span().span_context().clone();
     sc.is_valid().then(|| TraceParent {
@@ -182,7 +182,7 @@ pub fn context_of(span: &tracing::Span) -> Option<TraceParent> {
 
 /// A resume's `span` joins the trace of the request that opened its stream (`opened`): as
 /// its child, or, when the client continued a trace of its own (`client_trace`), by a link.
-pub fn join(span: &tracing::Span, opened: TraceParent, client_trace: bool) {
+pub(crate) fn join(span: &tracing::Span, opened: TraceParent, client_trace: bool) {
     let sc = SpanContext::new(
         opentelemetry::trace::TraceId::from_bytes(opened.trace_id.to_be_bytes()),
         opentelemetry::trace::SpanId::from_bytes(opened.span_id.to_be_bytes()),

@@ -25,7 +25,7 @@ mod support;
 
 use std::net::SocketAddr;
 
-use mcp_reattach::sse::Decoder;
+use mcp_reattach::internals::Decoder;
 use mcp_reattach::Priming;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

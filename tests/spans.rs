@@ -44,7 +44,7 @@ async fn log_lines_carry_the_connection_and_request_spans() {
     let mut mock = Mock::start().await;
     let gw = gateway(mock.addr, |_| {}).await;
     let sid = init_session(&gw, &mut mock, "span-session").await;
-    let hashed = mcp_reattach::session::hash_id(&sid);
+    let hashed = mcp_reattach::internals::hash_id(&sid);
     // A refused resume logs at debug inside its request span.
     let resp = send(gw.addr, get(&sid, Some("not-a-cursor"))).await;
     assert_eq!(resp.status(), 400);
@@ -82,7 +82,7 @@ async fn log_lines_carry_the_connection_and_request_spans() {
             "{line}"
         );
     }
-    let other = mcp_reattach::session::hash_id("not-a-session");
+    let other = mcp_reattach::internals::hash_id("not-a-session");
     assert!(
         finished[2].contains(&format!("mcp.session.id=\"{other}\"")),
         "{}",

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use mcp_reattach::attach::AttachBody;
-use mcp_reattach::session::{OpenStream, Owner, Principal, Registry, StreamKind};
-use mcp_reattach::sse::{Event, KEEPALIVE};
+use mcp_reattach::internals::AttachBody;
+use mcp_reattach::internals::{Event, KEEPALIVE};
+use mcp_reattach::internals::{OpenStream, Owner, Principal, Registry, StreamKind};
 use mcp_reattach::Config;
 use tokio::time::Instant;
 

@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use bytes::BytesMut;
-use mcp_reattach::sse::{encode, write_id, Decoder, Event, SseError};
+use mcp_reattach::internals::{encode, write_id, Decoder, Event, SseError};
 
 /// Live heap bytes, kept by the fuzz target's counting global allocator (unsafe code, so it
 /// lives in the target: the main crate forbids `unsafe`). In the corpus replay nothing counts

@@ -16,7 +16,7 @@
 //! (`tests/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
 
 use arbitrary::{Arbitrary, Unstructured};
-use mcp_reattach::window::{Entry, Window};
+use mcp_reattach::internals::{Entry, Window};
 
 /// Checks every property above on one input; panics on a violation. Returns whether the
 /// bytes decoded into a [`Case`] (if not, nothing was checked, and the fuzz target tells

@@ -25,7 +25,7 @@ pub(crate) struct Bodies {
 }
 
 impl Bodies {
-    pub fn new(limit: usize) -> Bodies {
+    pub(super) fn new(limit: usize) -> Bodies {
         Bodies {
             used: AtomicUsize::new(0),
             limit,
@@ -33,12 +33,12 @@ impl Bodies {
     }
 
     /// Bytes of request bodies held now (the `buffered_request_bytes` gauge).
-    pub fn used(&self) -> usize {
+    pub(super) fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
 
     /// The bound (`--max-buffered-request-bytes`).
-    pub fn limit(&self) -> usize {
+    pub(super) fn limit(&self) -> usize {
         self.limit
     }
 
@@ -60,7 +60,7 @@ pub(crate) struct Room {
 }
 
 impl Room {
-    pub fn new(bodies: &Arc<Bodies>) -> Room {
+    pub(super) fn new(bodies: &Arc<Bodies>) -> Room {
         Room {
             bodies: bodies.clone(),
             held: 0,
@@ -69,7 +69,7 @@ impl Room {
 
     /// Makes the room at least `n` bytes (a declared length up front, or what has arrived);
     /// `false` when the rest does not fit under the bound (the room stays as it was).
-    pub fn cover(&mut self, n: usize) -> bool {
+    pub(super) fn cover(&mut self, n: usize) -> bool {
         let more = n.saturating_sub(self.held);
         if more == 0 || self.bodies.take(more) {
             self.held += more;

@@ -64,7 +64,7 @@ impl Inbound {
     /// Reads `req`: the header checks first (a malformed session header is 400, a foreign
     /// Origin 403), then a POST's body within `--max-request-bytes`, the room
     /// `--max-buffered-request-bytes` leaves, and `--header-read-timeout`.
-    pub async fn read(
+    pub(super) async fn read(
         req: Request<ClientBody>,
         cfg: &Config,
         conn: &Conn,
@@ -120,13 +120,13 @@ impl Inbound {
     }
 
     /// The raw `Last-Event-ID`.
-    pub fn cursor(&self) -> Option<&HeaderValue> {
+    pub(super) fn cursor(&self) -> Option<&HeaderValue> {
         self.parts.headers.get(LAST_EVENT_ID)
     }
 
     /// Before forwarding: a legacy `Last-Event-ID` is the gateway's, and the upstream never
     /// sees it.
-    pub fn drop_legacy_cursor(&mut self) {
+    pub(super) fn drop_legacy_cursor(&mut self) {
         if !self.modern {
             self.parts.headers.remove(LAST_EVENT_ID);
         }
@@ -134,7 +134,7 @@ impl Inbound {
 
     /// The recipe to open a stream upstream again with this request's target and headers
     /// (the held standalone stream, or an upstream resume).
-    pub fn source(&self, upstream: &Arc<Upstream>) -> Source {
+    pub(super) fn source(&self, upstream: &Arc<Upstream>) -> Source {
         Source {
             upstream: upstream.clone(),
             uri: self.parts.uri.clone(),
@@ -145,7 +145,7 @@ impl Inbound {
 
     /// [`Inbound::source`] with this request's headers moved into it, once its upstream
     /// request is written: a stream's reader keeps them, no copy per request.
-    pub fn take_source(&mut self, upstream: &Arc<Upstream>) -> Source {
+    pub(super) fn take_source(&mut self, upstream: &Arc<Upstream>) -> Source {
         Source {
             upstream: upstream.clone(),
             uri: self.parts.uri.clone(),
@@ -156,7 +156,7 @@ impl Inbound {
 
     /// Whether the upstream may answer with a stream: a GET, or a POST carrying requests.
     /// Anything else must be answered promptly (bounded by `--upstream-header-timeout`).
-    pub fn can_stream(&self) -> bool {
+    pub(super) fn can_stream(&self) -> bool {
         self.parts.method == Method::GET
             || (self.parts.method == Method::POST && !self.info.request_ids.is_empty())
     }

@@ -52,19 +52,19 @@ use crate::error::{ProxyError, Refusal};
 
 use crate::metrics::Metrics;
 use crate::session::{hash_id, Registry};
-pub use crate::upstream::BoxError;
+pub(crate) use crate::upstream::BoxError;
 use crate::upstream::{full_body, Upstream};
 
 /// Body of every response the gateway sends.
-pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 
-pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
-pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+pub(crate) const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+pub(crate) const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Per-connection facts the handler needs.
 #[derive(Clone, Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     pub remote: std::net::SocketAddr,
     /// Notified to close the client connection (a stalled client whose body cannot be polled).
     pub kill: Arc<Notify>,

@@ -17,7 +17,7 @@ pub(super) struct WarnLimit {
 }
 
 impl WarnLimit {
-    pub fn new(every: Duration) -> WarnLimit {
+    pub(super) fn new(every: Duration) -> WarnLimit {
         WarnLimit {
             every,
             state: Mutex::new((None, 0)),
@@ -26,7 +26,7 @@ impl WarnLimit {
 
     /// `Some(left out since the last line)` when a line may be written now; `None` when this
     /// one is left out.
-    pub fn allow(&self) -> Option<u64> {
+    pub(super) fn allow(&self) -> Option<u64> {
         let now = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (last, suppressed) = &mut *st;

@@ -75,7 +75,7 @@ pub(crate) enum ConnError {
 
 impl ConnError {
     /// The `connection_errors_total` kind.
-    pub fn kind(&self) -> ConnectionErrorKind {
+    pub(crate) fn kind(&self) -> ConnectionErrorKind {
         match self {
             ConnError::HeaderTimeout => ConnectionErrorKind::HeaderTimeout,
             ConnError::Request(RequestError::HeadTooLarge) => ConnectionErrorKind::HeadTooLarge,
@@ -830,7 +830,7 @@ mod date {
     use std::cell::RefCell;
     use std::time::{SystemTime, UNIX_EPOCH};
 
-    pub fn now() -> [u8; 29] {
+    pub(super) fn now() -> [u8; 29] {
         thread_local! {
             static CACHED: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
         }

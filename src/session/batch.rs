@@ -48,7 +48,7 @@ impl Batch {
     /// oversized event goes in pieces: what fits in [`BATCH_BYTES`] after the events before
     /// it, the frame ending with the piece when the rest does not fit. `prefix` is the
     /// session's [`id_prefix`].
-    pub fn collect(
+    pub(super) fn collect(
         prefix: &[u8; 21],
         window: &Window,
         stream: u32,

@@ -49,20 +49,20 @@ pub(super) struct Forwarded {
 
 impl Forwarded {
     /// Whether a POST of `principal` carrying one of `ids` is in flight.
-    pub fn any(&self, principal: Principal, ids: &[String]) -> bool {
+    pub(super) fn any(&self, principal: Principal, ids: &[String]) -> bool {
         ids.iter()
             .any(|id| self.ids.iter().any(|(p, f)| *p == principal && f == id))
     }
 
     /// Whether a POST of another principal than `principal` carrying one of `ids` is in
     /// flight.
-    pub fn any_other(&self, principal: Principal, ids: &[String]) -> bool {
+    pub(super) fn any_other(&self, principal: Principal, ids: &[String]) -> bool {
         ids.iter()
             .any(|id| self.ids.iter().any(|(p, f)| *p != principal && f == id))
     }
 
     /// Marks `ids` as forwarded; `false`, marking nothing, while one of them is in flight.
-    pub fn begin(&mut self, principal: Principal, ids: &[String]) -> bool {
+    pub(super) fn begin(&mut self, principal: Principal, ids: &[String]) -> bool {
         if self.any(principal, ids) {
             return false;
         }
@@ -72,7 +72,7 @@ impl Forwarded {
     }
 
     /// The session's owner is now `to` (its credentials were refreshed): `from`'s ids are its.
-    pub fn rebind(&mut self, from: Principal, to: Principal) {
+    pub(super) fn rebind(&mut self, from: Principal, to: Principal) {
         for (p, _) in &mut self.ids {
             if *p == from {
                 *p = to;
@@ -81,7 +81,7 @@ impl Forwarded {
     }
 
     /// The POST that carried `ids` settled: they are free again.
-    pub fn settle(&mut self, principal: Principal, ids: &[String]) {
+    pub(super) fn settle(&mut self, principal: Principal, ids: &[String]) {
         for id in ids {
             if let Some(i) = self
                 .ids
@@ -110,7 +110,7 @@ pub(super) struct Retired {
 
 impl Retired {
     /// The retired ids of the session whose streams `carried` indexes (under its key).
-    pub fn keyed_as(carried: &Carried) -> Retired {
+    pub(super) fn keyed_as(carried: &Carried) -> Retired {
         Retired {
             hashes: ByHash::default(),
             key: carried.key.clone(),
@@ -122,7 +122,7 @@ impl Retired {
     }
 
     /// The session's owner is now `to`: `from`'s ids are its.
-    pub fn rebind(&mut self, from: Principal, to: Principal) {
+    pub(super) fn rebind(&mut self, from: Principal, to: Principal) {
         for p in self.hashes.values_mut() {
             if *p == from {
                 *p = to;
@@ -131,7 +131,7 @@ impl Retired {
     }
 
     /// Remembers the requests of a stream the session forgets.
-    pub fn retire(&mut self, stream: &Stream) {
+    pub(super) fn retire(&mut self, stream: &Stream) {
         for r in &stream.requests {
             if self.hashes.len() >= MAX_RETIRED_IDS {
                 return;
@@ -141,7 +141,7 @@ impl Retired {
     }
 
     /// The first of `ids` that `principal` already sent in a stream now forgotten.
-    pub fn find<'a>(&self, principal: Principal, ids: &'a [String]) -> Option<&'a str> {
+    pub(super) fn find<'a>(&self, principal: Principal, ids: &'a [String]) -> Option<&'a str> {
         if self.hashes.is_empty() {
             return None; // most sessions: no hash to compute
         }
@@ -215,7 +215,7 @@ impl Carried {
     }
 
     /// `s`, stream `stream`, carries its requests' ids (each keeps its hash).
-    pub fn add(&mut self, stream: u32, s: &mut Stream) {
+    pub(super) fn add(&mut self, stream: u32, s: &mut Stream) {
         for r in &mut s.requests {
             r.hash = self.key.hash_one(r.id.as_str());
             match self.streams.entry(r.hash) {
@@ -228,7 +228,7 @@ impl Carried {
     }
 
     /// `s`, stream `stream`, is forgotten.
-    pub fn remove(&mut self, stream: u32, s: &Stream) {
+    pub(super) fn remove(&mut self, stream: u32, s: &Stream) {
         for r in &s.requests {
             if let Some(carriers) = self.streams.get_mut(&r.hash) {
                 if carriers.remove(stream) {
@@ -239,19 +239,19 @@ impl Carried {
     }
 
     /// Every stream is forgotten.
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.streams.clear();
     }
 
     /// Ids indexed (each with its streams).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.streams.len()
     }
 
     /// Whether a running stream of another principal than `principal` carried one of `ids`
     /// and has not answered it yet: that request is still in flight upstream.
-    pub fn awaited_by_other(
+    pub(super) fn awaited_by_other(
         &self,
         streams: &Streams,
         principal: Principal,
@@ -273,7 +273,7 @@ impl Carried {
 
     /// What [`carrier`] finds in `streams`, asking only the streams that carried one of
     /// `ids` (a hash that collides is told apart by `carries`).
-    pub fn carrier<'a>(
+    pub(super) fn carrier<'a>(
         &self,
         streams: &Streams,
         principal: Principal,

@@ -65,7 +65,7 @@ impl Delivery for Streams {
 
 impl State {
     /// The next step for the client `generation` attached to `stream`, at `now`.
-    pub fn step(
+    pub(super) fn step(
         &mut self,
         budget: &Budget,
         stream: u32,
@@ -162,7 +162,7 @@ impl State {
     }
 
     /// Tells every attached client of streams of `kind` (all, if `None`) to resume elsewhere.
-    pub fn end_clients(&mut self, kind: Option<StreamKind>, now: Instant) {
+    pub(super) fn end_clients(&mut self, kind: Option<StreamKind>, now: Instant) {
         for s in self
             .streams
             .values_mut()
@@ -179,7 +179,7 @@ impl State {
 
     /// The client `generation` of `stream` went away (its body was dropped). Its stream's
     /// undelivered events stay guarded for `--stall-timeout` from its last progress.
-    pub fn detach(&mut self, metrics: &Metrics, stream: u32, generation: u64, now: Instant) {
+    pub(super) fn detach(&mut self, metrics: &Metrics, stream: u32, generation: u64, now: Instant) {
         metrics.streams_detached.inc();
         self.last_activity = now;
         if let Some(s) = self.streams.get_mut(&stream) {

@@ -30,12 +30,12 @@ pub(super) struct Swept {
 
 impl State {
     /// Records client activity (a request): the TTL counts from the latest one.
-    pub fn touch(&mut self, now: Instant) {
+    pub(super) fn touch(&mut self, now: Instant) {
         self.last_activity = now;
     }
 
     /// Marks `stream` ended by its upstream and wakes its client.
-    pub fn end(&mut self, budget: &Budget, stream: u32, end: End) {
+    pub(super) fn end(&mut self, budget: &Budget, stream: u32, end: End) {
         let Some(s) = self.streams.get_mut(&stream) else {
             return;
         };
@@ -76,7 +76,7 @@ impl State {
 
     /// Drops all state: stops upstream readers, ends attached clients (each gets its last
     /// frame from `closing`), frees the window.
-    pub fn close(&mut self, budget: &Budget) {
+    pub(super) fn close(&mut self, budget: &Budget) {
         self.closed = true;
         self.hold.abort();
         budget.adjust(self.window.bytes(), 0);
@@ -118,7 +118,7 @@ impl State {
     /// attached), since when, and whether it is quiet: no client, no paused reader and no
     /// oversized event held, so nothing for a sweep to do until its TTL may have run out
     /// (the session says when that changes: [`State::stir`]).
-    pub fn sweep(&mut self, books: Books<'_>, now: Instant) -> Swept {
+    pub(super) fn sweep(&mut self, books: Books<'_>, now: Instant) -> Swept {
         let stall = self.consts.stall;
         let mut attached = false;
         let mut watched = false;
@@ -165,7 +165,7 @@ impl State {
 
     /// Evicts this session's oldest events until `excess` bytes are freed (the global budget
     /// is exceeded and no idle session is left to shed). Evicted events become gaps.
-    pub fn trim(&mut self, books: Books<'_>, excess: usize) {
+    pub(super) fn trim(&mut self, books: Books<'_>, excess: usize) {
         let before = self.window.bytes();
         while before - self.window.bytes() < excess {
             let Some(old) = self.window.evict_oldest() else {
@@ -180,7 +180,7 @@ impl State {
     /// Since when the session has had no client attached (`None`: one is), and whether a
     /// client may still come back for something: a call still running upstream, or events
     /// not yet delivered within the stall budget. The session cap sheds the others first.
-    pub fn idle_since(&self, now: Instant) -> Option<(bool, Instant)> {
+    pub(super) fn idle_since(&self, now: Instant) -> Option<(bool, Instant)> {
         if self.streams.values().any(|s| s.sub.is_some()) {
             return None;
         }

@@ -56,18 +56,21 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-pub use self::deliver::Step;
-pub use self::hold::{Attempt, HoldStart, Phase};
+pub(crate) use self::deliver::Step;
+#[cfg(test)]
+use self::hold::Phase;
+pub(crate) use self::hold::{Attempt, HoldStart};
 use self::life::Swept;
 pub use self::open::OpenStream;
-pub use self::registry::{
-    hash_id, is_minted_form, AtCapacity, Budget, Charge, Eviction, OnShed, Owner, Principal,
-    Registry, Reservation,
+pub use self::registry::{hash_id, Owner, Principal, Registry};
+pub(crate) use self::registry::{
+    is_minted_form, AtCapacity, Budget, Charge, Eviction, OnShed, Reservation,
 };
-pub use self::resume::{InFlight, Resume, ResumeError, Retransmission};
+pub(crate) use self::resume::{InFlight, Resume, ResumeError, Retransmission};
 use self::state::{Books, Consts, State};
-pub use self::stream::{End, StreamKind, UpstreamFailure};
-pub use self::whole::Whole;
+pub use self::stream::StreamKind;
+pub(crate) use self::stream::{End, UpstreamFailure};
+pub(crate) use self::whole::Whole;
 use crate::config::Config;
 use crate::cursor::{new_epoch, Cursor};
 use crate::metrics::Metrics;
@@ -80,7 +83,7 @@ pub(crate) struct Stirred(Mutex<Vec<String>>);
 
 impl Stirred {
     /// The ids gathered since the last call.
-    pub fn take(&self) -> Vec<String> {
+    pub(crate) fn take(&self) -> Vec<String> {
         std::mem::take(&mut *lock(&self.0))
     }
 }

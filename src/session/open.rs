@@ -78,7 +78,7 @@ pub(super) struct Opened<'a> {
 
 impl Opened<'_> {
     /// The first client's attachment, with its opening event.
-    pub fn attachment(&self) -> Attachment {
+    pub(super) fn attachment(&self) -> Attachment {
         let opening = if self.announce {
             Some(self.consts.announcement(self.stream, self.seq))
         } else {
@@ -96,7 +96,12 @@ impl Opened<'_> {
 impl State {
     /// Opens a tagged stream and attaches its first client at the opening position: the
     /// stream opened, its opening event still to be written ([`Opened::attachment`]).
-    pub fn open<'a>(&mut self, books: Books<'_>, open: OpenStream<'a>, now: Instant) -> Opened<'a> {
+    pub(super) fn open<'a>(
+        &mut self,
+        books: Books<'_>,
+        open: OpenStream<'a>,
+        now: Instant,
+    ) -> Opened<'a> {
         let OpenStream {
             kind,
             requests,
@@ -154,7 +159,7 @@ impl State {
 
     /// Remembers the task reading the upstream for `stream`, so closing the session stops it
     /// (a closed session, or a stream gone, stops it now).
-    pub fn set_reader(&mut self, stream: u32, handle: AbortHandle) {
+    pub(super) fn set_reader(&mut self, stream: u32, handle: AbortHandle) {
         let closed = self.closed;
         match self.streams.get_mut(&stream) {
             Some(s) if !closed => s.reader = Some(handle),
@@ -165,7 +170,7 @@ impl State {
     /// Opens the standalone stream the gateway holds for the session's client (none attached
     /// yet: its events are kept for the first client's `GET`). `None` if the session closed
     /// or a client's own standalone stream got there first (the holder then ends).
-    pub fn open_held_standalone(&mut self) -> Option<u32> {
+    pub(super) fn open_held_standalone(&mut self) -> Option<u32> {
         let opened = (!self.closed && !self.live_standalone()).then(|| {
             self.last_seq += 1;
             let seq = self.last_seq;
@@ -196,7 +201,7 @@ impl State {
     /// Asks for the held stream now: starts the holder (`Idle`), or cuts a waiting holder's
     /// wait short (`Backoff`, `Resting`). Either way the phase is `Opening` when this returns
     /// something but [`HoldStart::Nothing`].
-    pub fn hold_start(&mut self) -> HoldStart {
+    pub(super) fn hold_start(&mut self) -> HoldStart {
         if self.closed || self.live_standalone() {
             return HoldStart::Nothing;
         }
@@ -212,7 +217,7 @@ impl State {
     /// After a client's own standalone stream `stream` ended: how long the holder should wait
     /// before opening a new one (it is then `Resting`). `None`: not a standalone stream, or
     /// the session is closed, holds another, or a holder runs.
-    pub fn hold_after_client_stream(&mut self, stream: u32) -> Option<Duration> {
+    pub(super) fn hold_after_client_stream(&mut self, stream: u32) -> Option<Duration> {
         if self.hold.phase != Phase::Idle {
             return None;
         }
@@ -223,7 +228,7 @@ impl State {
 
     /// Remembers the holder task, so closing the session stops it (a closed session stops it
     /// now).
-    pub fn set_holder(&mut self, handle: AbortHandle) {
+    pub(super) fn set_holder(&mut self, handle: AbortHandle) {
         if self.closed {
             handle.abort();
         } else {
@@ -233,14 +238,14 @@ impl State {
 
     /// The holder, at the top of an attempt: `false` when there is nothing left to do (the
     /// session closed, or a client's own standalone stream got there first).
-    pub fn hold_attempt(&mut self) -> bool {
+    pub(super) fn hold_attempt(&mut self) -> bool {
         let go = !self.closed && !self.live_standalone();
         self.hold.phase = if go { Phase::Opening } else { Phase::Idle };
         go
     }
 
     /// The holder, after an attempt that opened nothing: the phase `attempt` leads to.
-    pub fn hold_failed(&mut self, attempt: Attempt) {
+    pub(super) fn hold_failed(&mut self, attempt: Attempt) {
         self.hold.phase = match attempt {
             Attempt::Unsupported => Phase::Unsupported,
             Attempt::Retry => Phase::Backoff,
@@ -250,7 +255,7 @@ impl State {
 
     /// The holder, after its held stream `stream` ended: how long to rest before reopening
     /// it (`None`: the session closed or holds another; the holder then ends).
-    pub fn hold_rest(&mut self, stream: u32) -> Option<Duration> {
+    pub(super) fn hold_rest(&mut self, stream: u32) -> Option<Duration> {
         let delay = self.rest_delay(stream);
         self.hold.phase = if delay.is_some() {
             Phase::Resting

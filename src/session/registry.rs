@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{lock, Session, Stirred};
 use crate::config::Config;
 /// Why a session's state was dropped (the `session_evictions_total` label).
-pub use crate::metrics::Eviction;
+pub(crate) use crate::metrics::Eviction;
 use crate::metrics::Metrics;
 
 /// The global byte budget shared by all windows, the oversized events held for their
@@ -42,7 +42,7 @@ pub struct Budget {
 /// waiting for room), beyond one reader's event ([`Charge::room_for`]): an eighth of
 /// `--memory-budget`, counted on top of what the sessions retain (docs/operations.md's
 /// sizing formula).
-pub fn transient_limit(budget: usize) -> usize {
+pub(super) fn transient_limit(budget: usize) -> usize {
     budget / 8
 }
 
@@ -691,12 +691,12 @@ impl Registry {
 }
 
 /// How every session id the gateway mints begins.
-pub const MINTED_PREFIX: &str = "mra-";
+pub(super) const MINTED_PREFIX: &str = "mra-";
 
 /// A new session id of the gateway's own: [`MINTED_PREFIX`] and 128 random bits as 32
 /// lowercase hex digits (visible ASCII, unguessable, and told apart from an upstream's by
 /// [`is_minted_form`]).
-pub fn mint_id() -> String {
+pub(super) fn mint_id() -> String {
     let mut raw = [0u8; 16];
     getrandom::getrandom(&mut raw).expect("the OS random number generator, for a session id");
     let mut id = String::with_capacity(MINTED_PREFIX.len() + 32);
@@ -709,7 +709,7 @@ pub fn mint_id() -> String {
 }
 
 /// Whether `id` has the form of an id [`mint_id`] makes.
-pub fn is_minted_form(id: &str) -> bool {
+pub(crate) fn is_minted_form(id: &str) -> bool {
     id.strip_prefix(MINTED_PREFIX).is_some_and(|hex| {
         hex.len() == 32
             && hex

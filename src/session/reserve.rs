@@ -59,7 +59,7 @@ impl Reserve {
     /// events stay protected until this much was written after them; the rest of the window
     /// is the read-ahead of events not yet written, so the upstream can always move while a
     /// client reads.
-    pub fn new(window_events: usize, window_bytes: usize) -> Reserve {
+    pub(super) fn new(window_events: usize, window_bytes: usize) -> Reserve {
         let (n, b) = (window_events, window_bytes);
         Reserve {
             batches: VecDeque::new(),
@@ -72,7 +72,7 @@ impl Reserve {
 
     /// The bounds (events, bytes): one batch is never larger, so everything written stays
     /// protected until it is delivered.
-    pub fn limits(&self) -> (usize, usize) {
+    pub(super) fn limits(&self) -> (usize, usize) {
         (self.max_events, self.max_bytes)
     }
 
@@ -80,7 +80,7 @@ impl Reserve {
     /// written at `at`, into the reserve, and pushes the oldest batches out of it past its
     /// bounds: their events count as delivered from now on. Returns whether any stream's
     /// delivered mark moved (room may have been made).
-    pub fn record(
+    pub(super) fn record(
         &mut self,
         stream: u32,
         last: u64,
@@ -120,7 +120,7 @@ impl Reserve {
     /// Releases the batches at least [`INFLIGHT_AGE`] old at `now` whose client is still
     /// reading (oldest first, stopping at the first that is not): they were delivered.
     /// Returns whether any stream's delivered mark moved.
-    pub fn age(&mut self, now: Instant, streams: &mut impl Delivery) -> bool {
+    pub(super) fn age(&mut self, now: Instant, streams: &mut impl Delivery) -> bool {
         let mut moved = false;
         while let Some(b) = self.batches.front() {
             if now.duration_since(b.at) < INFLIGHT_AGE || !streams.reading(b.stream, now) {
@@ -133,7 +133,7 @@ impl Reserve {
 
     /// Drops the batches of `stream` without delivering them: its client said where it is (a
     /// resume), so nothing of the stream is in flight any more.
-    pub fn forget(&mut self, stream: u32) {
+    pub(super) fn forget(&mut self, stream: u32) {
         let before = self.batches.len();
         self.batches.retain(|b| b.stream != stream);
         if self.batches.len() != before {
@@ -143,7 +143,7 @@ impl Reserve {
     }
 
     /// Drops every batch (the session closed).
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.batches.clear();
         self.events = 0;
         self.bytes = 0;

@@ -74,7 +74,7 @@ impl State {
     /// Whether `principal` may resume at `cursor`: a call's stream is only its sender's (the
     /// session's standalone stream is the session's, whose owner the caller was checked to
     /// be). A cursor of no stream the session retains is left to [`State::resume`] to refuse.
-    pub fn may_resume(&self, cursor: &Cursor, principal: Principal) -> bool {
+    pub(super) fn may_resume(&self, cursor: &Cursor, principal: Principal) -> bool {
         cursor.epoch != self.consts.epoch
             || self
                 .streams
@@ -83,7 +83,7 @@ impl State {
     }
 
     /// Re-attaches a client to the stream of `cursor` (a `GET` with `Last-Event-ID`).
-    pub fn resume(
+    pub(super) fn resume(
         &mut self,
         metrics: &Metrics,
         cursor: Cursor,
@@ -164,7 +164,11 @@ impl State {
     /// outlives that stream (it ended, was forgotten, or lost the events after the cursor),
     /// the client re-attaches to the session instead (see [`Reattach`]). `None` when the
     /// cursor is not a standalone cursor of this session, or the refusal stands.
-    pub fn standalone_reattach(&self, cursor: &Cursor, err: ResumeError) -> Option<Reattach> {
+    pub(super) fn standalone_reattach(
+        &self,
+        cursor: &Cursor,
+        err: ResumeError,
+    ) -> Option<Reattach> {
         if cursor.epoch != self.consts.epoch {
             return None;
         }
@@ -194,7 +198,11 @@ impl State {
     /// in flight for another principal (being forwarded, or carried by a stream still waiting
     /// for its answer): upstreams route answers by request id within a session, so the later
     /// POST would take the earlier's answer.
-    pub fn begin_forward(&mut self, principal: Principal, ids: &[String]) -> Result<(), InFlight> {
+    pub(super) fn begin_forward(
+        &mut self,
+        principal: Principal,
+        ids: &[String],
+    ) -> Result<(), InFlight> {
         if self.forwarded.any_other(principal, ids)
             || self.carried.awaited_by_other(&self.streams, principal, ids)
         {
@@ -207,18 +215,18 @@ impl State {
     }
 
     /// A forwarded POST's `ids` are no longer in flight.
-    pub fn settle_forward(&mut self, principal: Principal, ids: &[String]) {
+    pub(super) fn settle_forward(&mut self, principal: Principal, ids: &[String]) {
         self.forwarded.settle(principal, ids);
     }
 
     /// Whether a POST of `principal` carrying one of `ids` is in flight.
-    pub fn forwarding(&self, principal: Principal, ids: &[String]) -> bool {
+    pub(super) fn forwarding(&self, principal: Principal, ids: &[String]) -> bool {
         self.forwarded.any(principal, ids)
     }
 
     /// Whether `principal` already sent one of `ids` in this session: a retained stream was
     /// started by its POST carrying one, or a forgotten one was.
-    pub fn carries_any(&self, principal: Principal, ids: &[String]) -> bool {
+    pub(super) fn carries_any(&self, principal: Principal, ids: &[String]) -> bool {
         self.carried
             .carrier(&self.streams, principal, ids)
             .is_some()
@@ -231,7 +239,7 @@ impl State {
     /// stream the resume is exact; without a usable cursor it starts at the stream's opening
     /// position, which is only served if nothing of the stream was lost (see
     /// [`Retransmission`]).
-    pub fn retransmission(
+    pub(super) fn retransmission(
         &mut self,
         metrics: &Metrics,
         principal: Principal,
@@ -268,7 +276,7 @@ impl State {
     /// attached), then the live tail. The first event is the priming event (if `prime`) or,
     /// for a client re-attaching with a stale cursor, the control event saying so. Returns
     /// `None` when no standalone stream is held.
-    pub fn attach_standalone(
+    pub(super) fn attach_standalone(
         &mut self,
         metrics: &Metrics,
         prime: bool,

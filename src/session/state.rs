@@ -38,7 +38,7 @@ pub(super) struct Consts {
 }
 
 impl Consts {
-    pub fn new(cfg: &Config, epoch: u64) -> Consts {
+    pub(super) fn new(cfg: &Config, epoch: u64) -> Consts {
         Consts {
             epoch,
             id_prefix: batch::id_prefix(epoch),
@@ -50,7 +50,7 @@ impl Consts {
     }
 
     /// The cursor (event id) of position `seq` of `stream`.
-    pub fn cursor(&self, stream: u32, seq: u64) -> String {
+    pub(super) fn cursor(&self, stream: u32, seq: u64) -> String {
         Cursor {
             epoch: self.epoch,
             stream,
@@ -61,7 +61,7 @@ impl Consts {
 
     /// The first event of a stream the client attaches to at `stream`/`seq` (see
     /// [`control::opening`]).
-    pub fn opening_event(
+    pub(super) fn opening_event(
         &self,
         stream: u32,
         seq: u64,
@@ -77,7 +77,7 @@ impl Consts {
 
     /// The `mcp-reattach/stream` event that gives a client an id on a new stream without a
     /// priming event (see `OpenStream::announce`).
-    pub fn announcement(&self, stream: u32, seq: u64) -> Bytes {
+    pub(super) fn announcement(&self, stream: u32, seq: u64) -> Bytes {
         control::announce(&self.cursor(stream, seq), stream, self.retry_hint)
     }
 }
@@ -161,7 +161,7 @@ pub(super) struct State {
 
 impl State {
     /// A session's state at its start, bound to `principal`, its last activity `now`.
-    pub fn new(consts: Consts, principal: Principal, now: Instant) -> State {
+    pub(super) fn new(consts: Consts, principal: Principal, now: Instant) -> State {
         let carried = Carried::default();
         let retired = Retired::keyed_as(&carried);
         State {
@@ -194,13 +194,13 @@ impl State {
     /// Something the sweeper watches began (a client attached, an upstream reader paused,
     /// an oversized event held): a session the last sweep found quiet is visited again at
     /// the next one. The shell sees `quiet` go and tells the registry (`Session::with_state`).
-    pub fn stir(&mut self) {
+    pub(super) fn stir(&mut self) {
         self.quiet = false;
     }
 
     /// Wakes every paused upstream reader of the session (room may have been made): those of
     /// `paused`, the streams whose readers paused since the last time (the others have none).
-    pub fn wake_readers(&mut self) {
+    pub(super) fn wake_readers(&mut self) {
         for n in self.paused.drain(..) {
             if let Some(s) = self.streams.get_mut(&n) {
                 s.wake_reader();
@@ -210,7 +210,7 @@ impl State {
 
     /// Rebinds the session (after the upstream accepted the caller's new credentials), and
     /// with it what its owner sent.
-    pub fn set_principal(&mut self, p: Principal) {
+    pub(super) fn set_principal(&mut self, p: Principal) {
         let old = std::mem::replace(&mut self.principal, p);
         if old != p {
             // The owner's credentials were refreshed: its streams and ids go with it.
@@ -223,26 +223,26 @@ impl State {
     }
 
     /// Records `v` as the session's protocol version (allocating only when it changed).
-    pub fn set_protocol_version(&mut self, v: &str) {
+    pub(super) fn set_protocol_version(&mut self, v: &str) {
         if self.protocol_version.as_deref() != Some(v) {
             self.protocol_version = Some(v.to_owned());
         }
     }
 
     /// The trace of the request that opened `stream`, if it was traced.
-    pub fn stream_trace(&self, stream: u32) -> Option<TraceParent> {
+    pub(super) fn stream_trace(&self, stream: u32) -> Option<TraceParent> {
         self.streams.get(&stream).and_then(|s| s.trace)
     }
 
     /// Whether the session still holds a live standalone upstream stream.
-    pub fn live_standalone(&self) -> bool {
+    pub(super) fn live_standalone(&self) -> bool {
         self.standalone
             .is_some_and(|s| self.streams.get(&s).is_some_and(|s| s.end.is_none()))
     }
 
     /// Whether an upstream stream that closed should be resumed upstream: a POST stream with
     /// requests still unanswered, or the standalone stream, while the session lives.
-    pub fn wants_more(&self, stream: u32) -> bool {
+    pub(super) fn wants_more(&self, stream: u32) -> bool {
         !self.closed
             && self.streams.get(&stream).is_some_and(|s| match s.kind {
                 StreamKind::Post => s.requests.iter().any(|r| r.answered_at.is_none()),
@@ -252,7 +252,7 @@ impl State {
 
     /// Calls (POST streams) still read from the upstream with no client attached, of
     /// `principal` (see `Session::detached_calls`).
-    pub fn detached_calls(&self, principal: Principal) -> usize {
+    pub(super) fn detached_calls(&self, principal: Principal) -> usize {
         self.running
             .iter()
             .filter_map(|n| self.streams.get(n))
@@ -266,7 +266,7 @@ impl State {
     }
 
     /// Clients attached to this session's streams now.
-    pub fn attached_clients(&self) -> usize {
+    pub(super) fn attached_clients(&self) -> usize {
         self.streams.values().filter(|s| s.sub.is_some()).count()
     }
 }

@@ -104,7 +104,7 @@ pub(super) struct Subscriber {
 }
 
 impl Subscriber {
-    pub fn new(
+    pub(super) fn new(
         generation: u64,
         cursor: u64,
         kill: Option<Arc<Notify>>,
@@ -143,20 +143,20 @@ impl Streams {
         self.0.binary_search_by_key(&n, |(k, _)| *k)
     }
 
-    pub fn get(&self, n: &u32) -> Option<&Stream> {
+    pub(super) fn get(&self, n: &u32) -> Option<&Stream> {
         self.at(*n).ok().map(|i| &*self.0[i].1)
     }
 
-    pub fn get_mut(&mut self, n: &u32) -> Option<&mut Stream> {
+    pub(super) fn get_mut(&mut self, n: &u32) -> Option<&mut Stream> {
         self.at(*n).ok().map(|i| &mut *self.0[i].1)
     }
 
-    pub fn contains_key(&self, n: &u32) -> bool {
+    pub(super) fn contains_key(&self, n: &u32) -> bool {
         self.at(*n).is_ok()
     }
 
     /// Adds stream `n`, or replaces it (the replaced one is returned).
-    pub fn insert(&mut self, n: u32, s: Box<Stream>) -> Option<Box<Stream>> {
+    pub(super) fn insert(&mut self, n: u32, s: Box<Stream>) -> Option<Box<Stream>> {
         match self.at(n) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, s)),
             Err(i) => {
@@ -166,36 +166,36 @@ impl Streams {
         }
     }
 
-    pub fn remove(&mut self, n: &u32) -> Option<Box<Stream>> {
+    pub(super) fn remove(&mut self, n: &u32) -> Option<Box<Stream>> {
         let i = self.at(*n).ok()?;
         self.0.remove(i).map(|(_, s)| s)
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.0.len()
     }
 
     /// Drops every stream and the vector's room.
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.0 = VecDeque::new();
     }
 
     /// The streams with their numbers, in number order.
     #[cfg(test)]
-    pub fn iter(&self) -> impl Iterator<Item = (&u32, &Stream)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&u32, &Stream)> {
         self.0.iter().map(|(n, s)| (n, &**s))
     }
 
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&u32, &mut Stream)> {
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&u32, &mut Stream)> {
         self.0.iter_mut().map(|(n, s)| (&*n, &mut **s))
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &Stream> {
+    pub(super) fn values(&self) -> impl Iterator<Item = &Stream> {
         self.0.iter().map(|(_, s)| &**s)
     }
 
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
         self.0.iter_mut().map(|(_, s)| &mut **s)
     }
 }
@@ -265,14 +265,14 @@ const MAX_RUNS: usize = 32;
 impl Stream {
     /// Puts `entry` in the overflow slot (or empties it), keeping the memory budget's count
     /// of the slot's bytes: an oversized event held for a client is memory like any other.
-    pub fn set_overflow(&mut self, entry: Option<Entry>, budget: &super::Budget) {
+    pub(super) fn set_overflow(&mut self, entry: Option<Entry>, budget: &super::Budget) {
         let before = self.overflow.as_ref().map_or(0, |o| o.body.len());
         let after = entry.as_ref().map_or(0, |e| e.body.len());
         self.overflow = entry;
         budget.adjust_oversized(before, after);
     }
 
-    pub fn new(
+    pub(super) fn new(
         kind: StreamKind,
         seq: u64,
         requests: Vec<String>,
@@ -311,7 +311,7 @@ impl Stream {
     }
 
     /// The stream's next event took position `seq` (the session's newest).
-    pub fn tagged(&mut self, seq: u64) {
+    pub(super) fn tagged(&mut self, seq: u64) {
         self.last_seq = seq;
         match self.runs.last_mut() {
             Some((_, end)) if *end + 1 == seq => *end = seq,
@@ -340,7 +340,7 @@ impl Stream {
     /// cursor had been written to a client (evicted as delivered, then lost in flight), each
     /// counted once whoever resumes. Events evicted before they were written were counted
     /// at their eviction.
-    pub fn lost_in_flight(&mut self, cursor: u64) -> u64 {
+    pub(super) fn lost_in_flight(&mut self, cursor: u64) -> u64 {
         let from = cursor.max(self.loss_counted_upto);
         let upto = self.lost_upto.min(self.sent);
         if upto <= from {
@@ -354,7 +354,7 @@ impl Stream {
     /// is attached (until it is detached for making no progress), after it left until
     /// `stall` has passed without progress, and for a held standalone stream until its first
     /// client comes.
-    pub fn guarding(&self, now: Instant, stall: Duration) -> bool {
+    pub(super) fn guarding(&self, now: Instant, stall: Duration) -> bool {
         match &self.sub {
             Some(sub) => !sub.stalled(),
             None => {
@@ -368,37 +368,37 @@ impl Stream {
 
     /// Whether the event `seq` of this stream must stay: not known delivered, and its client
     /// may still need it.
-    pub fn needs(&self, seq: u64, now: Instant, stall: Duration) -> bool {
+    pub(super) fn needs(&self, seq: u64, now: Instant, stall: Duration) -> bool {
         self.needed_after(now, stall)
             .is_some_and(|acked| seq > acked)
     }
 
     /// The position after which this stream's events must stay ([`Stream::needs`] for all of
     /// them at once); `None` when none must.
-    pub fn needed_after(&self, now: Instant, stall: Duration) -> Option<u64> {
+    pub(super) fn needed_after(&self, now: Instant, stall: Duration) -> Option<u64> {
         self.guarding(now, stall).then_some(self.acked)
     }
 
     /// Wakes the paused upstream reader, if any (room may have been made).
-    pub fn wake_reader(&mut self) {
+    pub(super) fn wake_reader(&mut self) {
         if let Some(w) = self.paused_reader.take() {
             w.wake();
         }
     }
 
     /// Whether a request with id `id` (JSON text) was carried by this stream's POST.
-    pub fn carries(&self, id: &str) -> bool {
+    pub(super) fn carries(&self, id: &str) -> bool {
         self.requests.iter().any(|r| r.id == id)
     }
 
     /// Whether the stream carried request `id` and has not answered it yet.
-    pub fn awaits(&self, id: &str) -> bool {
+    pub(super) fn awaits(&self, id: &str) -> bool {
         self.requests
             .iter()
             .any(|r| r.id == id && r.answered_at.is_none())
     }
 
-    pub fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &PendingRequest> {
+    pub(super) fn unanswered_after(&self, cursor: u64) -> impl Iterator<Item = &PendingRequest> {
         self.requests
             .iter()
             .filter(move |r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))
@@ -406,7 +406,7 @@ impl Stream {
 
     /// Ids of the requests whose response the client at `cursor` has not seen, marked as
     /// reported: the caller answers each with a JSON-RPC error.
-    pub fn fail_unanswered(&mut self, cursor: u64) -> Vec<String> {
+    pub(super) fn fail_unanswered(&mut self, cursor: u64) -> Vec<String> {
         self.requests
             .iter_mut()
             .filter(|r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))

@@ -102,7 +102,7 @@ impl State {
     /// returns `false`; the caller then stops reading the upstream until woken. `answers`:
     /// the ids of the responses each event is (`answers[i]`: those of `events[i]`) when read
     /// already, so tagging does not parse the events again for them.
-    pub fn push(
+    pub(super) fn push(
         &mut self,
         books: Books<'_>,
         stream: u32,

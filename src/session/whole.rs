@@ -40,7 +40,7 @@ impl State {
     /// Opens a stream as [`State::open`] does, tags `events` into it and ends it with `end`
     /// (`answers[i]`: the ids of the responses `events[i]` is, when read already, so tagging
     /// does not read them again), then makes its first client's whole body, detached.
-    pub fn open_whole(
+    pub(super) fn open_whole(
         &mut self,
         books: Books<'_>,
         open: OpenStream<'_>,

@@ -118,7 +118,7 @@ fn quiet(io: &mut Conn) -> bool {
 /// The body of an upstream response, read on its connection by whoever polls it: as
 /// [`http_body::Body`] frames (a pass-through, a JSON answer) or decoded in place
 /// ([`OwnBody::read`], a tagged SSE stream).
-pub struct OwnBody {
+pub(crate) struct OwnBody {
     /// `None` once the body ended (the connection pooled or closed).
     io: Option<Box<Conn>>,
     decoder: BodyDecoder,
@@ -145,7 +145,7 @@ pub(crate) enum ReadEnd {
 
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
-pub enum SendError {
+pub(crate) enum SendError {
     #[error("cannot connect to the upstream: {0}")]
     Connect(BoxError),
     #[error("could not read the request body: {0}")]
@@ -160,7 +160,7 @@ pub enum SendError {
 
 impl SendError {
     /// Whether no connection could be opened.
-    pub fn is_connect(&self) -> bool {
+    pub(crate) fn is_connect(&self) -> bool {
         matches!(self, SendError::Connect(_))
     }
 

@@ -27,22 +27,22 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use crate::config::Config;
 
 /// Boxed error of bodies flowing through the gateway.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body of requests sent upstream.
-pub type UpBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type UpBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A body holding `b` whole (requests the gateway writes itself, its own error responses).
-pub fn full_body(b: Bytes) -> UpBody {
+pub(crate) fn full_body(b: Bytes) -> UpBody {
     Full::new(b).map_err(|never| match never {}).boxed_unsync()
 }
 
-pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+pub(crate) const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// How every upstream connection is opened: TCP (or TLS), counted against the bound.
 type Connector = limit::Counted<io::Slim>;
 
 /// The client to the upstream MCP server: its connector and its idle connections (`conn`).
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub(crate) cfg: Arc<Config>,
     connector: Connector,
     pool: Arc<conn::Pool>,
@@ -51,7 +51,7 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(cfg: Arc<Config>) -> Upstream {
+    pub(crate) fn new(cfg: Arc<Config>) -> Upstream {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
@@ -160,7 +160,7 @@ impl Upstream {
     /// context) in place of the client's of the same names, `X-Forwarded-For` (with
     /// `remote`'s address) and `X-Forwarded-Proto` added. Its head is written here: the
     /// client's headers are read, not moved or copied.
-    pub fn request(
+    pub(crate) fn request(
         &self,
         method: &Method,
         uri: &Uri,
@@ -265,7 +265,7 @@ pub(crate) fn own_request_headers(
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`, except
 /// the end-to-end headers the gateway acts on ([`ACTED_ON`]).
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // One pass over the names instead of a hashed lookup per hop-by-hop name: usually
     // there is nothing to strip, or only the upstream's `transfer-encoding`.
     let mut present = [false; 9];
@@ -328,7 +328,7 @@ fn hop_by_hop(name: &HeaderName) -> Option<usize> {
 /// What an upstream answer's body is, for the gateway: an uncompressed SSE stream, an
 /// uncompressed JSON body, or anything else (passed through as it came).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Media {
+pub(crate) enum Media {
     Sse,
     Json,
     Other,
@@ -336,7 +336,7 @@ pub enum Media {
 
 /// [`Media`] of a response: its headers read once (an answer is either, so asking for each
 /// in turn would look them up twice).
-pub fn media(h: &HeaderMap) -> Media {
+pub(crate) fn media(h: &HeaderMap) -> Media {
     let identity = h
         .get(header::CONTENT_ENCODING)
         .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
@@ -355,12 +355,12 @@ pub fn media(h: &HeaderMap) -> Media {
 }
 
 /// Whether a response is an uncompressed SSE stream.
-pub fn is_sse(h: &HeaderMap) -> bool {
+pub(crate) fn is_sse(h: &HeaderMap) -> bool {
     media(h) == Media::Sse
 }
 
 /// Whether a response is an uncompressed JSON body.
-pub fn is_json(h: &HeaderMap) -> bool {
+pub(crate) fn is_json(h: &HeaderMap) -> bool {
     media(h) == Media::Json
 }
 
@@ -382,7 +382,7 @@ pub(crate) fn owned_target(pq: &http::uri::PathAndQuery) -> Option<http::uri::Pa
 
 /// Where a tagged stream came from, so the reader can reconnect to it upstream.
 #[derive(Clone)]
-pub struct Source {
+pub(crate) struct Source {
     pub upstream: Arc<Upstream>,
     pub uri: Uri,
     pub headers: HeaderMap,
