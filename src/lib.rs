@@ -5,6 +5,7 @@
 //!
 //! | module | owns | must not know |
 //! |---|---|---|
+//! | [`exchange`] | a leaf of the types one exchange is made of: a client's request body (`ClientBody`, the own HTTP/1.1's `ReqBody` and its feed), the per-connection `Conn`, the response and upstream body types, `BoxError`, the MCP header names | every other module of the crate |
 //! | [`config`] | flags, env vars, their defaults ([`config::defaults`]), parsing of sizes and durations, [`Config`] | sockets, HTTP |
 //! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
 //! | [`h1`] | HTTP/1.1 framing, pure: every upstream exchange (request head, response head, body decoder) and the client side (request heads, response heads, chunk size lines) | I/O, sessions |
@@ -18,7 +19,7 @@
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`logwriter`] | the log's writer: lines gathered in one bounded buffer, written to stdout in batches by a thread of its own | what a line says |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
-//! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag, pass-through, the end of a minted session; `upgrade`: a JSON answer served as the gateway's SSE stream), `auth` decided once per request, `bodies` the bound of all request bodies held at once | retention rules |
+//! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag, pass-through, the end of a minted session; `upgrade`: a JSON answer served as the gateway's SSE stream), `auth` decided once per request, `bodies` the bound of all request bodies held at once, `orphans` a POST whose client left: what its route learned of it, the bounds of those left to finish, the future that finishes on its own | retention rules |
 //! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; the first-request and idle timeouts of a connection; hands over to the drain; the client side's HTTP/1.1 read and written by the gateway (`h1`: heads, bodies, pipelining, the drain's stop; HTTP/2 stays hyper's) | sessions, routes |
 //! | [`admin`] | the admin listener: `/healthz`, `/readyz`, `/metrics` | the proxy listener, sessions, the drain's phases |
 //! | [`shutdown`] | a leaf the servers consume: the drain phases (not ready, drain delay, stop accepting, deadline, end streams) and all shutdown state: the [`shutdown::Shutdown`] trigger, [`Health`], the hurry signal and the admin listener's stop ([`shutdown::Draining`]) | the gateway, listeners, signals |
@@ -40,6 +41,7 @@ pub mod config;
 pub mod cursor;
 pub mod demo;
 pub(crate) mod error;
+pub(crate) mod exchange;
 pub mod h1;
 pub(crate) mod jsonrpc;
 pub mod logwriter;

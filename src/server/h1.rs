@@ -21,20 +21,19 @@
 //! when that came while a response was still written: a head not whole by then closes the
 //! connection at once, the response in flight cut.
 
-use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::pin::{pin, Pin};
-use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
-use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body::Body as HttpBody;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::exchange::{BodyFeed, ReqBody};
 use crate::h1::{self, BodyDecoder, Framing, RequestError, ResponseFraming};
 use crate::metrics::ConnectionErrorKind;
 
@@ -95,100 +94,14 @@ impl ConnError {
     }
 }
 
-/// A request body as the gateway's handler reads it.
-#[derive(Debug)]
-pub(crate) struct ReqBody(Inner);
-
-#[derive(Debug)]
-enum Inner {
-    /// Whole already (it came with its head), or none.
-    Whole(Option<Bytes>),
-    /// Still arriving: the connection feeds it.
-    Streamed(Arc<Mutex<Shared>>),
-}
-
-/// A streamed body between the connection (writer) and the handler (reader).
-#[derive(Debug, Default)]
-struct Shared {
-    chunks: VecDeque<Bytes>,
-    queued: usize,
-    done: bool,
-    failed: Option<&'static str>,
-    /// The reader waits for more.
-    wants: bool,
-    waker: Option<Waker>,
-}
-
-impl Shared {
-    fn wake(&mut self) {
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
-    }
-}
-
 /// Why a request body could not be read whole.
 #[derive(Debug, thiserror::Error)]
 #[error("request body: {0}")]
 pub(crate) struct BodyError(&'static str);
 
-impl ReqBody {
-    /// The body, when it came whole with its head (taken: the body is then at its end).
-    pub(crate) fn take_whole(&mut self) -> Option<Bytes> {
-        match &mut self.0 {
-            Inner::Whole(b) => b.take(),
-            Inner::Streamed(_) => None,
-        }
-    }
-}
-
-impl HttpBody for ReqBody {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match &mut self.0 {
-            Inner::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Inner::Streamed(shared) => {
-                let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(c) = s.chunks.pop_front() {
-                    s.queued -= c.len();
-                    return Poll::Ready(Some(Ok(Frame::data(c))));
-                }
-                if let Some(why) = s.failed {
-                    return Poll::Ready(Some(Err(BodyError(why))));
-                }
-                if s.done {
-                    return Poll::Ready(None);
-                }
-                s.wants = true;
-                s.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.0 {
-            Inner::Whole(b) => b.is_none(),
-            Inner::Streamed(_) => false,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.0 {
-            Inner::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Inner::Streamed(_) => SizeHint::default(),
-        }
-    }
-}
-
 /// The connection's side of a streamed request body.
 struct Feed {
-    shared: Arc<Mutex<Shared>>,
+    body: BodyFeed,
     decoder: BodyDecoder,
     /// `Expect: 100-continue` not answered yet.
     expect_continue: bool,
@@ -200,16 +113,11 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 impl Feed {
     fn ended(&self) -> bool {
-        let s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        s.done || s.failed.is_some()
+        self.body.lock().ended()
     }
 
     fn fail(&self, why: &'static str) {
-        let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        if !s.done && s.failed.is_none() {
-            s.failed = Some(why);
-            s.wake();
-        }
+        self.body.lock().fail(|| BodyError(why).into());
     }
 }
 
@@ -376,10 +284,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         feed: &mut Option<Feed>,
     ) -> Poll<Result<(), ConnError>> {
         if let Some(f) = feed.as_mut() {
-            let (wants, queued) = {
-                let s = f.shared.lock().unwrap_or_else(|p| p.into_inner());
-                (s.wants, s.queued)
-            };
+            let (wants, queued) = f.body.lock().demand();
             if f.expect_continue && wants {
                 while f.continue_written < CONTINUE.len() {
                     let n = ready!(
@@ -463,23 +368,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         let read = self.rbuf.split().freeze();
         let mut data = Vec::new();
         let used = f.decoder.decode(&read, |d| data.push(d));
-        let mut s = f.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = f.body.lock();
         match used {
             Ok(used) => {
                 for d in data {
-                    s.queued += d.len();
-                    s.chunks.push_back(read.slice_ref(d));
+                    s.push(read.slice_ref(d));
                 }
                 if f.decoder.remaining() == Some(0) {
-                    s.done = true;
+                    s.finish();
                 }
                 if used < read.len() {
                     self.rbuf = BytesMut::from(&read[used..]);
                 }
             }
-            Err(_) => {
-                s.failed = Some("malformed chunked body");
-            }
+            Err(_) => s.fail(|| BodyError("malformed chunked body").into()),
         }
         s.wake();
     }
@@ -555,10 +457,7 @@ where
                 .await
             };
             // The request's body was read to its end (else what follows it is not a request).
-            let body_read = body_shared.is_none_or(|s| {
-                let s = s.lock().unwrap_or_else(|p| p.into_inner());
-                s.done && s.failed.is_none()
-            });
+            let body_read = body_shared.is_none_or(|s| s.read_whole());
             drop(feed);
             let close = !keep_alive || !body_read || *stop.borrow();
             // Made in a statement of its own: the response's `?` would keep its room in the
@@ -588,7 +487,7 @@ struct Asked {
     head_only: bool,
     http10: bool,
     /// The body's state while it is read as the handler asks for it.
-    body_shared: Option<Arc<Mutex<Shared>>>,
+    body_shared: Option<BodyFeed>,
 }
 
 /// The request of `head`, its body read from the connection as the handler asks for it.
@@ -602,16 +501,16 @@ fn request<IO: AsyncRead + AsyncWrite + Unpin>(
         keep_alive,
         expect_continue,
     } = head;
-    let (body, feed) = match framing {
-        Framing::Length(0) => (ReqBody(Inner::Whole(None)), None),
+    let (body, feed, body_shared) = match framing {
+        Framing::Length(0) => (ReqBody::whole(None), None, None),
         Framing::Length(n) if n <= conn.rbuf.len() as u64 => {
             let whole = conn.rbuf.split_to(n as usize).freeze();
-            (ReqBody(Inner::Whole(Some(whole))), None)
+            (ReqBody::whole(Some(whole)), None, None)
         }
         framing => {
-            let shared = Arc::new(Mutex::new(Shared::default()));
+            let (body, shared) = ReqBody::streamed();
             let mut feed = Feed {
-                shared: shared.clone(),
+                body: shared.clone(),
                 decoder: BodyDecoder::with_trailer_limit(framing, conn.settings.max_head_bytes),
                 expect_continue: expect_continue && conn.rbuf.is_empty(),
                 continue_written: 0,
@@ -620,12 +519,8 @@ fn request<IO: AsyncRead + AsyncWrite + Unpin>(
                 conn.decode(&mut feed);
             }
             let feed = (!feed.ended()).then_some(feed);
-            (ReqBody(Inner::Streamed(shared)), feed)
+            (body, feed, Some(shared))
         }
-    };
-    let body_shared = match &body.0 {
-        Inner::Streamed(s) => Some(s.clone()),
-        Inner::Whole(_) => None,
     };
     Asked {
         head_only: parts.method == Method::HEAD,
@@ -853,8 +748,10 @@ mod date {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Frame;
     use http_body_util::{BodyExt, Full, StreamBody};
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
     fn settings() -> Settings {

@@ -28,56 +28,10 @@ use tracing::Instrument;
 pub(crate) mod h1;
 
 use crate::config::Config;
+use crate::exchange::{ClientBody, Conn};
 use crate::metrics::ConnectionErrorKind;
-use crate::proxy::{Conn, Gateway};
+use crate::proxy::Gateway;
 use crate::shutdown::{self, Draining};
-
-/// A client's request body: hyper's (HTTP/2, TLS without a named protocol) or read by the
-/// gateway's own HTTP/1.1 ([`h1`]).
-#[derive(Debug)]
-pub(crate) enum ClientBody {
-    Hyper(Incoming),
-    Own(h1::ReqBody),
-}
-
-impl ClientBody {
-    /// The body, when it came whole with its head (the gateway's own HTTP/1.1 only).
-    pub(crate) fn take_whole(&mut self) -> Option<bytes::Bytes> {
-        match self {
-            ClientBody::Hyper(_) => None,
-            ClientBody::Own(b) => b.take_whole(),
-        }
-    }
-}
-
-impl hyper::body::Body for ClientBody {
-    type Data = bytes::Bytes;
-    type Error = crate::upstream::BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            ClientBody::Own(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ClientBody::Hyper(b) => b.is_end_stream(),
-            ClientBody::Own(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        match self {
-            ClientBody::Hyper(b) => b.size_hint(),
-            ClientBody::Own(b) => b.size_hint(),
-        }
-    }
-}
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
 ///
@@ -254,7 +208,9 @@ pub async fn serve_gateway(
                 // connection ends so the drain counts it; the drain's stop arrives as `stop`.
                 Version::H1 => {
                     let _counted = watcher;
-                    let own = move |req: Request<h1::ReqBody>| serve_req(req.map(ClientBody::Own));
+                    let own = move |req: Request<crate::exchange::ReqBody>| {
+                        serve_req(req.map(ClientBody::Own))
+                    };
                     let conn = h1::serve(io, read, h1_settings(cfg), own, stop);
                     ending.serve(pin!(conn)).await
                 }

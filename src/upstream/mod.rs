@@ -26,16 +26,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::Config;
 
-/// Boxed error of bodies flowing through the gateway.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Body of requests sent upstream.
-pub type UpBody = UnsyncBoxBody<Bytes, BoxError>;
+// The exchange's types under the names this layer's files use (`super::BoxError`).
+pub use crate::exchange::{BoxError, UpBody};
 
 /// A body holding `b` whole (requests the gateway writes itself, its own error responses).
 pub fn full_body(b: Bytes) -> UpBody {
