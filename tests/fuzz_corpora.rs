@@ -64,8 +64,8 @@ fn cursor_corpus() {
 #[test]
 fn h1_request_corpus() {
     let framings = replay("h1_request", h1_request::check);
-    assert!(framings.contains(&Some(mcp_reattach::h1::Framing::Chunked)));
-    assert!(framings.contains(&Some(mcp_reattach::h1::Framing::Length(5))));
+    assert!(framings.contains(&Some(mcp_reattach::http1::Framing::Chunked)));
+    assert!(framings.contains(&Some(mcp_reattach::http1::Framing::Length(5))));
     assert!(framings.contains(&None), "cl-te refused");
     eprintln!("replayed {} h1_request corpus inputs", framings.len());
 }

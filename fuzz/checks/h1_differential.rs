@@ -1,6 +1,6 @@
 //! The gateway's HTTP/1.1 request reader against hyper's HTTP/1.1 server on the same bytes
 //! (issue 47): they agree, or the gateway's is the stricter. Whenever the gateway's reader
-//! takes a whole first request from the input (its head by `mcp_reattach::h1::parse_request`,
+//! takes a whole first request from the input (its head by `mcp_reattach::http1::parse_request`,
 //! its body by `BodyDecoder`), hyper's server, given the same bytes on a connection, must
 //! serve the same request: the same method, target, version and body. A request the gateway
 //! refuses or that is not whole is not compared (stricter is allowed).
@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use mcp_reattach::h1::{parse_request, BodyDecoder};
+use mcp_reattach::http1::{parse_request, BodyDecoder};
 use tokio::io::AsyncWriteExt;
 
 /// What both sides are compared on.

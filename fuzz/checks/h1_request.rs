@@ -1,4 +1,4 @@
-//! The client side's request reader (`mcp_reattach::h1::parse_request`, then the body's
+//! The client side's request reader (`mcp_reattach::http1::parse_request`, then the body's
 //! framing) against arbitrary bytes, as the gateway's own HTTP/1.1 reads a client's request.
 //!
 //! Properties:
@@ -16,7 +16,7 @@
 //! (`tests/fuzz_corpora.rs`).
 
 use bytes::Bytes;
-use mcp_reattach::h1::{parse_request, BodyDecoder, Framing};
+use mcp_reattach::http1::{parse_request, BodyDecoder, Framing};
 
 /// What a parse gave, comparably.
 fn summary(input: &Bytes) -> Result<Option<(String, usize, Framing, bool)>, String> {

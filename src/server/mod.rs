@@ -25,10 +25,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub(crate) mod h1;
-
 use crate::config::Config;
 use crate::exchange::{ClientBody, Conn};
+use crate::http1::read::{poll_fill, Fill};
+use crate::http1::server as h1;
 use crate::metrics::ConnectionErrorKind;
 use crate::proxy::Gateway;
 use crate::shutdown::{self, Draining};
@@ -380,12 +380,8 @@ impl<'a> Ending<'a> {
             tokio::select! {
                 res = serving => {
                     if let Err(e) = res {
-                        if let Some(refused) = e.refused_head() {
-                            crate::access::head_refused(
-                                self.remote.ip(),
-                                refused.status(),
-                                refused.reason(),
-                            );
+                        if let Some((status, reason)) = e.refused_head() {
+                            crate::access::head_refused(self.remote.ip(), status, reason);
                         }
                         self.metrics.connection_error(e.kind());
                         tracing::debug!(error = %e, "client connection ended with an error");
@@ -413,23 +409,20 @@ trait ServedError: std::fmt::Display {
     /// The `connection_errors_total` kind.
     fn kind(&self) -> ConnectionErrorKind;
 
-    /// The request head the gateway's HTTP/1.1 refused (answered 400 or 431), which gets an
-    /// access line; hyper's refusals get none.
-    fn refused_head(&self) -> Option<&crate::h1::RequestError> {
+    /// The request head the gateway's HTTP/1.1 refused (answered 400 or 431: its status and
+    /// reason), which gets an access line; hyper's refusals get none.
+    fn refused_head(&self) -> Option<(http::StatusCode, &'static str)> {
         None
     }
 }
 
-impl ServedError for h1::ConnError {
+impl ServedError for crate::http1::Error {
     fn kind(&self) -> ConnectionErrorKind {
-        h1::ConnError::kind(self)
+        self.connection_error()
     }
 
-    fn refused_head(&self) -> Option<&crate::h1::RequestError> {
-        match self {
-            h1::ConnError::Request(e) => Some(e),
-            _ => None,
-        }
+    fn refused_head(&self) -> Option<(http::StatusCode, &'static str)> {
+        crate::http1::Error::refused_head(self).map(|status| (status, self.reason()))
     }
 }
 
@@ -500,7 +493,7 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 async fn sniff<IO: AsyncRead + Unpin>(io: &mut IO) -> Option<(Version, BytesMut)> {
     let mut read = BytesMut::new();
     loop {
-        let n = poll_fn(|cx| h1::poll_read_into(Pin::new(&mut *io), cx, &mut read))
+        let n = poll_fn(|cx| poll_fill(&mut *io, cx, &mut read, Fill::Append))
             .await
             .ok()?;
         if n == 0 {

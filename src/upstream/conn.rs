@@ -10,9 +10,9 @@
 //! late extra answer is never the next request's; a pooled connection is used again only if
 //! it idled less than [`IDLE_TIMEOUT`], which is shorter than the common servers' own
 //! keep-alive timeouts. Interim (`1xx`) heads before an answer are bounded
-//! ([`h1::MAX_INTERIM_HEADS`], and with the final head in [`h1::MAX_HEAD_BYTES`]).
+//! ([`http1::MAX_INTERIM_HEADS`], and with the final head in [`http1::MAX_HEAD_BYTES`]).
 //!
-//! Knows the connector and [`crate::h1`]; nothing of sessions.
+//! Knows the connector and [`crate::http1`]; nothing of sessions.
 
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -30,7 +30,8 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::{BoxError, Connector, UpRequest, Upstream};
-use crate::h1::{self, BodyDecoder, H1Error};
+use crate::http1::read::{poll_fill, Fill};
+use crate::http1::{self, BodyDecoder, Peer};
 
 /// Bytes of one read from the upstream socket (on the stack: nothing is kept between reads).
 const READ_BYTES: usize = 32 * 1024;
@@ -140,7 +141,7 @@ pub(crate) enum ReadEnd {
     /// The connection failed or ended too early.
     Connection(String),
     /// The upstream's bytes are not a valid HTTP/1.1 body.
-    Framing(H1Error),
+    Framing(http1::Error),
 }
 
 /// Why a request got no response head.
@@ -155,7 +156,7 @@ pub enum SendError {
     #[error("the upstream closed the connection before its response head")]
     Closed,
     #[error(transparent)]
-    Head(#[from] H1Error),
+    Head(#[from] http1::Error),
 }
 
 impl SendError {
@@ -191,7 +192,7 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
             method,
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         );
-    h1::end_request_head(&mut head, framed.then_some(body.len()));
+    http1::end_request_head(&mut head, framed.then_some(body.len()));
     let together = body.len() <= COALESCE_BODY_BYTES;
     if together {
         head.extend_from_slice(&body);
@@ -215,9 +216,9 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
         None => connect_and_write(up, target, &head, &body, together).await?,
     };
     let mut buf = bytes::BytesMut::with_capacity(4096);
-    let mut interim = h1::Interim::default();
+    let mut interim = http1::Interim::default();
     loop {
-        if let Some(head) = h1::take_head_after(&mut buf, &mut interim)? {
+        if let Some(head) = http1::take_head_after(&mut buf, &mut interim)? {
             // What followed the head: the body's first bytes. None: nothing is kept, for an
             // empty `buf` still holds the rest of the read buffer (an idle held stream would
             // keep 4 KiB for nothing).
@@ -228,14 +229,14 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
             };
             // A response to HEAD has no body, whatever its framing headers say.
             let framing = if method == Method::HEAD {
-                h1::Framing::Length(0)
+                http1::Framing::Length(0)
             } else {
                 head.framing
             };
             // Nor is a `HEAD`'s connection used again: its upstream may yet write the body
             // its head announced, which would read as the next request's answer.
             let reuse =
-                (head.keep_alive && framing != h1::Framing::Close && method != Method::HEAD)
+                (head.keep_alive && framing != http1::Framing::Close && method != Method::HEAD)
                     .then(|| up.pool.clone());
             let mut body = OwnBody {
                 io: Some(io),
@@ -253,10 +254,7 @@ pub(crate) async fn send(up: &Upstream, req: UpRequest) -> Result<Response<OwnBo
             *resp.headers_mut() = head.headers;
             return Ok(resp);
         }
-        if buf.len() == buf.capacity() {
-            buf.reserve(buf.len());
-        }
-        let n = tokio::io::AsyncReadExt::read_buf(&mut *io, &mut buf).await?;
+        let n = std::future::poll_fn(|cx| poll_fill(&mut *io, cx, &mut buf, Fill::InPlace)).await?;
         if n == 0 {
             return Err(SendError::Closed);
         }
@@ -333,7 +331,7 @@ impl OwnBody {
             self.reuse = None;
         }
         self.early = bytes::BytesMut::new();
-        self.decoder = BodyDecoder::new(h1::Framing::Length(0));
+        self.decoder = BodyDecoder::new(http1::Framing::Length(0));
         self.finish();
     }
 
@@ -349,7 +347,7 @@ impl OwnBody {
 
     /// Feeds `bytes` to the decoder, handing the body's data to `data`; bytes after the
     /// body's end mean the connection is not used again.
-    fn decode(&mut self, bytes: &[u8], data: &mut impl FnMut(&[u8])) -> Result<(), H1Error> {
+    fn decode(&mut self, bytes: &[u8], data: &mut impl FnMut(&[u8])) -> Result<(), http1::Error> {
         let used = self.decoder.decode(bytes, &mut *data)?;
         if used < bytes.len() {
             self.reuse = None;
@@ -407,7 +405,9 @@ impl OwnBody {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => {
                     self.io = None;
-                    return Poll::Ready(ReadEnd::Connection(e.to_string()));
+                    return Poll::Ready(ReadEnd::Connection(
+                        http1::Error::io(Peer::Upstream, e).to_string(),
+                    ));
                 }
                 Poll::Ready(Ok(())) => {}
             }

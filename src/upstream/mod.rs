@@ -9,6 +9,7 @@
 //! Knows HTTP and the session API; the rules of what may be evicted live in `session`.
 
 mod conn;
+mod head;
 pub(crate) mod hold;
 mod io;
 mod limit;
@@ -176,10 +177,10 @@ impl Upstream {
         // HTTP/2 clients send :authority instead of Host: it goes as Host, unchanged.
         let host = uri.authority().or(target.authority()).map(|a| a.as_str());
         let addr = remote.map(|r| crate::access::IpText::new(r.ip()));
-        let added = crate::h1::Added {
+        let added = head::Added {
             host,
             own,
-            forwarded: Some(crate::h1::Forwarded {
+            forwarded: Some(head::Forwarded {
                 for_addr: addr.as_ref().map(|a| a.as_str()),
                 proto: if self.cfg.tls.is_some() {
                     "https"
@@ -191,7 +192,7 @@ impl Upstream {
         let pq = target.path_and_query().map_or("/", |pq| pq.as_str());
         let named = connection_named(headers);
         let skip = |n: &HeaderName| hop_by_hop(n).is_some() || named.contains(n);
-        let head = crate::h1::request_head(method, pq, headers, skip, added);
+        let head = head::request_head(method, pq, headers, skip, added);
         // Upstream connections are HTTP/1.1 whatever the client spoke.
         UpRequest {
             method: method.clone(),
@@ -213,7 +214,7 @@ impl UpRequest {
 }
 
 /// A request for the upstream as [`Upstream::request`] built it: its head written but for
-/// the body's framing ([`crate::h1::end_request_head`]), its body, and where it goes. The
+/// the body's framing ([`crate::http1::end_request_head`]), its body, and where it goes. The
 /// head is written from the client's header map, which stays the client's (a stream's
 /// [`Source`] takes it after): no copy of the map per request, no hashed inserts of the
 /// `X-Forwarded-*` names (~3 k instructions a request, `bench/callgrind`).

@@ -1,8 +1,8 @@
 //! The client side's HTTP/1.1, read and written by the gateway on the connection's own task
 //! (HTTP/2, and TLS connections whose client named no protocol, stay hyper's): request heads
-//! parsed by [`crate::h1::take_request`] (httparse, strict framing), bodies decoded by the
-//! same [`crate::h1::BodyDecoder`] as the upstream's, response heads written by
-//! [`crate::h1::response_head`], one request at a time.
+//! parsed by [`take_request`] (httparse, strict framing), bodies decoded by the same
+//! [`BodyDecoder`] as the upstream's, response heads written by [`response_head`], one
+//! request at a time.
 //!
 //! Why not hyper's: its server connection was ~20 k instructions of a short tool call's ~92 k
 //! (`bench/callgrind` call, the inclusive profile) and kept two 8 KiB buffers per connection
@@ -23,7 +23,6 @@
 
 use std::future::{poll_fn, Future};
 use std::io::IoSlice;
-use std::mem::MaybeUninit;
 use std::pin::{pin, Pin};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -31,14 +30,21 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::body::{encode_chunk, BodyDecoder, Framing, LAST_CHUNK};
+use super::error::{Error, Kind, Peer};
+use super::head::{response_head, take_request, RequestHead, ResponseFraming};
+use super::read::{poll_fill, Fill};
 use crate::exchange::{BodyFeed, ReqBody};
-use crate::h1::{self, BodyDecoder, Framing, RequestError, ResponseFraming};
-use crate::metrics::ConnectionErrorKind;
 
-/// Most bytes one read takes.
-const READ_BYTES: usize = 8 * 1024;
+/// A failed read or write of the client's connection.
+fn client_io(e: std::io::Error) -> Error {
+    Error::io(Peer::Client, e)
+}
+
+/// The client closed the connection mid-message.
+const CLIENT_GONE: Error = Error::new(Kind::Closed, Peer::Client, "");
 
 /// Response frames ready at once that go out in one write at most.
 const GATHER: usize = 4;
@@ -55,49 +61,6 @@ pub(crate) struct Settings {
     /// `--header-read-timeout`, for each head after the first.
     pub header_read_timeout: Duration,
 }
-
-/// How a connection ended, when not by a close of either side between requests.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnError {
-    #[error("client connection: {0}")]
-    Io(#[from] std::io::Error),
-    /// A request head refused: always answered ([`RequestError::status`]) before the close.
-    #[error("{0} (answered {status})", status = .0.status())]
-    Request(RequestError),
-    #[error("request head not complete within --header-read-timeout")]
-    HeaderTimeout,
-    #[error("the client closed the connection mid-message")]
-    ClientGone,
-    #[error("response body failed: {0}")]
-    Body(String),
-}
-
-impl ConnError {
-    /// The `connection_errors_total` kind.
-    pub fn kind(&self) -> ConnectionErrorKind {
-        match self {
-            ConnError::HeaderTimeout => ConnectionErrorKind::HeaderTimeout,
-            ConnError::Request(RequestError::HeadTooLarge) => ConnectionErrorKind::HeadTooLarge,
-            ConnError::ClientGone => ConnectionErrorKind::ClientGone,
-            ConnError::Io(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionReset
-                        | std::io::ErrorKind::BrokenPipe
-                        | std::io::ErrorKind::UnexpectedEof
-                ) =>
-            {
-                ConnectionErrorKind::ClientGone
-            }
-            _ => ConnectionErrorKind::Other,
-        }
-    }
-}
-
-/// Why a request body could not be read whole.
-#[derive(Debug, thiserror::Error)]
-#[error("request body: {0}")]
-pub(crate) struct BodyError(&'static str);
 
 /// The connection's side of a streamed request body.
 struct Feed {
@@ -116,8 +79,8 @@ impl Feed {
         self.body.lock().ended()
     }
 
-    fn fail(&self, why: &'static str) {
-        self.body.lock().fail(|| BodyError(why).into());
+    fn fail(&self, why: Error) {
+        self.body.lock().fail(|| why.into());
     }
 }
 
@@ -125,51 +88,8 @@ impl Drop for Feed {
     fn drop(&mut self) {
         // The connection is gone: a reader still waiting (a request finishing on its own
         // after its client left) gets an error, not a hang.
-        self.fail("the connection ended before the body did");
+        self.fail(Error::new(Kind::Ended, Peer::Client, ""));
     }
-}
-
-/// One read of up to [`READ_BYTES`] from `io`, appended to `into`: how many bytes (0: the
-/// peer closed). Read into the stack first, so `into` grows by what came, never to a read's
-/// full size (a held stream's head keeps its buffer as long as the stream lives).
-pub(crate) fn poll_read_into<IO: AsyncRead>(
-    io: Pin<&mut IO>,
-    cx: &mut Context<'_>,
-    into: &mut BytesMut,
-) -> Poll<std::io::Result<usize>> {
-    let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
-    let mut rb = ReadBuf::uninit(&mut buf);
-    ready!(io.poll_read(cx, &mut rb))?;
-    let read = rb.filled();
-    into.extend_from_slice(read);
-    Poll::Ready(Ok(read.len()))
-}
-
-/// [`poll_read_into`] that never takes `into` past `bound` bytes, in length or in capacity
-/// (`bound` above `into.len()`): what a connection keeps of a next request while a response
-/// is written stays within the head bound the memory sizing assumes.
-fn poll_read_bounded<IO: AsyncRead>(
-    io: Pin<&mut IO>,
-    cx: &mut Context<'_>,
-    into: &mut BytesMut,
-    bound: usize,
-) -> Poll<std::io::Result<usize>> {
-    let room = bound.saturating_sub(into.len()).min(READ_BYTES);
-    let mut buf = [MaybeUninit::<u8>::uninit(); READ_BYTES];
-    let mut rb = ReadBuf::uninit(&mut buf[..room]);
-    ready!(io.poll_read(cx, &mut rb))?;
-    let read = rb.filled();
-    if into.capacity() - into.len() < read.len() {
-        // Grown here rather than by `extend_from_slice`, which may double past the bound.
-        let want = (into.len() + read.len())
-            .max(into.capacity() * 2)
-            .min(bound);
-        let mut grown = BytesMut::with_capacity(want);
-        grown.extend_from_slice(into);
-        *into = grown;
-    }
-    into.extend_from_slice(read);
-    Poll::Ready(Ok(read.len()))
 }
 
 /// What a connection knows of the next request's head while a request is served.
@@ -195,25 +115,29 @@ struct Conn<IO> {
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// One read into the read buffer: how many bytes (0: the client closed).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        poll_read_into(Pin::new(&mut self.io), cx, &mut self.rbuf)
+        poll_fill(&mut self.io, cx, &mut self.rbuf, Fill::Append)
     }
 
     /// Writes all of `bufs`, in order, in as few writes as the transport takes.
-    async fn write_all(&mut self, bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    async fn write_all(&mut self, bufs: &mut [IoSlice<'_>]) -> Result<(), Error> {
         let mut bufs = bufs;
         IoSlice::advance_slices(&mut bufs, 0);
         while !bufs.is_empty() {
-            let n = poll_fn(|cx| Pin::new(&mut self.io).poll_write_vectored(cx, bufs)).await?;
+            let n = poll_fn(|cx| Pin::new(&mut self.io).poll_write_vectored(cx, bufs))
+                .await
+                .map_err(client_io)?;
             if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
+                return Err(client_io(std::io::ErrorKind::WriteZero.into()));
             }
             IoSlice::advance_slices(&mut bufs, n);
         }
         Ok(())
     }
 
-    async fn flush(&mut self) -> std::io::Result<()> {
-        poll_fn(|cx| Pin::new(&mut self.io).poll_flush(cx)).await
+    async fn flush(&mut self) -> Result<(), Error> {
+        poll_fn(|cx| Pin::new(&mut self.io).poll_flush(cx))
+            .await
+            .map_err(client_io)
     }
 
     /// The next request head, `None` when the client closed (or `stop` fired) between
@@ -223,7 +147,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         &mut self,
         first: bool,
         stop: &mut tokio::sync::watch::Receiver<bool>,
-    ) -> Result<Option<h1::RequestHead>, ConnError> {
+    ) -> Result<Option<RequestHead>, Error> {
         // Empty lines before a request line are skipped (RFC 9112 §2.2). A head begun while
         // the previous request was served keeps the deadline it got at its first byte.
         let mut deadline = match std::mem::replace(&mut self.ahead, Ahead::Nothing) {
@@ -233,17 +157,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         let mut stop_gone = false;
         loop {
             let before = self.rbuf.len();
-            if let Some(head) = h1::take_request(&mut self.rbuf, self.settings.max_headers)
-                .map_err(ConnError::Request)?
-            {
+            if let Some(head) = take_request(&mut self.rbuf, self.settings.max_headers)? {
                 // Whole in the last read, a head may have passed the bound by up to a read.
                 if before - self.rbuf.len() > self.settings.max_head_bytes {
-                    return Err(ConnError::Request(RequestError::HeadTooLarge));
+                    return Err(Error::new(Kind::HeadTooLarge, Peer::Client, ""));
                 }
                 return Ok(Some(head));
             }
             if self.rbuf.len() > self.settings.max_head_bytes {
-                return Err(ConnError::Request(RequestError::HeadTooLarge));
+                return Err(Error::new(Kind::HeadTooLarge, Peer::Client, ""));
             }
             if self.rbuf.is_empty() && *stop.borrow() {
                 return Ok(None);
@@ -257,7 +179,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             let read = tokio::select! {
                 biased;
                 () = async { deadline.as_mut().expect("armed").await }, if deadline.is_some() => {
-                    return Err(ConnError::HeaderTimeout);
+                    return Err(Error::new(Kind::HeaderTimeout, Peer::Client, ""));
                 }
                 changed = stop.changed(), if idle && !stop_gone => {
                     // A stop between requests ends the connection (checked at the top); a
@@ -265,11 +187,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     stop_gone = changed.is_err();
                     continue;
                 }
-                read = poll_fn(|cx| self.poll_fill(cx)) => read?,
+                read = poll_fn(|cx| self.poll_fill(cx)) => read.map_err(client_io)?,
             };
             match read {
                 0 if self.rbuf.is_empty() => return Ok(None),
-                0 => return Err(ConnError::ClientGone),
+                0 => return Err(CLIENT_GONE),
                 _ => {}
             }
         }
@@ -282,19 +204,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         &mut self,
         cx: &mut Context<'_>,
         feed: &mut Option<Feed>,
-    ) -> Poll<Result<(), ConnError>> {
+    ) -> Poll<Result<(), Error>> {
         if let Some(f) = feed.as_mut() {
             let (wants, queued) = f.body.lock().demand();
             if f.expect_continue && wants {
                 while f.continue_written < CONTINUE.len() {
                     let n = ready!(
                         Pin::new(&mut self.io).poll_write(cx, &CONTINUE[f.continue_written..])
-                    )?;
+                    )
+                    .map_err(client_io)?;
                     if n == 0 {
-                        return Poll::Ready(Err(std::io::Error::from(
-                            std::io::ErrorKind::WriteZero,
-                        )
-                        .into()));
+                        return Poll::Ready(Err(client_io(std::io::ErrorKind::WriteZero.into())));
                     }
                     f.continue_written += n;
                 }
@@ -311,10 +231,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             if f.expect_continue || queued >= BODY_AHEAD {
                 return Poll::Pending;
             }
-            let n = ready!(self.poll_fill(cx))?;
+            let n = ready!(self.poll_fill(cx)).map_err(client_io)?;
             if n == 0 {
-                f.fail("the client closed the connection before the body's end");
-                return Poll::Ready(Err(ConnError::ClientGone));
+                f.fail(CLIENT_GONE);
+                return Poll::Ready(Err(CLIENT_GONE));
             }
             return Poll::Ready(Ok(()));
         }
@@ -326,7 +246,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// of them (then the watch pauses), and their head must be whole within
     /// `--header-read-timeout` of its first byte (`Ready(Err(HeaderTimeout))` when it is not:
     /// the connection closes as one whose head is slow between requests does, at once).
-    fn poll_eof(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+    fn poll_eof(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.rbuf.is_empty() {
             if matches!(self.ahead, Ahead::Nothing) {
                 let timeout = self.settings.header_read_timeout;
@@ -337,10 +257,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     // Parsed on a copy, once: the head is taken when its turn comes.
                     let mut probe = self.rbuf.clone();
                     if !matches!(
-                        h1::take_request(&mut probe, self.settings.max_headers),
+                        take_request(&mut probe, self.settings.max_headers),
                         Ok(Some(_))
                     ) {
-                        return Poll::Ready(Err(ConnError::HeaderTimeout));
+                        return Poll::Ready(Err(Error::new(Kind::HeaderTimeout, Peer::Client, "")));
                     }
                     self.ahead = Ahead::Whole;
                 }
@@ -350,15 +270,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         if self.rbuf.len() >= bound {
             return Poll::Pending;
         }
-        match ready!(poll_read_bounded(
-            Pin::new(&mut self.io),
+        match ready!(poll_fill(
+            &mut self.io,
             cx,
             &mut self.rbuf,
-            bound
+            Fill::Bounded(bound)
         )) {
-            Ok(0) => Poll::Ready(Err(ConnError::ClientGone)),
+            Ok(0) => Poll::Ready(Err(CLIENT_GONE)),
             Ok(_) => Poll::Ready(Ok(())),
-            Err(e) => Poll::Ready(Err(ConnError::Io(e))),
+            Err(e) => Poll::Ready(Err(client_io(e))),
         }
     }
 
@@ -381,7 +301,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
                     self.rbuf = BytesMut::from(&read[used..]);
                 }
             }
-            Err(_) => s.fail(|| BodyError("malformed chunked body").into()),
+            Err(e) => s.fail(|| e.of(Peer::Client).into()),
         }
         s.wake();
     }
@@ -404,7 +324,7 @@ pub(crate) fn serve<IO, S, F, B>(
     settings: Settings,
     svc: S,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> impl Future<Output = Result<(), ConnError>>
+) -> impl Future<Output = Result<(), Error>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     S: FnMut(Request<ReqBody>) -> F,
@@ -426,11 +346,12 @@ where
             let head = match conn.read_head(first, &mut stop).await {
                 Ok(Some(h)) => h,
                 Ok(None) => return Ok(()),
-                Err(ConnError::Request(e)) => {
-                    refuse(&mut conn, e.status()).await;
-                    return Err(ConnError::Request(e));
+                Err(e) => {
+                    if let Some(status) = e.refused_head() {
+                        refuse(&mut conn, status).await;
+                    }
+                    return Err(e);
                 }
-                Err(e) => return Err(e),
             };
             first = false;
             let Asked {
@@ -491,11 +412,8 @@ struct Asked {
 }
 
 /// The request of `head`, its body read from the connection as the handler asks for it.
-fn request<IO: AsyncRead + AsyncWrite + Unpin>(
-    conn: &mut Conn<IO>,
-    head: h1::RequestHead,
-) -> Asked {
-    let h1::RequestHead {
+fn request<IO: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<IO>, head: RequestHead) -> Asked {
+    let RequestHead {
         parts,
         framing,
         keep_alive,
@@ -540,7 +458,7 @@ fn write_response<'c, IO, B>(
     head_only: bool,
     http10: bool,
     close: bool,
-) -> impl Future<Output = Result<bool, ConnError>> + 'c
+) -> impl Future<Output = Result<bool, Error>> + 'c
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     B: HttpBody<Data = Bytes> + Unpin + 'c,
@@ -580,7 +498,7 @@ async fn write_body<IO, B>(
     mut body: Pin<&mut B>,
     framing: ResponseFraming,
     close: bool,
-) -> Result<bool, ConnError>
+) -> Result<bool, Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     B: HttpBody<Data = Bytes>,
@@ -594,7 +512,7 @@ where
         next_frame(conn, body.as_mut(), true).await?
     };
     let mut head = Vec::with_capacity(256);
-    h1::response_head(status, headers, framing, close, &date::now(), &mut head);
+    response_head(status, headers, framing, close, &date::now(), &mut head);
     let mut written: u64 = 0;
     loop {
         // What is ready now goes out in one write: up to GATHER frames (a resume's `resumed`
@@ -619,10 +537,18 @@ where
             }
         };
         if matches!(framing, ResponseFraming::Length(n) if written > n) {
-            return Err(ConnError::Body("longer than its Content-Length".into()));
+            return Err(Error::new(
+                Kind::Body,
+                Peer::Client,
+                "longer than its Content-Length",
+            ));
         }
         if end && matches!(framing, ResponseFraming::Length(n) if written != n) {
-            return Err(ConnError::Body("shorter than its Content-Length".into()));
+            return Err(Error::new(
+                Kind::Body,
+                Peer::Client,
+                "shorter than its Content-Length",
+            ));
         }
         let mut sizes = [[0u8; 18]; GATHER];
         let mut bufs: [IoSlice<'_>; 2 + 3 * GATHER] = std::array::from_fn(|_| IoSlice::new(&[]));
@@ -630,10 +556,10 @@ where
         let mut at = 1;
         for (d, size) in data[..frames].iter().zip(&mut sizes) {
             if chunked {
-                let n = h1::chunk_size_line(d.len(), size);
-                bufs[at] = IoSlice::new(&size[..n]);
-                bufs[at + 1] = IoSlice::new(d);
-                bufs[at + 2] = IoSlice::new(b"\r\n");
+                let [line, data, end] = encode_chunk(d, size);
+                bufs[at] = IoSlice::new(line);
+                bufs[at + 1] = IoSlice::new(data);
+                bufs[at + 2] = IoSlice::new(end);
                 at += 3;
             } else {
                 bufs[at] = IoSlice::new(d);
@@ -641,7 +567,7 @@ where
             }
         }
         if end && chunked {
-            bufs[at] = IoSlice::new(b"0\r\n\r\n");
+            bufs[at] = IoSlice::new(LAST_CHUNK);
             at += 1;
         }
         conn.write_all(&mut bufs[..at]).await?;
@@ -677,7 +603,7 @@ async fn next_frame<IO, B>(
     conn: &mut Conn<IO>,
     mut body: Pin<&mut B>,
     now: bool,
-) -> Result<Next, ConnError>
+) -> Result<Next, Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     B: HttpBody<Data = Bytes>,
@@ -690,7 +616,9 @@ where
                 Ok(d) => return Poll::Ready(Ok(Next::Data(d))),
                 Err(_trailers) => continue,
             },
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(ConnError::Body(e.to_string()))),
+            Poll::Ready(Some(Err(e))) => {
+                return Poll::Ready(Err(Error::caused(Kind::Body, Peer::Client, e.to_string())))
+            }
             Poll::Ready(None) => return Poll::Ready(Ok(Next::End)),
             Poll::Pending if now => return Poll::Ready(Ok(Next::NotYet)),
             Poll::Pending => {}
@@ -707,7 +635,7 @@ where
 /// Answers a request whose head cannot be served, and closes.
 async fn refuse<IO: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<IO>, status: StatusCode) {
     let mut out = Vec::with_capacity(128);
-    h1::response_head(
+    response_head(
         status,
         &http::HeaderMap::new(),
         ResponseFraming::Length(0),
@@ -747,6 +675,7 @@ mod date {
 
 #[cfg(test)]
 mod tests {
+    use super::super::read::READ_BYTES;
     use super::*;
     use http_body::Frame;
     use http_body_util::{BodyExt, Full, StreamBody};
@@ -780,7 +709,7 @@ mod tests {
         svc: S,
     ) -> (
         DuplexStream,
-        tokio::task::JoinHandle<Result<(), ConnError>>,
+        tokio::task::JoinHandle<Result<(), Error>>,
         tokio::sync::watch::Sender<bool>,
     )
     where
@@ -897,7 +826,10 @@ mod tests {
         assert_eq!(dropped.load(Ordering::SeqCst), 0, "in flight");
         drop(c);
         let end = task.await.unwrap();
-        assert!(matches!(end, Err(ConnError::ClientGone)), "{end:?}");
+        assert!(
+            matches!(end, Err(ref e) if e.kind() == Kind::Closed),
+            "{end:?}"
+        );
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
     }
 
@@ -1017,7 +949,7 @@ mod tests {
             c.write_all(raw).await.unwrap();
             let text = read_all(c).await;
             assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
-            assert!(matches!(task.await.unwrap(), Err(ConnError::Request(_))));
+            assert!(matches!(task.await.unwrap(), Err(e) if e.refused_head().is_some()));
         }
         // Whole in one read, a head over the bound is refused too: the bound is the head's,
         // not the reads'.
@@ -1047,7 +979,7 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 431 "), "{text}");
         assert!(matches!(
             task.await.unwrap(),
-            Err(ConnError::Request(RequestError::HeadTooLarge))
+            Err(e) if e.kind() == Kind::HeadTooLarge
         ));
     }
 
@@ -1058,7 +990,10 @@ mod tests {
             .await
             .unwrap();
         let end = task.await.unwrap();
-        assert!(matches!(end, Err(ConnError::HeaderTimeout)), "{end:?}");
+        assert!(
+            matches!(end, Err(ref e) if e.kind() == Kind::HeaderTimeout),
+            "{end:?}"
+        );
         let text = read_all(c).await;
         assert_eq!(bodies(&text), ["GET /a "], "{text}");
     }
@@ -1096,7 +1031,10 @@ mod tests {
         let started = tokio::time::Instant::now();
         let end = tokio::time::timeout(Duration::from_secs(600), task).await;
         let end = end.expect("the connection ended").unwrap();
-        assert!(matches!(end, Err(ConnError::HeaderTimeout)), "{end:?}");
+        assert!(
+            matches!(end, Err(ref e) if e.kind() == Kind::HeaderTimeout),
+            "{end:?}"
+        );
         assert_eq!(started.elapsed(), settings().header_read_timeout);
         // A whole next request waits for the stream, however long it lasts.
         let (mut c, task, _stop) = start(|_req: Request<ReqBody>| async { streaming(None) });
@@ -1149,7 +1087,7 @@ mod tests {
         assert!(text.contains("\r\n\r\nHTTP/1.1 431 "), "{text}");
         assert!(matches!(
             task.await.unwrap(),
-            Err(ConnError::Request(RequestError::HeadTooLarge))
+            Err(e) if e.kind() == Kind::HeadTooLarge
         ));
     }
 

@@ -1,0 +1,35 @@
+//! The gateway's own HTTP/1.1, as one layer, both sides: the client side's connections
+//! (HTTP/2 stays hyper's) and every exchange with the upstream.
+//!
+//! | file | owns | must not know |
+//! |---|---|---|
+//! | `limits` | the bounds an upstream's messages are held to | |
+//! | `error` | the one [`Error`]: a [`Kind`], a [`Peer`], each mapped to a status and a metric | I/O |
+//! | `head` | heads, pure: the upstream's response heads ([`parse_head`], [`take_head`]), a client's request heads ([`take_request`]), the response heads written ([`response_head`]), a request head's lines ([`request_line`], [`header_line`], [`end_request_head`]), the framing a head says | I/O, clocks, what goes in a forwarded head (`X-Forwarded-*` is the upstream request builder's) |
+//! | `body` | bodies, pure: the decoder ([`BodyDecoder`]) and the encoder's chunk framing ([`encode_chunk`]) | I/O |
+//! | `read` | the one read policy: how a connection's bytes fill a buffer, under which bound | what the bytes mean |
+//! | `server` | the client side's connection: requests read, bodies fed, responses written, pipelining, the drain's stop, its state named (`Reading`) | routes, sessions |
+//!
+//! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
+//! `Content-Length`, differing lengths, a transfer coding other than `chunked` alone, a chunk
+//! size that is not hex or overflows, a missing CRLF, a trailer line that is not a header
+//! line (a name token, a colon, a value without control bytes), and oversized heads, extensions
+//! or trailers are errors, never guesses. The pure parts know no I/O and no clocks (see
+//! `docs/design.md`, "The upstream streams the gateway reads itself").
+
+mod body;
+mod error;
+mod head;
+mod limits;
+pub(crate) mod read;
+pub(crate) mod server;
+
+pub use self::body::{chunk_size_line, encode_chunk, BodyDecoder, Framing, CHUNK_END, LAST_CHUNK};
+pub use self::error::{Error, Kind, Peer};
+pub use self::head::{
+    end_request_head, header_line, parse_head, parse_request, request_line, response_head,
+    take_head, take_head_after, take_request, Head, Interim, RequestHead, ResponseFraming,
+};
+pub use self::limits::{
+    MAX_EXTENSION_BYTES, MAX_HEADERS, MAX_HEAD_BYTES, MAX_INTERIM_HEADS, MAX_TRAILER_BYTES,
+};
