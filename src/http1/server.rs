@@ -1,8 +1,9 @@
 //! The client side's HTTP/1.1, read and written by the gateway on the connection's own task
-//! (HTTP/2, and TLS connections whose client named no protocol, stay hyper's): request heads
+//! (plaintext, or TLS by ALPN or with no protocol named; HTTP/2 stays hyper's): request heads
 //! parsed by [`take_request`] (httparse, strict framing), bodies decoded by the same
 //! [`BodyDecoder`] as the upstream's, response heads written by [`response_head`], one
-//! request at a time.
+//! request at a time. What the connection reads is one named state ([`Reading`]: a head, a
+//! body waiting for its `100 Continue`, a body, or nothing for the request in flight).
 //!
 //! Why not hyper's: its server connection was ~20 k instructions of a short tool call's ~92 k
 //! (`bench/callgrind` call, the inclusive profile) and kept two 8 KiB buffers per connection
@@ -11,7 +12,7 @@
 //! streams, and a response's head goes out with its first data in one write.
 //!
 //! What hyper did that this keeps: a client that closes mid-message ends the connection and
-//! drops the request's future (`ClientGone`); bytes that arrive while a response is written
+//! drops the request's future ([`Kind::Closed`]); bytes that arrive while a response is written
 //! are kept for the next request (pipelining), at most `--max-header-bytes` of them (reading
 //! pauses there); a request whose body was not read to its end, or that says `Connection:
 //! close`, or an HTTP/1.0 one without keep-alive, is the connection's last; `Expect:
@@ -45,6 +46,10 @@ fn client_io(e: std::io::Error) -> Error {
 
 /// The client closed the connection mid-message.
 const CLIENT_GONE: Error = Error::new(Kind::Closed, Peer::Client, "");
+/// A head not whole within `--header-read-timeout`.
+const HEADER_TIMEOUT: Error = Error::new(Kind::HeaderTimeout, Peer::Client, "");
+/// A head over `--max-header-bytes` or `--max-headers`.
+const HEAD_TOO_LARGE: Error = Error::new(Kind::HeadTooLarge, Peer::Client, "");
 
 /// Response frames ready at once that go out in one write at most.
 const GATHER: usize = 4;
@@ -66,10 +71,6 @@ pub(crate) struct Settings {
 struct Feed {
     body: BodyFeed,
     decoder: BodyDecoder,
-    /// `Expect: 100-continue` not answered yet.
-    expect_continue: bool,
-    /// Bytes of `100 Continue` written so far.
-    continue_written: usize,
 }
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -82,6 +83,30 @@ impl Feed {
     fn fail(&self, why: Error) {
         self.body.lock().fail(|| why.into());
     }
+
+    /// Decodes what `rbuf` holds of the body into its chunks (slices of the read), leaving
+    /// what follows the body's end for the next request.
+    fn decode(&mut self, rbuf: &mut BytesMut) {
+        let read = rbuf.split().freeze();
+        let mut data = Vec::new();
+        let used = self.decoder.decode(&read, |d| data.push(d));
+        let mut s = self.body.lock();
+        match used {
+            Ok(used) => {
+                for d in data {
+                    s.push(read.slice_ref(d));
+                }
+                if self.decoder.remaining() == Some(0) {
+                    s.finish();
+                }
+                if used < read.len() {
+                    *rbuf = BytesMut::from(&read[used..]);
+                }
+            }
+            Err(e) => s.fail(|| e.of(Peer::Client).into()),
+        }
+        s.wake();
+    }
 }
 
 impl Drop for Feed {
@@ -90,6 +115,25 @@ impl Drop for Feed {
         // after its client left) gets an error, not a hang.
         self.fail(Error::new(Kind::Ended, Peer::Client, ""));
     }
+}
+
+/// What a connection reads, named (hyper's `proto::h1::conn` has the same states): a head,
+/// a body whose client waits for `100 Continue`, a body, or nothing for the request in
+/// flight. Its rules are [`Conn`]'s methods: [`Conn::read_head`] (`Head`), [`request`]
+/// (to `Continue`, `Body` or `Idle`), [`Conn::poll_progress`] (`Continue` → `Body` → `Idle`),
+/// [`Conn::poll_eof`] (`Idle`).
+enum Reading {
+    /// A request head: between requests, or the first.
+    Head,
+    /// A request's body whose client sent `Expect: 100-continue` and nothing yet: the
+    /// `100 Continue` is written when the body is first asked for (this many bytes of it so
+    /// far), bytes the client sends anyway are read as the body's.
+    Continue(Feed, usize),
+    /// A request's body, read as its reader asks for it, at most [`BODY_AHEAD`] ahead.
+    Body(Feed),
+    /// Nothing for the request in flight (its body read whole, or none): a watch for the
+    /// client's close, and the next request's head as far as it comes.
+    Idle(Ahead),
 }
 
 /// What a connection knows of the next request's head while a request is served.
@@ -108,8 +152,7 @@ struct Conn<IO> {
     io: IO,
     rbuf: BytesMut,
     settings: Settings,
-    /// The next request's head, as far as it came while the current one was served.
-    ahead: Ahead,
+    reading: Reading,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
@@ -150,9 +193,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     ) -> Result<Option<RequestHead>, Error> {
         // Empty lines before a request line are skipped (RFC 9112 §2.2). A head begun while
         // the previous request was served keeps the deadline it got at its first byte.
-        let mut deadline = match std::mem::replace(&mut self.ahead, Ahead::Nothing) {
-            Ahead::Begun(d) => Some(d),
-            Ahead::Nothing | Ahead::Whole => None,
+        let mut deadline = match std::mem::replace(&mut self.reading, Reading::Head) {
+            Reading::Idle(Ahead::Begun(d)) => Some(d),
+            Reading::Idle(Ahead::Nothing | Ahead::Whole)
+            | Reading::Head
+            | Reading::Continue(..)
+            | Reading::Body(_) => None,
         };
         let mut stop_gone = false;
         loop {
@@ -160,12 +206,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             if let Some(head) = take_request(&mut self.rbuf, self.settings.max_headers)? {
                 // Whole in the last read, a head may have passed the bound by up to a read.
                 if before - self.rbuf.len() > self.settings.max_head_bytes {
-                    return Err(Error::new(Kind::HeadTooLarge, Peer::Client, ""));
+                    return Err(HEAD_TOO_LARGE);
                 }
                 return Ok(Some(head));
             }
             if self.rbuf.len() > self.settings.max_head_bytes {
-                return Err(Error::new(Kind::HeadTooLarge, Peer::Client, ""));
+                return Err(HEAD_TOO_LARGE);
             }
             if self.rbuf.is_empty() && *stop.borrow() {
                 return Ok(None);
@@ -179,7 +225,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             let read = tokio::select! {
                 biased;
                 () = async { deadline.as_mut().expect("armed").await }, if deadline.is_some() => {
-                    return Err(Error::new(Kind::HeaderTimeout, Peer::Client, ""));
+                    return Err(HEADER_TIMEOUT);
                 }
                 changed = stop.changed(), if idle && !stop_gone => {
                     // A stop between requests ends the connection (checked at the top); a
@@ -200,45 +246,69 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// Progress on the connection while the handler works on a request: the `100 Continue`,
     /// the body's bytes as its reader asks for them, and afterwards a watch for the client's
     /// close (bytes of a next request are kept). `Ready(Ok)`: something happened, look again.
-    fn poll_progress(
-        &mut self,
-        cx: &mut Context<'_>,
-        feed: &mut Option<Feed>,
-    ) -> Poll<Result<(), Error>> {
-        if let Some(f) = feed.as_mut() {
-            let (wants, queued) = f.body.lock().demand();
-            if f.expect_continue && wants {
-                while f.continue_written < CONTINUE.len() {
-                    let n = ready!(
-                        Pin::new(&mut self.io).poll_write(cx, &CONTINUE[f.continue_written..])
-                    )
-                    .map_err(client_io)?;
-                    if n == 0 {
-                        return Poll::Ready(Err(client_io(std::io::ErrorKind::WriteZero.into())));
+    fn poll_progress(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let Conn {
+            io, rbuf, reading, ..
+        } = self;
+        let (f, continuing) = match reading {
+            Reading::Continue(f, written) => (f, Some(written)),
+            Reading::Body(f) => (f, None),
+            Reading::Head | Reading::Idle(_) => return self.poll_eof(cx),
+        };
+        let (wants, queued) = f.body.lock().demand();
+        if let (Some(written), true) = (continuing.as_deref(), wants) {
+            let mut at = *written;
+            while at < CONTINUE.len() {
+                let n = match Pin::new(&mut *io).poll_write(cx, &CONTINUE[at..]) {
+                    Poll::Ready(n) => n.map_err(client_io)?,
+                    Poll::Pending => {
+                        *reading = match std::mem::replace(reading, Reading::Head) {
+                            Reading::Continue(f, _) => Reading::Continue(f, at),
+                            other => other,
+                        };
+                        return Poll::Pending;
                     }
-                    f.continue_written += n;
+                };
+                if n == 0 {
+                    return Poll::Ready(Err(client_io(std::io::ErrorKind::WriteZero.into())));
                 }
-                f.expect_continue = false;
-                return Poll::Ready(Ok(()));
+                at += n;
             }
-            if !self.rbuf.is_empty() {
-                self.decode(f);
-                if f.ended() {
-                    *feed = None;
-                }
-                return Poll::Ready(Ok(()));
-            }
-            if f.expect_continue || queued >= BODY_AHEAD {
-                return Poll::Pending;
-            }
-            let n = ready!(self.poll_fill(cx)).map_err(client_io)?;
-            if n == 0 {
-                f.fail(CLIENT_GONE);
-                return Poll::Ready(Err(CLIENT_GONE));
+            self.continued();
+            return Poll::Ready(Ok(()));
+        }
+        if !rbuf.is_empty() {
+            f.decode(rbuf);
+            if f.ended() {
+                self.reading = Reading::Idle(Ahead::Nothing);
             }
             return Poll::Ready(Ok(()));
         }
-        self.poll_eof(cx)
+        if continuing.is_some() || queued >= BODY_AHEAD {
+            return Poll::Pending;
+        }
+        let n = ready!(poll_fill(io, cx, rbuf, Fill::Append)).map_err(client_io)?;
+        if n == 0 {
+            f.fail(CLIENT_GONE);
+            return Poll::Ready(Err(CLIENT_GONE));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// `Continue` → `Body`: the `100 Continue` is written.
+    fn continued(&mut self) {
+        self.reading = match std::mem::replace(&mut self.reading, Reading::Head) {
+            Reading::Continue(f, _) => Reading::Body(f),
+            other => other,
+        };
+    }
+
+    /// Done with the request's body, whether it was read to its end or not (a body not read
+    /// whole fails its reader, if one is left): `Idle`, a next head's progress kept.
+    fn done_with_body(&mut self) {
+        if let Reading::Continue(..) | Reading::Body(_) | Reading::Head = self.reading {
+            self.reading = Reading::Idle(Ahead::Nothing);
+        }
     }
 
     /// Watches for the client's close while nothing is read for a request: `Ready(Err)` when
@@ -248,21 +318,23 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// the connection closes as one whose head is slow between requests does, at once).
     fn poll_eof(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.rbuf.is_empty() {
-            if matches!(self.ahead, Ahead::Nothing) {
-                let timeout = self.settings.header_read_timeout;
-                self.ahead = Ahead::Begun(Box::pin(tokio::time::sleep(timeout)));
-            }
-            if let Ahead::Begun(deadline) = &mut self.ahead {
-                if deadline.as_mut().poll(cx).is_ready() {
-                    // Parsed on a copy, once: the head is taken when its turn comes.
-                    let mut probe = self.rbuf.clone();
-                    if !matches!(
-                        take_request(&mut probe, self.settings.max_headers),
-                        Ok(Some(_))
-                    ) {
-                        return Poll::Ready(Err(Error::new(Kind::HeaderTimeout, Peer::Client, "")));
+            if let Reading::Idle(ahead) = &mut self.reading {
+                if let Ahead::Nothing = ahead {
+                    let timeout = self.settings.header_read_timeout;
+                    *ahead = Ahead::Begun(Box::pin(tokio::time::sleep(timeout)));
+                }
+                if let Ahead::Begun(deadline) = ahead {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        // Parsed on a copy, once: the head is taken when its turn comes.
+                        let mut probe = self.rbuf.clone();
+                        if !matches!(
+                            take_request(&mut probe, self.settings.max_headers),
+                            Ok(Some(_))
+                        ) {
+                            return Poll::Ready(Err(HEADER_TIMEOUT));
+                        }
+                        *ahead = Ahead::Whole;
                     }
-                    self.ahead = Ahead::Whole;
                 }
             }
         }
@@ -280,30 +352,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
             Ok(_) => Poll::Ready(Ok(())),
             Err(e) => Poll::Ready(Err(client_io(e))),
         }
-    }
-
-    /// Decodes what the read buffer holds of the body into its chunks (slices of the read),
-    /// leaving what follows the body's end for the next request.
-    fn decode(&mut self, f: &mut Feed) {
-        let read = self.rbuf.split().freeze();
-        let mut data = Vec::new();
-        let used = f.decoder.decode(&read, |d| data.push(d));
-        let mut s = f.body.lock();
-        match used {
-            Ok(used) => {
-                for d in data {
-                    s.push(read.slice_ref(d));
-                }
-                if f.decoder.remaining() == Some(0) {
-                    s.finish();
-                }
-                if used < read.len() {
-                    self.rbuf = BytesMut::from(&read[used..]);
-                }
-            }
-            Err(e) => s.fail(|| e.of(Peer::Client).into()),
-        }
-        s.wake();
     }
 }
 
@@ -336,7 +384,7 @@ where
         io,
         rbuf: read,
         settings,
-        ahead: Ahead::Nothing,
+        reading: Reading::Head,
     };
     let mut svc = svc;
     let mut stop = stop;
@@ -356,7 +404,6 @@ where
             first = false;
             let Asked {
                 req,
-                mut feed,
                 keep_alive,
                 head_only,
                 http10,
@@ -369,7 +416,7 @@ where
                         let Ok(r) = r;
                         return Poll::Ready(Ok(r));
                     }
-                    match conn.poll_progress(cx, &mut feed) {
+                    match conn.poll_progress(cx) {
                         Poll::Ready(Ok(())) => continue,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                         Poll::Pending => return Poll::Pending,
@@ -379,7 +426,7 @@ where
             };
             // The request's body was read to its end (else what follows it is not a request).
             let body_read = body_shared.is_none_or(|s| s.read_whole());
-            drop(feed);
+            conn.done_with_body();
             let close = !keep_alive || !body_read || *stop.borrow();
             // Made in a statement of its own: the response's `?` would keep its room in the
             // connection's future for as long as the response is written.
@@ -401,8 +448,6 @@ where
 /// A request as [`request`] makes it from its head.
 struct Asked {
     req: Request<ReqBody>,
-    /// What is left to read of its body, if anything.
-    feed: Option<Feed>,
     /// The connection may carry another request after it.
     keep_alive: bool,
     head_only: bool,
@@ -411,7 +456,8 @@ struct Asked {
     body_shared: Option<BodyFeed>,
 }
 
-/// The request of `head`, its body read from the connection as the handler asks for it.
+/// The request of `head`, its body read from the connection as the handler asks for it: the
+/// connection `Continue`, `Body`, or `Idle` when the body is whole (or none).
 fn request<IO: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<IO>, head: RequestHead) -> Asked {
     let RequestHead {
         parts,
@@ -419,32 +465,40 @@ fn request<IO: AsyncRead + AsyncWrite + Unpin>(conn: &mut Conn<IO>, head: Reques
         keep_alive,
         expect_continue,
     } = head;
-    let (body, feed, body_shared) = match framing {
-        Framing::Length(0) => (ReqBody::whole(None), None, None),
+    let (body, body_shared) = match framing {
+        Framing::Length(0) => {
+            conn.reading = Reading::Idle(Ahead::Nothing);
+            (ReqBody::whole(None), None)
+        }
         Framing::Length(n) if n <= conn.rbuf.len() as u64 => {
             let whole = conn.rbuf.split_to(n as usize).freeze();
-            (ReqBody::whole(Some(whole)), None, None)
+            conn.reading = Reading::Idle(Ahead::Nothing);
+            (ReqBody::whole(Some(whole)), None)
         }
         framing => {
             let (body, shared) = ReqBody::streamed();
             let mut feed = Feed {
                 body: shared.clone(),
                 decoder: BodyDecoder::with_trailer_limit(framing, conn.settings.max_head_bytes),
-                expect_continue: expect_continue && conn.rbuf.is_empty(),
-                continue_written: 0,
             };
+            let waits = expect_continue && conn.rbuf.is_empty();
             if !conn.rbuf.is_empty() {
-                conn.decode(&mut feed);
+                feed.decode(&mut conn.rbuf);
             }
-            let feed = (!feed.ended()).then_some(feed);
-            (body, feed, Some(shared))
+            conn.reading = if feed.ended() {
+                Reading::Idle(Ahead::Nothing)
+            } else if waits {
+                Reading::Continue(feed, 0)
+            } else {
+                Reading::Body(feed)
+            };
+            (body, Some(shared))
         }
     };
     Asked {
         head_only: parts.method == Method::HEAD,
         http10: parts.version == http::Version::HTTP_10,
         req: Request::from_parts(parts, body),
-        feed,
         keep_alive,
         body_shared,
     }
