@@ -349,11 +349,15 @@ impl BodyDecoder {
     }
 
     /// The connection ended: fine for a close-delimited body or one that had ended, an
-    /// [`Error::new(Kind::Closed, Peer::Upstream, "")`] otherwise.
+    /// error of [`Kind::Closed`] otherwise.
     pub fn at_eof(&self) -> Result<(), Error> {
         match self.state {
             State::Close | State::Done => Ok(()),
-            _ => Err(Error::new(Kind::Closed, Peer::Upstream, "")),
+            _ => Err(Error::new(
+                Kind::Closed,
+                Peer::Upstream,
+                "before the end of the body",
+            )),
         }
     }
 }
@@ -390,7 +394,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const EARLY_CLOSE: Error = Error::new(Kind::Closed, Peer::Upstream, "");
+    const EARLY_CLOSE: Error =
+        Error::new(Kind::Closed, Peer::Upstream, "before the end of the body");
 
     /// Decodes `input` fed in pieces cut at `cuts`: the data, the bytes after the end, done.
     fn decode_split(

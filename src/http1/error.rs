@@ -108,6 +108,20 @@ impl Error {
         }
     }
 
+    /// The I/O error it came from, if it is one (else itself).
+    pub(crate) fn into_io(self) -> Result<std::io::Error, Error> {
+        match self.detail {
+            Detail::Cause(cause) if cause.is::<std::io::Error>() => match cause.downcast() {
+                Ok(io) => Ok(*io),
+                Err(cause) => Err(Error {
+                    detail: Detail::Cause(Box::new(cause)),
+                    ..self
+                }),
+            },
+            detail => Err(Error { detail, ..self }),
+        }
+    }
+
     /// The same error in the other peer's bytes (the body decoder and the framing rules
     /// serve both sides; their caller knows whose bytes they read).
     pub(crate) fn of(mut self, peer: Peer) -> Error {
@@ -231,10 +245,9 @@ impl std::fmt::Display for Error {
             (Kind::Closed, Peer::Client) => {
                 write!(f, "the client closed the connection mid-message")
             }
-            (Kind::Closed, Peer::Upstream) => write!(
-                f,
-                "the upstream closed the connection before the end of the body"
-            ),
+            (Kind::Closed, Peer::Upstream) => {
+                write!(f, "the upstream closed the connection {d}")
+            }
             (Kind::Ended, _) => write!(f, "request body: the connection ended before the body did"),
             (Kind::HeaderTimeout, _) => {
                 write!(f, "request head not complete within --header-read-timeout")

@@ -8,6 +8,7 @@
 //! | `head` | heads, pure: the upstream's response heads ([`parse_head`], [`take_head`]), a client's request heads ([`take_request`]), the response heads written ([`response_head`]), a request head's lines ([`request_line`], [`header_line`], [`end_request_head`]), the framing a head says | I/O, clocks, what goes in a forwarded head (`X-Forwarded-*` is the upstream request builder's) |
 //! | `body` | bodies, pure: the decoder ([`BodyDecoder`]) and the encoder's chunk framing ([`encode_chunk`]) | I/O |
 //! | `read` | the one read policy: how a connection's bytes fill a buffer, under which bound | what the bytes mean |
+//! | `client` | the upstream side's connection: a request written, its answer's head read, its body read on the connection by whoever polls it; whether the connection may carry another request | the pool, the bound on connections (`Release` is the caller's) |
 //! | `server` | the client side's connection: requests read, bodies fed, responses written, pipelining, the drain's stop, its state named (`Reading`) | routes, sessions |
 //!
 //! Strict where a reverse proxy must be (RFC 9112 §6.3, §7.1): `Transfer-Encoding` with
@@ -18,6 +19,7 @@
 //! `docs/design.md`, "The upstream streams the gateway reads itself").
 
 mod body;
+pub(crate) mod client;
 mod error;
 mod head;
 mod limits;
