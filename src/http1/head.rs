@@ -68,8 +68,8 @@ pub fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Ends a request head (`upstream::head::request_head` starts one): a `Content-Length` of `body_len` when it is
-/// `Some`, and the empty line.
+/// Ends a request head (`upstream::head::request_head` starts one): a `Content-Length` of
+/// `body_len` when it is `Some`, and the empty line.
 pub fn end_request_head(out: &mut Vec<u8>, body_len: Option<usize>) {
     if let Some(n) = body_len {
         out.extend_from_slice(b"content-length: ");

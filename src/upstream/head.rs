@@ -34,8 +34,8 @@ pub(crate) struct Added<'a> {
 /// Writes the start of a request's head: the request line for `method` and
 /// `path_and_query`, then `headers` (their values cannot hold a line break: `HeaderValue`
 /// refuses them) less those `skip` names, then what `added` adds. The gateway sends every
-/// body whole and frames it itself ([`end_request_head`](crate::http1::end_request_head)), so the framing headers of
-/// `headers` are left out, and so is `Expect` (nothing waits for a `100 Continue`).
+/// body whole and frames it itself ([`crate::http1::end_request_head`]), so the framing
+/// headers of `headers` are left out, and so is `Expect` (nothing waits for a `100 Continue`).
 pub(crate) fn request_head(
     method: &http::Method,
     path_and_query: &str,
