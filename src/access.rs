@@ -251,7 +251,7 @@ impl Drop for AccessLog {
 }
 
 /// The line of a request head the HTTP/1.1 layer refused with `status` (400 or 431, no body,
-/// the connection closed after it) for `reason` ([`crate::h1::RequestError::reason`]): of the
+/// the connection closed after it) for `reason` ([`crate::http1::Error::reason`]): of the
 /// request only who sent it is known (the peer's address: its forwarded headers were not
 /// read), its method and path are `-`.
 pub(crate) fn head_refused(client: std::net::IpAddr, status: StatusCode, reason: &'static str) {

@@ -16,10 +16,10 @@ use serde_json::Value;
 use tracing::Level;
 
 use crate::cursor::CursorError;
+use crate::exchange::BoxError;
 use crate::jsonrpc;
 use crate::metrics::{Metrics, RejectReason, ResumeOutcome, UpstreamErrorKind};
 use crate::session::{AtCapacity, ResumeError};
-use crate::upstream::BoxError;
 
 /// JSON-RPC error codes the gateway writes in its own error bodies.
 pub(crate) mod codes {

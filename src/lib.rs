@@ -5,22 +5,23 @@
 //!
 //! | module | owns | must not know |
 //! |---|---|---|
+//! | [`exchange`] | a leaf of the types one exchange is made of: a client's request body (`ClientBody`, the own HTTP/1.1's `ReqBody` and its feed), the per-connection `Conn`, the response and upstream body types, `BoxError`, the MCP header names | every other module of the crate |
 //! | [`config`] | flags, env vars, their defaults ([`config::defaults`]), parsing of sizes and durations, [`Config`] | sockets, HTTP |
 //! | [`sse`] | incremental SSE decoder and encoder | I/O, tokio, HTTP |
-//! | [`h1`] | HTTP/1.1 framing, pure: every upstream exchange (request head, response head, body decoder) and the client side (request heads, response heads, chunk size lines) | I/O, sessions |
+//! | [`http1`] | the gateway's own HTTP/1.1 as one layer, both sides: `limits`; `error` the one error (a kind and a peer, each mapped to a status and a metric); `head` heads, pure (an upstream's response heads, a client's request heads, the response heads written, a request head's lines); `body` the body decoder and the chunk encoder, pure; `read` the one read policy of both sides; `client` the upstream side's connection (a request written, its answer's head and body read on it, whether it may carry another); `server` the client side's connection (requests, bodies, pipelining, the drain's stop; HTTP/2 stays hyper's) | sessions, routes, `X-Forwarded-*` (the upstream request builder's) |
 //! | [`cursor`] | event ids `<epoch>.<stream>.<seq>` | what a cursor means |
 //! | [`window`] | the bounded ring of encoded events | clocks, locks, streams' meaning |
 //! | [`jsonrpc`] | request/response ids, era detection, gateway error bodies | HTTP |
 //! | [`metrics`] | Prometheus metrics, their label values as enums (a request's method and status class read from `http`'s types), their exposition | sockets, requests, sessions |
-//! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL (inside: `stream` one stream's bookkeeping, `reserve` the in-flight reserve, `batch` the frame one poll writes, `dedup` POST de-duplication, `control` the gateway's own events, `whole` an answer that came whole served under one lock, `registry` all sessions and the memory budget, readers' charges included) | HTTP, sockets |
-//! | [`upstream`] | the HTTP client to the upstream: request building, every upstream request written and its answer read on the socket by the task that wants it, over a small pool of idle keep-alive connections (`conn`; `io`: a connection's transport, a plain one at its socket's size, TLS boxed), the bound on its connections (`limit`: a connector counting sockets, and each client share's fair part of them), the recipe to reopen a stream (`Source`) | client requests, sessions' streams, retention rules |
+//! | [`session`] | sessions, streams, attached clients: tagging, flow control, retention, re-attach, retransmissions, gaps, stalls, TTL. `Session` is a thin shell (identity, its `Arc`s, one `Mutex<State>`, wakers); `state` holds `State` with its invariants, and the rules are `impl State` by concern: `open`, `tag`, `resume`, `deliver`, `life`, `whole` (an answer that came whole, under one lock). Pure parts beside: `stream` one stream's bookkeeping, `reserve` the in-flight reserve, `batch` the frame one poll writes, `dedup` POST de-duplication, `control` the gateway's own events, `hold` the held standalone stream's phases; `registry` all sessions and the memory budget, readers' charges included | HTTP, sockets |
+//! | [`upstream`] | the HTTP client to the upstream: request building (`head`: a forwarded request's head as it is written, `X-Forwarded-*` included), every upstream request written and its answer read on the socket by the task that wants it, over a small pool of idle keep-alive connections (`conn`: the HTTP client's policy on `http1::client`; `io`: a connection's transport, a plain one at its socket's size, TLS boxed), the bound on its connections (`limit`: a connector counting sockets, and each client share's fair part of them), the recipe to reopen a stream (`Source`) | client requests, sessions' streams, retention rules |
 //! | [`feed`] | the one owner of what fills a session's streams, with one entry point each: a tagged SSE answer (read by a reader task, or served at once when a POST's answer came whole), an upgraded POST's JSON answer that came whole, an upgraded answer still to come, the holder of the standalone stream; every task spawned in `feed/mod.rs` (the holder's in `hold`), which ends the stream with what the task returns (inside: `read` the flow-controlled reader and its upstream resume, `whole` an answer that came whole as events, `answer` what an upgraded POST's answer becomes, `hold` the holder's loop) | client requests, retention rules |
 //! | [`attach`] | the SSE body of one attached client (pulls from its session, keep-alives) | requests, upstream |
 //! | [`access`] | one log line and one duration sample per finished request or stream | payloads |
 //! | [`logwriter`] | the log's writer: lines gathered in one bounded buffer, written to stdout in batches by a thread of its own | what a line says |
 //! | [`error`] | `ProxyError` and the one error table: status, JSON-RPC code, reason, metric, log level, fault; the refusal response | sessions' internals |
-//! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag, pass-through, the end of a minted session; `upgrade`: a JSON answer served as the gateway's SSE stream), `auth` decided once per request, `bodies` the bound of all request bodies held at once | retention rules |
-//! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; the first-request and idle timeouts of a connection; hands over to the drain; the client side's HTTP/1.1 read and written by the gateway (`h1`: heads, bodies, pipelining, the drain's stop; HTTP/2 stays hyper's) | sessions, routes |
+//! | [`proxy`] | the HTTP handler as classify-then-dispatch: the request read once (`inbound`), a pure `classify` into routes, one handler per route (`resume`: resume and retransmission; `live`: live attach; `forward`: forward-and-tag, pass-through, the end of a minted session; `upgrade`: a JSON answer served as the gateway's SSE stream), `auth` decided once per request, `bodies` the bound of all request bodies held at once, `orphans` a POST whose client left: what its route learned of it, the bounds of those left to finish, the future that finishes on its own | retention rules |
+//! | [`server`] | the proxy listener's accept loop (plain or TLS); per-connection and per-HTTP/2-stream stall kill; the first-request and idle timeouts of a connection; hands over to the drain; which HTTP a connection speaks (sniffed), HTTP/1.1 to [`http1`]'s server connection, HTTP/2 to hyper | sessions, routes |
 //! | [`admin`] | the admin listener: `/healthz`, `/readyz`, `/metrics` | the proxy listener, sessions, the drain's phases |
 //! | [`shutdown`] | a leaf the servers consume: the drain phases (not ready, drain delay, stop accepting, deadline, end streams) and all shutdown state: the [`shutdown::Shutdown`] trigger, [`Health`], the hurry signal and the admin listener's stop ([`shutdown::Draining`]) | the gateway, listeners, signals |
 //! | [`telemetry`] | OpenTelemetry traces: the OTLP/HTTP exporter (on with the standard `OTEL_EXPORTER_OTLP_*` variables), the W3C trace context continued from clients, injected upstream, and kept by streams for their resumes | sessions' internals, routes |
@@ -44,8 +45,9 @@ pub mod config;
 mod cursor;
 pub mod demo;
 mod error;
+mod exchange;
 mod feed;
-mod h1;
+mod http1;
 mod jsonrpc;
 mod logwriter;
 mod metrics;
@@ -75,8 +77,8 @@ pub use telemetry::{layer as otlp_layer, wanted_by_env as otlp_wanted_by_env};
 pub mod internals {
     pub use crate::attach::AttachBody;
     pub use crate::cursor::{Cursor, CursorError, MAX_CURSOR_LEN};
-    pub use crate::h1::{
-        parse_head, parse_request, take_head, BodyDecoder, Framing, H1Error, Head,
+    pub use crate::http1::{
+        parse_head, parse_request, take_head, BodyDecoder, Error as Http1Error, Framing, Head,
     };
     pub use crate::session::{hash_id, OpenStream, Owner, Principal, Registry, StreamKind};
     pub use crate::sse::{encode, is_valid_id, write_id, Decoder, Event, SseError, KEEPALIVE};

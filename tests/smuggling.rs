@@ -6,13 +6,21 @@
 //! connection (the recorder answers `Connection: close`), no bytes after it, at most one
 //! `Content-Length` that matches the body, or `chunked` alone, never both, no obs-fold. The
 //! gateway and the upstream therefore always agree on where each request ends.
+//!
+//! Every case runs twice: on the plaintext listener, and on the TLS listener with a client
+//! that offers no ALPN (whose HTTP/1.1 is the gateway's own engine too, not hyper's).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcp_reattach::{Config, Gateway};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 type Log = Arc<Mutex<Vec<Vec<u8>>>>;
@@ -189,15 +197,39 @@ fn parse_strict(buf: &[u8]) -> Result<Parsed, String> {
     })
 }
 
+/// A gateway's listener as a client reaches it: plaintext, or TLS with a client that offers
+/// no ALPN (trusting the listener's CA).
+#[derive(Clone)]
+enum Front {
+    Plain(SocketAddr),
+    Tls(SocketAddr, Arc<rustls::ClientConfig>),
+}
+
 /// Sends `raw` on a fresh connection and returns every byte the gateway answers until it
 /// closes or stays quiet for 300 ms, and whether it closed the connection.
-async fn exchange(addr: SocketAddr, raw: &[u8]) -> (Vec<u8>, bool) {
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    let _ = tcp.write_all(raw).await;
+async fn exchange(front: &Front, raw: &[u8]) -> (Vec<u8>, bool) {
+    match front {
+        Front::Plain(addr) => talk(TcpStream::connect(addr).await.unwrap(), raw).await,
+        Front::Tls(addr, client) => {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let tls = tokio_rustls::TlsConnector::from(client.clone())
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap();
+            assert_eq!(tls.get_ref().1.alpn_protocol(), None, "no protocol named");
+            talk(tls, raw).await
+        }
+    }
+}
+
+/// [`exchange`] on a connected transport.
+async fn talk(mut io: impl AsyncRead + AsyncWrite + Unpin, raw: &[u8]) -> (Vec<u8>, bool) {
+    let _ = io.write_all(raw).await;
+    let _ = io.flush().await;
     let mut out = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
-        match tokio::time::timeout(Duration::from_millis(300), tcp.read(&mut buf)).await {
+        match tokio::time::timeout(Duration::from_millis(300), io.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
             Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
             Err(_) => return (out, false),
@@ -278,7 +310,12 @@ fn cases() -> Vec<(&'static str, String)> {
 
 /// A gateway with the default config in front of the upstream at `up`; its address.
 async fn gateway_before(up: SocketAddr) -> SocketAddr {
-    let gateway = Gateway::new(Config::new(format!("http://{up}").parse().unwrap()));
+    serve(Config::new(format!("http://{up}").parse().unwrap())).await
+}
+
+/// Serves a gateway with `cfg` on a loopback port; its address.
+async fn serve(cfg: Config) -> SocketAddr {
+    let gateway = Gateway::new(cfg);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(mcp_reattach::serve_gateway(
@@ -289,16 +326,72 @@ async fn gateway_before(up: SocketAddr) -> SocketAddr {
     addr
 }
 
+/// A gateway with the default config in front of the upstream at `up`, on a TLS listener
+/// (a certificate for `localhost` from a fresh CA); a client of it that offers no ALPN.
+async fn tls_gateway_before(up: SocketAddr, name: &str) -> Front {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "smuggling CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, "server");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params
+        .signed_by(&key, &Issuer::from_params(&ca_params, &ca_key))
+        .unwrap();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("smuggling-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let mut cfg = Config::new(format!("http://{up}").parse().unwrap());
+    cfg.tls = Some(mcp_reattach::tls::ServerTls::load(&cert_path, &key_path, None).unwrap());
+    let addr = serve(cfg).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    assert!(client.alpn_protocols.is_empty());
+    Front::Tls(addr, Arc::new(client))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
     let (up, log) = recorder().await;
-    let addr = gateway_before(up).await;
+    let front = Front::Plain(gateway_before(up).await);
+    ambiguous_requests_through(front, log).await;
+}
 
+/// [`ambiguous_requests_are_rejected_or_forwarded_normalized`] on the TLS listener, its
+/// client naming no protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_requests_over_tls_without_alpn_are_rejected_or_forwarded_normalized() {
+    let (up, log) = recorder().await;
+    let front = tls_gateway_before(up, "ambiguous").await;
+    ambiguous_requests_through(front, log).await;
+}
+
+/// Every case of the corpus through `front`, the upstream recording into `log`.
+async fn ambiguous_requests_through(front: Front, log: Log) {
     let mut table = Vec::new();
     let mut failures = Vec::new();
     for (name, raw) in cases() {
         log.lock().unwrap().clear();
-        let (resp, closed) = exchange(addr, raw.as_bytes()).await;
+        let (resp, closed) = exchange(&front, raw.as_bytes()).await;
         let head_end = raw.find("\r\n\r\n").unwrap_or(raw.len());
         let head = raw[..head_end].to_ascii_lowercase();
         if head.contains("content-length") && head.contains("transfer-encoding") && !closed {
@@ -371,7 +464,21 @@ async fn ambiguous_requests_are_rejected_or_forwarded_normalized() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_trailer_lines_are_refused_with_400() {
     let (up, log) = recorder().await;
-    let addr = gateway_before(up).await;
+    let front = Front::Plain(gateway_before(up).await);
+    malformed_trailers_through(front, log).await;
+}
+
+/// [`malformed_trailer_lines_are_refused_with_400`] on the TLS listener, its client naming
+/// no protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_trailer_lines_over_tls_without_alpn_are_refused_with_400() {
+    let (up, log) = recorder().await;
+    let front = tls_gateway_before(up, "trailers").await;
+    malformed_trailers_through(front, log).await;
+}
+
+/// Every trailer case through `front`, the upstream recording into `log`.
+async fn malformed_trailers_through(front: Front, log: Log) {
     let chunked = |trailers: &str| {
         format!(
             "POST /mcp HTTP/1.1\r\nHost: mcp.example\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{J}\r\n0\r\n{trailers}\r\n",
@@ -399,7 +506,7 @@ async fn malformed_trailer_lines_are_refused_with_400() {
         ),
     ] {
         log.lock().unwrap().clear();
-        let (resp, _) = exchange(addr, chunked(trailers).as_bytes()).await;
+        let (resp, _) = exchange(&front, chunked(trailers).as_bytes()).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let st = statuses(&resp);
         let reached = log.lock().unwrap().iter().filter(|r| !r.is_empty()).count();

@@ -1,4 +1,4 @@
-//! The upstream response reader (`mcp_reattach::h1`: head and body framing) against arbitrary
+//! The upstream response reader (`mcp_reattach::http1`: head and body framing) against arbitrary
 //! bytes, as the gateway reads its own upstream `GET`s.
 //!
 //! Input: `[split seeds...][0xFF separator][response bytes]` (no separator: no seeds).
@@ -16,7 +16,7 @@
 //! Shared by the fuzz target (`fuzz/fuzz_targets/h1_response.rs`) and the corpus replay
 //! (`tests/fuzz_corpora.rs`).
 
-use mcp_reattach::internals::{parse_head, take_head, BodyDecoder, Framing, H1Error};
+use mcp_reattach::internals::{parse_head, take_head, BodyDecoder, Framing, Http1Error as Error};
 
 /// What reading a response gave: its head (status, framing, header count, length), its body
 /// data, whether the body ended, how many bytes followed its end, the first error.
@@ -26,12 +26,12 @@ struct Read {
     data: Vec<u8>,
     done: bool,
     after: usize,
-    error: Option<H1Error>,
+    error: Option<Error>,
 }
 
 /// Property: `take_head` on a read buffer holding `wire` gives what `parse_head` gives, and
 /// leaves exactly the bytes after the head in the buffer. Returns `parse_head`'s result.
-fn agreed_head(wire: &[u8]) -> Result<Option<(mcp_reattach::internals::Head, usize)>, H1Error> {
+fn agreed_head(wire: &[u8]) -> Result<Option<(mcp_reattach::internals::Head, usize)>, Error> {
     let parsed = parse_head(wire);
     let mut buf = bytes::BytesMut::from(wire);
     match (&parsed, take_head(&mut buf)) {

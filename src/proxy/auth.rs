@@ -11,8 +11,9 @@ use http::Method;
 use http_body_util::{BodyExt, Limited};
 
 use super::inbound::Inbound;
-use super::{Conn, Gateway};
+use super::Gateway;
 use crate::config::{PrincipalSource, ResumeAuth};
+use crate::exchange::Conn;
 use crate::session::{Principal, Session};
 use crate::upstream::{full_body, own_request_headers};
 

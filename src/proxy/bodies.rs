@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use crate::upstream::{BoxError, UpBody};
+use crate::exchange::{BoxError, UpBody};
 
 /// The bytes of all request bodies held now, against their bound.
 #[derive(Debug)]

@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 
-use crate::server::ClientBody;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request};
@@ -17,9 +16,10 @@ use http_body_util::{BodyExt, Limited};
 use tokio::sync::Notify;
 
 use super::bodies::{self, Bodies, Counted, Room};
-use super::{is_visible_ascii, Conn, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use super::is_visible_ascii;
 use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
+use crate::exchange::{ClientBody, Conn, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::jsonrpc::{self, PostInfo};
 use crate::session::{is_minted_form, Principal, Session};
 use crate::upstream::{Source, UpBody, Upstream, LAST_EVENT_ID};
@@ -47,7 +47,7 @@ pub(super) struct Inbound {
     /// What a POST's body carries (empty for other methods).
     pub info: PostInfo,
     /// What the route learns of the request for the access line and the metrics.
-    pub facts: Arc<super::Facts>,
+    pub facts: Arc<super::orphans::Facts>,
     /// The modern era (2026-07-28 and later): passed through, never tagged.
     pub modern: bool,
     /// A POST carrying requests from a client that accepts SSE, with `--json-upgrade`: the
@@ -69,7 +69,7 @@ impl Inbound {
         cfg: &Config,
         conn: &Conn,
         bodies: &Arc<Bodies>,
-        facts: &Arc<super::Facts>,
+        facts: &Arc<super::orphans::Facts>,
         principal: impl FnOnce(&http::HeaderMap, bool) -> (Principal, Principal),
     ) -> Result<Box<Inbound>, Refusal> {
         let (parts, body) = req.into_parts();

@@ -9,14 +9,16 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 
-use super::{Facts, Gateway, ResBody, MCP_SESSION_ID};
+use super::orphans::Facts;
+use super::Gateway;
 use crate::access::StreamStats;
 use crate::attach::AttachBody;
 use crate::config::Priming;
 use crate::error::ALLOWED_METHODS;
+use crate::exchange::{BoxError, ResBody, MCP_SESSION_ID};
 use crate::jsonrpc;
 use crate::session::{Session, Whole};
-use crate::upstream::{full_body, strip_hop_by_hop, BoxError, OwnBody};
+use crate::upstream::{full_body, strip_hop_by_hop, OwnBody};
 
 const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 

@@ -25,59 +25,13 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub(crate) mod h1;
-
 use crate::config::Config;
+use crate::exchange::{ClientBody, Conn};
+use crate::http1::read::{poll_fill, Fill};
+use crate::http1::server as h1;
 use crate::metrics::ConnectionErrorKind;
-use crate::proxy::{Conn, Gateway};
+use crate::proxy::Gateway;
 use crate::shutdown::{self, Draining};
-
-/// A client's request body: hyper's (HTTP/2, TLS without a named protocol) or read by the
-/// gateway's own HTTP/1.1 ([`h1`]).
-#[derive(Debug)]
-pub(crate) enum ClientBody {
-    Hyper(Incoming),
-    Own(h1::ReqBody),
-}
-
-impl ClientBody {
-    /// The body, when it came whole with its head (the gateway's own HTTP/1.1 only).
-    pub(crate) fn take_whole(&mut self) -> Option<bytes::Bytes> {
-        match self {
-            ClientBody::Hyper(_) => None,
-            ClientBody::Own(b) => b.take_whole(),
-        }
-    }
-}
-
-impl hyper::body::Body for ClientBody {
-    type Data = bytes::Bytes;
-    type Error = crate::upstream::BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            ClientBody::Own(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ClientBody::Hyper(b) => b.is_end_stream(),
-            ClientBody::Own(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        match self {
-            ClientBody::Hyper(b) => b.size_hint(),
-            ClientBody::Own(b) => b.size_hint(),
-        }
-    }
-}
 
 /// Serves an existing [`Gateway`] (tests keep a handle to inspect its sessions).
 ///
@@ -254,7 +208,9 @@ pub async fn serve_gateway(
                 // connection ends so the drain counts it; the drain's stop arrives as `stop`.
                 Version::H1 => {
                     let _counted = watcher;
-                    let own = move |req: Request<h1::ReqBody>| serve_req(req.map(ClientBody::Own));
+                    let own = move |req: Request<crate::exchange::ReqBody>| {
+                        serve_req(req.map(ClientBody::Own))
+                    };
                     let conn = h1::serve(io, read, h1_settings(cfg), own, stop);
                     ending.serve(pin!(conn)).await
                 }
@@ -424,12 +380,8 @@ impl<'a> Ending<'a> {
             tokio::select! {
                 res = serving => {
                     if let Err(e) = res {
-                        if let Some(refused) = e.refused_head() {
-                            crate::access::head_refused(
-                                self.remote.ip(),
-                                refused.status(),
-                                refused.reason(),
-                            );
+                        if let Some((status, reason)) = e.refused_head() {
+                            crate::access::head_refused(self.remote.ip(), status, reason);
                         }
                         self.metrics.connection_error(e.kind());
                         tracing::debug!(error = %e, "client connection ended with an error");
@@ -457,23 +409,20 @@ trait ServedError: std::fmt::Display {
     /// The `connection_errors_total` kind.
     fn kind(&self) -> ConnectionErrorKind;
 
-    /// The request head the gateway's HTTP/1.1 refused (answered 400 or 431), which gets an
-    /// access line; hyper's refusals get none.
-    fn refused_head(&self) -> Option<&crate::h1::RequestError> {
+    /// The request head the gateway's HTTP/1.1 refused (answered 400 or 431: its status and
+    /// reason), which gets an access line; hyper's refusals get none.
+    fn refused_head(&self) -> Option<(http::StatusCode, &'static str)> {
         None
     }
 }
 
-impl ServedError for h1::ConnError {
+impl ServedError for crate::http1::Error {
     fn kind(&self) -> ConnectionErrorKind {
-        h1::ConnError::kind(self)
+        self.connection_error()
     }
 
-    fn refused_head(&self) -> Option<&crate::h1::RequestError> {
-        match self {
-            h1::ConnError::Request(e) => Some(e),
-            _ => None,
-        }
+    fn refused_head(&self) -> Option<(http::StatusCode, &'static str)> {
+        crate::http1::Error::refused_head(self).map(|status| (status, self.reason()))
     }
 }
 
@@ -544,7 +493,7 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 async fn sniff<IO: AsyncRead + Unpin>(io: &mut IO) -> Option<(Version, BytesMut)> {
     let mut read = BytesMut::new();
     loop {
-        let n = poll_fn(|cx| h1::poll_read_into(Pin::new(&mut *io), cx, &mut read))
+        let n = poll_fn(|cx| poll_fill(&mut *io, cx, &mut read, Fill::Append))
             .await
             .ok()?;
         if n == 0 {

@@ -8,6 +8,7 @@
 //! Knows HTTP; of sessions only the client share a connection is counted in.
 
 mod conn;
+mod head;
 mod io;
 mod limit;
 
@@ -20,16 +21,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::Config;
 
-/// Boxed error of bodies flowing through the gateway.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Body of requests sent upstream.
-pub(crate) type UpBody = UnsyncBoxBody<Bytes, BoxError>;
+// The exchange's types under the names this layer's files use (`super::BoxError`).
+pub(crate) use crate::exchange::{BoxError, UpBody};
 
 /// A body holding `b` whole (requests the gateway writes itself, its own error responses).
 pub(crate) fn full_body(b: Bytes) -> UpBody {
@@ -173,10 +171,10 @@ impl Upstream {
         // HTTP/2 clients send :authority instead of Host: it goes as Host, unchanged.
         let host = uri.authority().or(target.authority()).map(|a| a.as_str());
         let addr = remote.map(|r| crate::access::IpText::new(r.ip()));
-        let added = crate::h1::Added {
+        let added = head::Added {
             host,
             own,
-            forwarded: Some(crate::h1::Forwarded {
+            forwarded: Some(head::Forwarded {
                 for_addr: addr.as_ref().map(|a| a.as_str()),
                 proto: if self.cfg.tls.is_some() {
                     "https"
@@ -188,7 +186,7 @@ impl Upstream {
         let pq = target.path_and_query().map_or("/", |pq| pq.as_str());
         let named = connection_named(headers);
         let skip = |n: &HeaderName| hop_by_hop(n).is_some() || named.contains(n);
-        let head = crate::h1::request_head(method, pq, headers, skip, added);
+        let head = head::request_head(method, pq, headers, skip, added);
         // Upstream connections are HTTP/1.1 whatever the client spoke.
         UpRequest {
             method: method.clone(),
@@ -210,7 +208,7 @@ impl UpRequest {
 }
 
 /// A request for the upstream as [`Upstream::request`] built it: its head written but for
-/// the body's framing ([`crate::h1::end_request_head`]), its body, and where it goes. The
+/// the body's framing ([`crate::http1::end_request_head`]), its body, and where it goes. The
 /// head is written from the client's header map, which stays the client's (a stream's
 /// [`Source`] takes it after): no copy of the map per request, no hashed inserts of the
 /// `X-Forwarded-*` names (~3 k instructions a request, `bench/callgrind`).
