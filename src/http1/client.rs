@@ -67,7 +67,7 @@ where
         if let Some(head) = take_head_after(&mut buf, &mut interim)? {
             // What followed the head: the body's first bytes. None: nothing is kept, for an
             // empty `buf` still holds the rest of the read buffer (an idle held stream would
-            // keep 4 KiB for nothing).
+            // keep its read buffer for nothing).
             let early = if buf.is_empty() { BytesMut::new() } else { buf };
             // A response to HEAD has no body, whatever its framing headers say.
             let framing = if method == Method::HEAD {

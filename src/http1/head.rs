@@ -214,8 +214,8 @@ fn one_head<E>(
     buf: &[u8],
     value: impl Fn(&[u8]) -> Result<HeaderValue, E>,
 ) -> Result<Parsed, Error> {
-    // Not initialised: zeroing 100 slots was 3.2 KB of stores per response head, most of
-    // them cache misses (`bench/callgrind` with `--cache-sim=yes`).
+    // Not initialised: zeroing every slot was kilobytes of stores per response head, most
+    // of them cache misses (bench/notes.md, "Figure: the client side's HTTP/1.1").
     let mut slots =
         [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut []);

@@ -5,9 +5,9 @@
 //! request at a time. What the connection reads is one named state ([`Reading`]: a head, a
 //! body waiting for its `100 Continue`, a body, or nothing for the request in flight).
 //!
-//! Why not hyper's: its server connection was ~20 k instructions of a short tool call's ~92 k
-//! (`bench/callgrind` call, the inclusive profile) and kept two 8 KiB buffers per connection
-//! while a response streamed. Here a request body that came with its head is handed over
+//! Why not hyper's: its server connection was a fifth of a short tool call's instructions
+//! and kept two read buffers per connection while a response streamed (bench/notes.md,
+//! "Figure: the client side's HTTP/1.1"). Here a request body that came with its head is handed over
 //! whole (no channel, no second task switch), the read buffer is small while a response
 //! streams, and a response's head goes out with its first data in one write.
 //!
@@ -891,8 +891,8 @@ mod tests {
     fn a_connection_future_holds_its_parts_once() {
         // The connection's future lives as long as the connection (a held stream's too):
         // an `async fn`'s arguments moved into locals, or a request's parts kept in scope
-        // across the response's writing, had it at 2,112 bytes here (now 1,296; in the
-        // binary 3,344 and 1,744).
+        // across the response's writing, made it much larger (bench/notes.md, "Figure:
+        // boxed futures").
         let (_client, server) = tokio::io::duplex(64);
         let (_stop_tx, stop) = tokio::sync::watch::channel(false);
         let fut = serve(server, BytesMut::new(), settings(), echo, stop);

@@ -166,7 +166,7 @@ impl Inbound {
 fn accepts_sse(headers: &http::HeaderMap) -> bool {
     headers.get_all(header::ACCEPT).iter().any(|v| {
         // Each range up to its `,`, its media type up to its `;` (found with memchr: a
-        // byte-wise split cost ~600 instructions for the SDKs' two-range header).
+        // byte-wise split cost more: bench/notes.md, "Figure: a request's facts").
         let mut rest = v.as_bytes();
         loop {
             let end = memchr::memchr(b',', rest).unwrap_or(rest.len());
@@ -284,7 +284,7 @@ async fn collect(
     };
     let mut collect = std::pin::pin!(Limited::new(counted, cfg.max_request_bytes).collect());
     // Mostly the body came with its head and is whole at the first look: the timer (armed
-    // and cancelled, a few hundred instructions) only for a body still on its way.
+    // and cancelled, not free) only for a body still on its way.
     let first = std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await;
     let timed = match first {
         Poll::Ready(done) => Ok(done),

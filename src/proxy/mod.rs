@@ -210,10 +210,10 @@ impl Gateway {
             //
             // Both routes' futures are bound (boxed) before they are awaited, in statements of
             // their own: a temporary of the awaiting statement keeps its room in this future
-            // even once moved into the box (3,008 bytes where it is 1,024 now, moved into a
-            // box of its own per request by the connection).
+            // even once moved into the box, which the connection makes per request
+            // (bench/notes.md, "Figure: boxed futures").
             let finishing = {
-                // Boxed before it is instrumented: the ~1.9 KB future is then copied once,
+                // Boxed before it is instrumented: the large future is then copied once,
                 // into the box (instrumented first, it was copied into the wrapper, then the
                 // wrapper into the box).
                 let routing = Box::pin(async move { me.route(req, &conn, &routed_facts).await })

@@ -115,8 +115,9 @@ pub async fn serve_gateway(
                     }
                 }
                 Some(tls) => {
-                    // Boxed: the handshake's state is ~8 KB, and inline it would size every
-                    // connection's task (plain ones too) for as long as the connection lives.
+                    // Boxed: the handshake's state is large, and inline it would size every
+                    // connection's task (plain ones too) for as long as the connection lives
+                    // (bench/notes.md, "Figure: boxed futures").
                     match Box::pin(crate::tls::accept(tls, tcp, cfg.header_read_timeout)).await {
                         // ALPN's choice; without one, read from the stream as on a plaintext
                         // port, so every HTTP/1.1 request is the gateway's own engine's.
@@ -186,9 +187,10 @@ pub async fn serve_gateway(
                     },
                 );
                 // Boxed: the connection keeps room for the service's future as long as it
-                // lives (~1 KB inline); boxed, only while a request is being answered. The
+                // lives if inline; boxed, only while a request is being answered. The
                 // handler's future itself is boxed, not an async block awaiting it (which
-                // held it twice over: ~2 KB copied into the box per request).
+                // held it twice over, copied into the box per request: bench/notes.md,
+                // "Figure: boxed futures").
                 Track {
                     handled: Box::pin(handled),
                     in_flight: Some(in_flight),
