@@ -64,7 +64,9 @@ pub(super) async fn json(
         match end {
             ReadEnd::More => {}
             ReadEnd::Done => return Ok(json),
-            ReadEnd::Connection(e) => return Err(JsonRead::Failed(UpstreamFailure::Connection(e))),
+            ReadEnd::Connection(e) => {
+                return Err(JsonRead::Failed(UpstreamFailure::Connection(e.to_string())))
+            }
             ReadEnd::Framing(e) => {
                 return Err(JsonRead::Failed(UpstreamFailure::InvalidStream(
                     e.to_string(),
@@ -90,7 +92,7 @@ async fn read_batch(
         Ok(ReadEnd::Done) => Some(End::Complete),
         Ok(ReadEnd::Connection(e)) => {
             metrics.upstream_error(UpstreamErrorKind::Stream);
-            Some(End::Failed(UpstreamFailure::Connection(e)))
+            Some(End::Failed(UpstreamFailure::Connection(e.to_string())))
         }
         Ok(ReadEnd::Framing(e)) => {
             metrics.upstream_error(UpstreamErrorKind::Stream);

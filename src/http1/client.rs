@@ -132,7 +132,7 @@ pub(crate) enum ReadEnd {
     /// The body ended as its framing says.
     Done,
     /// The connection failed or ended too early.
-    Connection(String),
+    Connection(Error),
     /// The upstream's bytes are not a valid HTTP/1.1 body.
     Framing(Error),
 }
@@ -256,9 +256,7 @@ impl<IO: AsyncRead + Unpin, R: Release<IO>> Answer<IO, R> {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => {
                     self.io = None;
-                    return Poll::Ready(ReadEnd::Connection(
-                        Error::io(Peer::Upstream, e).to_string(),
-                    ));
+                    return Poll::Ready(ReadEnd::Connection(Error::io(Peer::Upstream, e)));
                 }
                 Poll::Ready(Ok(())) => {}
             }
@@ -267,7 +265,7 @@ impl<IO: AsyncRead + Unpin, R: Release<IO>> Answer<IO, R> {
                 self.io = None;
                 return Poll::Ready(match self.decoder.at_eof() {
                     Ok(()) => ReadEnd::Done,
-                    Err(e) => ReadEnd::Connection(e.to_string()),
+                    Err(e) => ReadEnd::Connection(e),
                 });
             }
             taken += read.len();
