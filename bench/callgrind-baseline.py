@@ -17,8 +17,8 @@ failed); `#` starts a comment.
 import datetime
 import sys
 
-ORDER = ["json", "call", "sse-200", "sse-200-burst", "sse-16k", "storm"]
-UNIT = {"json": "request", "call": "call", "storm": "resume"}
+ORDER = ["json", "call", "call-streamed", "sse-200", "sse-200-burst", "sse-16k", "storm"]
+UNIT = {"json": "request", "call": "call", "call-streamed": "call", "storm": "resume"}
 
 
 def read(path):

@@ -30,7 +30,9 @@ struct Args {
     /// Rounds for the memory scenarios (slow to set up; default 2, quick 1).
     #[arg(long)]
     memory_rounds: Option<usize>,
-    /// Comma-separated scenario keys to run (default: all). Keys: json, calls, json-paced,
+    /// Comma-separated scenario keys to run (default: all). Keys: json, calls, calls-unpinned,
+    /// calls-streamed (each event its own write, 100 µs apart, unpinned), calls-streamed-pinned,
+    /// json-paced,
     /// sse-200-1, sse-200-8, sse-16k-1, sse-16k-8 (saturating, the mock writes bursts of
     /// events), the same with `-single` (one `write` per event), paced-1, paced-50,
     /// idle-N, window-N, storm. Groups: `saturating` (the four burst scenarios),
@@ -176,6 +178,9 @@ struct Scenario {
     #[allow(dead_code)]
     kind: Kind,
     gateway_flags: Vec<String>,
+    /// Run with no process pinned, each with its default threading (the gateway picks its
+    /// scheduler for the CPUs it sees), as a sidecar is deployed, whatever `--no-pin` says.
+    unpinned: bool,
     /// Sessions for per-session memory metrics.
     sessions: u64,
     /// Retained events per session (window scenario).
@@ -409,6 +414,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             load: s(&["json", "--conns", "8", "--duration-ms", &dur]),
             kind: Kind::Run,
             gateway_flags: vec![],
+            unpinned: false,
             sessions: 0,
             window_events: 0,
             timeout: Duration::from_secs(60),
@@ -429,6 +435,46 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             ]),
             kind: Kind::Run,
             gateway_flags: vec![],
+            unpinned: false,
+            sessions: 0,
+            window_events: 0,
+            timeout: Duration::from_secs(60),
+        },
+        Scenario {
+            key: "calls-unpinned".into(),
+            group: "json",
+            title: "Short tool calls as `calls`, unpinned: no process pinned, each with its default threading (the gateway's scheduler for 2 CPUs), as a sidecar is deployed".into(),
+            arms: ALL.to_vec(),
+            load: s(&["json", "--conns", "16", "--tool-events", "2", "--duration-ms", &dur]),
+            kind: Kind::Run,
+            gateway_flags: vec![],
+            unpinned: true,
+            sessions: 0,
+            window_events: 0,
+            timeout: Duration::from_secs(60),
+        },
+        Scenario {
+            key: "calls-streamed".into(),
+            group: "json",
+            title: "Short tool calls streamed as SDK servers stream them, unpinned (16 sessions back to back; the upstream writes the head, each of 2 progress events of 200 B and the result as its own write, 100 µs apart, so no answer comes whole with its head; no process pinned, default threading)".into(),
+            arms: ALL.to_vec(),
+            load: s(&["json", "--conns", "16", "--tool-events", "2", "--tool-gap-us", "100", "--duration-ms", &dur]),
+            kind: Kind::Run,
+            gateway_flags: vec![],
+            unpinned: true,
+            sessions: 0,
+            window_events: 0,
+            timeout: Duration::from_secs(60),
+        },
+        Scenario {
+            key: "calls-streamed-pinned".into(),
+            group: "json",
+            title: "Short tool calls streamed as `calls-streamed`, pinned (each process on its core, as the other scenarios)".into(),
+            arms: ALL.to_vec(),
+            load: s(&["json", "--conns", "16", "--tool-events", "2", "--tool-gap-us", "100", "--duration-ms", &dur]),
+            kind: Kind::Run,
+            gateway_flags: vec![],
+            unpinned: false,
             sessions: 0,
             window_events: 0,
             timeout: Duration::from_secs(60),
@@ -449,6 +495,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             ]),
             kind: Kind::Run,
             gateway_flags: vec![],
+            unpinned: false,
             sessions: 0,
             window_events: 0,
             timeout: Duration::from_secs(60),
@@ -491,6 +538,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
                     ]),
                     kind: Kind::Run,
                     gateway_flags: vec![],
+                    unpinned: false,
                     sessions: 0,
                     window_events: 0,
                     timeout: Duration::from_secs(120),
@@ -514,6 +562,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         ]),
         kind: Kind::Run,
         gateway_flags: vec![],
+        unpinned: false,
         sessions: 0,
         window_events: 0,
         timeout: Duration::from_secs(60),
@@ -536,6 +585,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         ]),
         kind: Kind::Run,
         gateway_flags: vec![],
+        unpinned: false,
         sessions: 0,
         window_events: 0,
         timeout: Duration::from_secs(60),
@@ -549,6 +599,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             load: s(&["idle", "--sessions", &n.to_string(), "--concurrency", "64"]),
             kind: Kind::Hold,
             gateway_flags: vec![],
+            unpinned: false,
             sessions: n,
             window_events: 0,
             timeout: Duration::from_secs(120),
@@ -566,6 +617,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             load: s(&["window", "--sessions", &wn.to_string(), "--events", "600", "--size", "200", "--concurrency", "8"]),
             kind: Kind::Hold,
             gateway_flags: s(&["--window-events", &we.to_string()]),
+            unpinned: false,
             sessions: wn,
             window_events: we,
             timeout: Duration::from_secs(240),
@@ -593,6 +645,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         ]),
         kind: Kind::Run,
         gateway_flags: vec![],
+        unpinned: false,
         sessions: sn,
         window_events: 0,
         // The TS server's setup (200 notifications per session through the SDK) is slow.
@@ -1079,7 +1132,7 @@ fn run_one(
         note: String::new(),
         raw: Value::Null,
     };
-    let pin = !a.no_pin && (sc.group != "paced" || a.pin_paced);
+    let pin = !a.no_pin && !sc.unpinned && (sc.group != "paced" || a.pin_paced);
     let mock_flags = if sc.group == "sse" && a.mock_sndbuf_kib > 0 {
         vec!["--sndbuf-kib".to_owned(), a.mock_sndbuf_kib.to_string()]
     } else {
@@ -1557,6 +1610,9 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
     // CPU and added tail latency against nginx.
     for (sc, label, unit) in [
         ("calls", "calls", "call"),
+        ("calls-unpinned", "calls (unpinned)", "call"),
+        ("calls-streamed", "streamed calls (unpinned)", "call"),
+        ("calls-streamed-pinned", "streamed calls (pinned)", "call"),
         ("json", "json (JSON upstream, upgrade on)", "request"),
     ] {
         // (metric, what, bound, whether the ratio must be at least the bound or at most)
@@ -1926,7 +1982,7 @@ fn markdown(
     for sc in scs {
         o.push_str(&format!("### {} (`{}`)\n\n", sc.title, sc.key));
         let cols: Vec<(&str, &str)> = match sc.group {
-            "json" if sc.key == "json" || sc.key == "calls" => vec![
+            "json" if sc.key == "json" || sc.key.starts_with("calls") => vec![
                 ("req_per_s", "req/s"),
                 ("cpu_us_per_req", "proxy CPU µs/req"),
                 ("user_us_per_req", "of it user µs"),

@@ -93,6 +93,10 @@ enum Mode {
         /// this many 200 B progress events and the result.
         #[arg(long)]
         tool_events: Option<u64>,
+        /// With `--tool-events`: the upstream's pause before each event and the result, in
+        /// µs (each its own write, as SDK servers stream a running tool's progress).
+        #[arg(long, default_value_t = 0)]
+        tool_gap_us: u64,
     },
     Idle {
         #[arg(long)]
@@ -215,8 +219,15 @@ async fn run(cli: Cli) -> Value {
             warmup_ms,
             requests,
             tool_events,
+            tool_gap_us,
             ..
-        } => json_saturate(t, p, conns, duration_ms, warmup_ms, requests, tool_events).await,
+        } => {
+            let call = tool_events.map(|events| Call {
+                events,
+                gap_us: tool_gap_us,
+            });
+            json_saturate(t, p, conns, duration_ms, warmup_ms, requests, call).await
+        }
         Mode::Idle {
             sessions,
             concurrency,
@@ -625,15 +636,23 @@ fn is_answer(body: &[u8]) -> bool {
             .any(|w| w == MESSAGE_EVENT)
 }
 
+/// A short tool call of the json mode: its progress events, and the upstream's pause before
+/// each of its writes.
+#[derive(Clone, Copy)]
+struct Call {
+    events: u64,
+    gap_us: u64,
+}
+
 /// One request of the json mode, with a fresh id (as every client sends: one id sent again
 /// is a retransmission, which the gateway answers from its window): a `ping`, or with
-/// `tool_events` a short tool call.
-fn json_request(path: &str, target: &SocketAddr, sid: &str, tool_events: Option<u64>) -> Vec<u8> {
-    let body = match tool_events {
+/// `call` a short tool call.
+fn json_request(path: &str, target: &SocketAddr, sid: &str, call: Option<Call>) -> Vec<u8> {
+    let body = match call {
         None => rpc("ping", json!({})),
-        Some(n) => rpc(
+        Some(Call { events, gap_us }) => rpc(
             "tools/call",
-            json!({"name": "stream", "arguments": {"events": n, "size": 200}}),
+            json!({"name": "stream", "arguments": {"events": events, "size": 200, "gap_us": gap_us}}),
         ),
     };
     http::request("POST", path, target, Some(sid), &[], &body)
@@ -661,7 +680,7 @@ async fn json_saturate(
     duration_ms: u64,
     warmup_ms: u64,
     requests: u64,
-    tool_events: Option<u64>,
+    call: Option<Call>,
 ) -> Value {
     let (duration_ms, warmup_ms) = if requests > 0 {
         (u64::MAX / 4_000_000, 0)
@@ -691,9 +710,9 @@ async fn json_saturate(
                 if t0 >= end || (requests > 0 && n >= requests) {
                     break;
                 }
-                let req = json_request(&path, &target, &sid, tool_events);
+                let req = json_request(&path, &target, &sid, call);
                 match c.roundtrip(&req).await {
-                    Ok((h, b)) if h.status == 200 && answered(&b, tool_events) => {
+                    Ok((h, b)) if h.status == 200 && answered(&b, call.map(|c| c.events)) => {
                         let t1 = now_ns();
                         if t0 >= measure_from {
                             n += 1;

@@ -7,8 +7,10 @@
 //!
 //! POST `initialize` → JSON result + a new `Mcp-Session-Id`; notifications → 202;
 //! `ping` → a small JSON result; `tools/call` with `arguments` `{events, size, rate,
-//! phase_us, duration_ms, burst}` → an SSE stream of progress events (`seq`, `ts` =
-//! CLOCK_MONOTONIC ns at send) then the padded result; GET with the same parameters in the
+//! phase_us, duration_ms, burst, gap_us}` → an SSE stream of progress events (`seq`, `ts` =
+//! CLOCK_MONOTONIC ns at send) then the padded result (with `gap_us`, the head, each event
+//! and the result are written `gap_us` apart, as an SDK server writes them while its tool
+//! runs: the proxy sees the head alone first); GET with the same parameters in the
 //! query → the standalone SSE stream, held open after its events until the peer closes;
 //! DELETE → 200.
 
@@ -51,6 +53,9 @@ struct StreamSpec {
     /// Saturating streams: events formatted into one buffer and written with one `write`
     /// (all stamped just before it). Paced streams write each event on its own.
     burst: u64,
+    /// A tool call's pause before each of its writes after the head (its events, one per
+    /// write, and its result): 0 for none.
+    gap_us: u64,
 }
 
 struct Req {
@@ -151,6 +156,7 @@ fn post(s: &mut TcpStream, req: &Req) -> io::Result<()> {
                     .get("burst")
                     .and_then(|x| x.as_u64())
                     .unwrap_or_else(|| DEFAULT_BURST.load(Ordering::Relaxed)),
+                gap_us: a.get("gap_us").and_then(|x| x.as_u64()).unwrap_or(0),
             };
             sse_head(s, req.session.as_deref())?;
             stream_events(s, spec, Some(&id))?;
@@ -215,7 +221,12 @@ fn stream_events(s: &mut TcpStream, spec: StreamSpec, result_id: Option<&str>) -
     } else {
         0
     };
-    let burst = if period > 0 { 1 } else { spec.burst.max(1) };
+    let burst = if period > 0 || spec.gap_us > 0 {
+        1
+    } else {
+        spec.burst.max(1)
+    };
+    let gap = Duration::from_micros(spec.gap_us);
     let end = (spec.duration_ms > 0).then(|| now_ns() + spec.duration_ms * 1_000_000);
     let mut out = Vec::with_capacity((spec.size + 128) * burst.min(1024) as usize);
     let mut seq = 0u64;
@@ -231,6 +242,8 @@ fn stream_events(s: &mut TcpStream, spec: StreamSpec, result_id: Option<&str>) -
             sleep_until(due);
         } else if spec.phase_us > 0 && seq == 0 {
             sleep_until(start);
+        } else if !gap.is_zero() {
+            std::thread::sleep(gap);
         }
         if spec.events == 0 && end.is_none() {
             break;
@@ -254,6 +267,9 @@ fn stream_events(s: &mut TcpStream, spec: StreamSpec, result_id: Option<&str>) -
         s.write_all(&out)?;
     }
     if let Some(id) = result_id {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         let mut data = Vec::with_capacity(spec.size + 128);
         payload::result(id, seq, now_ns(), spec.size, &mut data);
         out.clear();
