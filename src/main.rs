@@ -82,10 +82,10 @@ fn main() -> ExitCode {
     };
     let (traces, _exporter) = traces.unzip();
     tracing_subscriber::registry().with(fmt).with(traces).init();
-    // One CPU to run on (a container limited to one, a process pinned to one): the
+    // One worker (a container limited to one or two CPUs, a process pinned to one): the
     // current-thread scheduler, the same work without the work-stealing scheduler's
-    // bookkeeping between threads (bench/notes.md, "Figure: the runtime on one CPU").
-    // More: one worker per CPU, as tokio sizes it.
+    // bookkeeping and wake-ups between threads (bench/notes.md, "Figure: the runtime on one
+    // CPU"). More: one worker per CPU, as tokio sizes it.
     let mut builder = if worker_threads() == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -243,15 +243,28 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The runtime's workers as tokio would size them: `TOKIO_WORKER_THREADS` if set, else the
-/// CPUs this process may use (`available_parallelism`: its affinity mask and its cgroup's
-/// CPU quota).
+/// The runtime's workers: `TOKIO_WORKER_THREADS` if set, else the CPUs this process may use
+/// (`available_parallelism`: its affinity mask and its cgroup's CPU quota), except that two
+/// CPUs get one worker too. With two, the gateway shares them with its server (a sidecar) or
+/// its clients, and a second work-stealing worker cost more in wake-ups between threads than
+/// it gave (bench/notes.md, "Figure: the runtime on one CPU").
 fn worker_threads() -> usize {
     std::env::var("TOKIO_WORKER_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .unwrap_or_else(|| {
+            default_workers(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        })
+}
+
+/// One worker for up to two CPUs, else one per CPU.
+fn default_workers(cpus: usize) -> usize {
+    if cpus <= 2 {
+        1
+    } else {
+        cpus
+    }
 }
 
 /// Installs the signal handlers and returns the task that acts on them: SIGTERM asks for a
@@ -358,4 +371,15 @@ async fn demo(args: GatewayArgs) -> Result<(), StartError> {
         admin = args.admin_listen,
     );
     run(config, &args).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_workers;
+
+    #[test]
+    fn two_cpus_get_one_worker_more_get_one_each() {
+        let got: Vec<usize> = (1..=5).map(default_workers).collect();
+        assert_eq!(got, [1, 1, 3, 4, 5]);
+    }
 }
