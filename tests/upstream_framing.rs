@@ -1,5 +1,5 @@
 //! The upstream side of the HTTP/1.1 framing the gateway reads itself (its own `GET`s: the held
-//! standalone stream, `src/h1.rs`; and a call's answer that came whole in one read, fed at
+//! standalone stream, `src/http1/`; and a call's answer that came whole in one read, fed at
 //! once): a raw TCP upstream answers the held `GET` with scripted
 //! bytes (conflicting or differing lengths, odd transfer codings, bad chunk sizes, bare LF,
 //! trailers, an early close, bytes written after the end of the body). Each case either
