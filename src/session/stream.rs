@@ -138,9 +138,56 @@ impl Subscriber {
 #[derive(Debug, Default)]
 pub(super) struct Streams(VecDeque<(u32, Box<Stream>)>);
 
+/// Where number `n` is in `ring`, sorted by number (`Err`: where it would go), as a binary
+/// search says. Numbers are given out in order and streams are mostly forgotten oldest first,
+/// so the newest ones (a running call's) sit at their distance from the back: looked at there
+/// first, searched for only when not.
+fn locate<T>(ring: &VecDeque<(u32, T)>, n: u32) -> Result<usize, usize> {
+    let len = ring.len();
+    if let Some(&(last, _)) = ring.back() {
+        if n >= last {
+            return if n == last { Ok(len - 1) } else { Err(len) };
+        }
+        let back = (last - n) as usize;
+        if back < len && ring[len - 1 - back].0 == n {
+            return Ok(len - 1 - back);
+        }
+    }
+    ring.binary_search_by_key(&n, |(k, _)| *k)
+}
+
+#[cfg(test)]
+mod locate_tests {
+    use super::locate;
+    use std::collections::VecDeque;
+
+    proptest::proptest! {
+        /// Whatever numbers a session holds (holes anywhere), the lookup answers exactly what
+        /// a binary search does, for numbers held and not.
+        #[test]
+        fn locate_is_a_binary_search(held in proptest::collection::btree_set(0u32..200, 0..40), asked in 0u32..210) {
+            let ring: VecDeque<(u32, ())> = held.iter().map(|&n| (n, ())).collect();
+            let want = ring.binary_search_by_key(&asked, |(k, _)| *k);
+            proptest::prop_assert_eq!(locate(&ring, asked), want);
+        }
+    }
+
+    #[test]
+    fn the_newest_streams_are_found_at_their_distance_from_the_back() {
+        // The standalone stream 1, then calls 40..=60 after a hole.
+        let ring: VecDeque<(u32, ())> =
+            std::iter::once(1).chain(40..=60).map(|n| (n, ())).collect();
+        assert_eq!(locate(&ring, 60), Ok(21));
+        assert_eq!(locate(&ring, 45), Ok(6));
+        assert_eq!(locate(&ring, 1), Ok(0));
+        assert_eq!(locate(&ring, 61), Err(22));
+        assert_eq!(locate(&ring, 20), Err(1));
+    }
+}
+
 impl Streams {
     fn at(&self, n: u32) -> Result<usize, usize> {
-        self.0.binary_search_by_key(&n, |(k, _)| *k)
+        locate(&self.0, n)
     }
 
     pub(super) fn get(&self, n: &u32) -> Option<&Stream> {
