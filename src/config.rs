@@ -87,6 +87,7 @@ pub mod defaults {
     pub const PRINCIPAL_SOURCE: PrincipalSource = PrincipalSource::Header;
     pub const RESUME_AUTH: ResumeAuth = ResumeAuth::Principal;
     pub const TLS_RELOAD_INTERVAL: &str = "5s";
+    pub const STORE_TIMEOUT: &str = "100ms";
     pub const LOG_FORMAT: LogFormat = LogFormat::Text;
     pub const LOG_LEVEL: &str = "info";
     pub const METRICS_TOOL_NAMES: u32 = 0;
@@ -107,6 +108,7 @@ pub mod headings {
     pub const SHUTDOWN: &str = "Shutdown";
     pub const LOGGING: &str = "Logging";
     pub const ADMIN: &str = "Admin";
+    pub const FLEET: &str = "Fleet";
 }
 
 /// Make an unmodified MCP server's Streamable HTTP SSE streams resumable.
@@ -439,6 +441,24 @@ pub struct GatewayArgs {
     /// success, the rest as `other`; 0: no per-tool metric (count).
     #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_METRICS_TOOL_NAMES", default_value_t = defaults::METRICS_TOOL_NAMES)]
     pub metrics_tool_names: u32,
+
+    /// Share sessions across a fleet of gateways through this Redis or Valkey server
+    /// (`redis://[USER:PASSWORD@]HOST:PORT[/DB]`; never logged): any replica adopts a session
+    /// for its own principal and resumes a call another replica owns. Without it every replica
+    /// keeps its own sessions, as one process does.
+    #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE", hide_env_values = true)]
+    pub store: Option<String>,
+
+    /// The fleet's shared secret, needed with --store: a file of at least 32 random bytes
+    /// mounted in every replica (a Kubernetes Secret), never in the store. Principals are
+    /// bound, and the store's key names derived, with keys derived from it.
+    #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE_KEY_FILE")]
+    pub store_key_file: Option<std::path::PathBuf>,
+
+    /// The longest a request waits for the store before it is served as without one
+    /// (duration).
+    #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE_TIMEOUT", default_value = defaults::STORE_TIMEOUT, value_parser = parse_positive_duration)]
+    pub store_timeout: Duration,
 }
 
 /// An IP network: an address and a prefix length (a plain address is all of its bits).
@@ -551,6 +571,9 @@ impl GatewayArgs {
             ready_upstream: READY_UPSTREAM,
             otlp_traces: OTLP_TRACES,
             metrics_tool_names: METRICS_TOOL_NAMES,
+            store: None,
+            store_key_file: None,
+            store_timeout: duration(STORE_TIMEOUT),
         }
     }
 }
@@ -609,6 +632,8 @@ pub struct Config {
     pub trusted_proxies: Vec<Net>,
     /// Distinct tool names counted per tool (0: none).
     pub metrics_tool_names: usize,
+    /// The fleet's shared store (`--store`), once its key file is read ([`Config::load_store`]).
+    pub store: Option<StoreSettings>,
     /// `/readyz` also checks that the upstream accepts connections.
     pub ready_upstream: bool,
     /// TLS on the proxy listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
@@ -673,6 +698,7 @@ impl Config {
             ready_upstream: args.ready_upstream,
             tls: None,
             upstream_tls: None,
+            store: None,
         }
     }
 
@@ -727,6 +753,78 @@ impl Config {
                 args.upstream_ca.as_deref(),
             )?));
         }
+        Ok(self)
+    }
+}
+
+/// The fleet's shared store: where it is, the secret the fleet shares, how long a request
+/// waits for it. Its `Debug` shows neither the URL (it may hold a password) nor the secret.
+#[derive(Clone)]
+pub struct StoreSettings {
+    pub url: String,
+    /// The key file's contents, whitespace trimmed (at least [`MIN_STORE_KEY_BYTES`]).
+    pub secret: Vec<u8>,
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The least a `--store-key-file` holds: 32 bytes (256 bits) of secret.
+pub const MIN_STORE_KEY_BYTES: usize = 32;
+
+/// Why `--store` cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
+pub struct StoreError {
+    pub flag: &'static str,
+    pub reason: String,
+}
+
+impl Config {
+    /// Reads `--store-key-file` for `--store` (both, or neither).
+    pub fn load_store(mut self, args: &GatewayArgs) -> Result<Config, StoreError> {
+        let Some(url) = &args.store else {
+            return Ok(self);
+        };
+        if !(url.starts_with("redis://") || url.starts_with("valkey://")) {
+            return Err(StoreError {
+                flag: "--store",
+                reason: "'--store' must be a redis:// URL (redis://HOST:PORT[/DB])".into(),
+            });
+        }
+        let Some(path) = &args.store_key_file else {
+            return Err(StoreError {
+                flag: "--store-key-file",
+                reason: "'--store-key-file' is needed with --store: the fleet's shared secret"
+                    .into(),
+            });
+        };
+        let secret = std::fs::read(path).map_err(|e| StoreError {
+            flag: "--store-key-file",
+            reason: format!("cannot read '--store-key-file' {}: {e}", path.display()),
+        })?;
+        let secret = secret.trim_ascii().to_vec();
+        if secret.len() < MIN_STORE_KEY_BYTES {
+            return Err(StoreError {
+                flag: "--store-key-file",
+                reason: format!(
+                    "'--store-key-file' {} holds {} bytes; at least {MIN_STORE_KEY_BYTES} are needed (e.g. `head -c 32 /dev/urandom | base64`)",
+                    path.display(),
+                    secret.len()
+                ),
+            });
+        }
+        self.store = Some(StoreSettings {
+            url: url.replacen("valkey://", "redis://", 1),
+            secret,
+            timeout: args.store_timeout,
+        });
         Ok(self)
     }
 }

@@ -56,6 +56,7 @@ mod server;
 mod session;
 mod shutdown;
 mod sse;
+mod store;
 mod telemetry;
 pub mod tls;
 mod upstream;

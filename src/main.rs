@@ -142,6 +142,8 @@ enum StartError {
     #[error("{0}")]
     Tls(#[from] mcp_reattach::tls::TlsError),
     #[error("{0}")]
+    Store(#[from] mcp_reattach::config::StoreError),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
@@ -151,13 +153,14 @@ impl StartError {
         match self {
             StartError::Bind { flag, .. } => Some(flag),
             StartError::Tls(e) => Some(e.flag),
+            StartError::Store(e) => Some(e.flag),
             StartError::Io(_) => None,
         }
     }
 
     fn exit_code(&self) -> u8 {
         match self {
-            StartError::Bind { .. } | StartError::Tls(_) => EX_USAGE,
+            StartError::Bind { .. } | StartError::Tls(_) | StartError::Store(_) => EX_USAGE,
             StartError::Io(_) => 1,
         }
     }
@@ -185,7 +188,7 @@ async fn bind(flag: &'static str, addr: std::net::SocketAddr) -> Result<TcpListe
 }
 
 async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
-    let mut config = config.load_tls(args)?;
+    let mut config = config.load_tls(args)?.load_store(args)?;
     // Every connection is an fd: the soft open-file limit goes up to the hard one, and the
     // connection bounds are fitted to it.
     match rlimit::increase_nofile_limit(u64::MAX) {

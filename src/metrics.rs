@@ -258,6 +258,15 @@ pub struct Metrics {
     pub upstream_connections_max: Gauge,
     /// Sessions the gateway minted for a stateless upstream.
     pub sessions_minted: Counter,
+    /// The fleet's store (`--store`): sessions adopted from it, writes done, requests to it
+    /// that failed or timed out, event bytes dropped from its queue, resumes it served and
+    /// the gaps among them.
+    pub store_adoptions: Counter,
+    pub store_writes: Counter,
+    pub store_errors: Counter,
+    pub store_dropped_bytes: Counter,
+    pub store_follows: Counter,
+    pub store_follow_gaps: Counter,
     /// `--memory-budget`, so alerts can compare `window_bytes` with it.
     pub memory_budget_bytes: Gauge,
     /// Unix time the drain started (the gateway stopped accepting); 0 while serving.
@@ -369,6 +378,12 @@ impl Metrics {
             upstream_connections: Gauge::default(),
             upstream_connections_max: Gauge::default(),
             sessions_minted: Counter::default(),
+            store_adoptions: Counter::default(),
+            store_writes: Counter::default(),
+            store_errors: Counter::default(),
+            store_dropped_bytes: Counter::default(),
+            store_follows: Counter::default(),
+            store_follow_gaps: Counter::default(),
             memory_budget_bytes: Gauge::default(),
             drain_started: Gauge::default(),
             drain_deadline: Gauge::default(),
@@ -560,6 +575,16 @@ impl Metrics {
             "Sessions whose id the gateway minted because the upstream answered initialize without one (a stateless server)",
             m.sessions_minted.clone(),
         );
+        for (name, help, c) in [
+            ("store_adoptions", "Sessions this replica adopted from the fleet's store", &m.store_adoptions),
+            ("store_writes", "Writes (publications, touches, tombstones) the fleet's store took", &m.store_writes),
+            ("store_errors", "Requests to the fleet's store that failed or timed out", &m.store_errors),
+            ("store_dropped_bytes", "Event bytes not written to the fleet's store: its queue was full (a resume elsewhere gets the explicit gap)", &m.store_dropped_bytes),
+            ("store_follows", "Resumes served from the fleet's store (a stream another replica reads)", &m.store_follows),
+            ("store_follow_gaps", "Resumes from the fleet's store that ended with the explicit gap", &m.store_follow_gaps),
+        ] {
+            registry.register(name, help, c.clone());
+        }
         registry.register(
             "json_upgrades",
             "POSTs answered with the gateway's SSE stream (--json-upgrade), by what the upstream answered",

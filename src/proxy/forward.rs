@@ -126,6 +126,7 @@ impl Gateway {
             // large: boxed, so every answer's future is not as large as this one's.
             Box::pin(self.evict_on_answer(&mut inb, s, why)).await;
         }
+        let known = session.as_ref().map(|s| Arc::as_ptr(s) as usize);
         let Some(session) = self.answered_session(&inb, &mut resp, session, reservation) else {
             return Ok(pass_through(resp));
         };
@@ -135,6 +136,10 @@ impl Gateway {
             .or(inb.info.version.as_deref())
         {
             session.set_protocol_version(v);
+        }
+        if known != Some(Arc::as_ptr(&session) as usize) && inb.info.initialize {
+            // Created now: in the fleet's store before its client hears of it.
+            Box::pin(self.store.created(&session)).await;
         }
         let initialized = inb.info.initialized && inb.parts.method == Method::POST;
         if self.hold_once_initialized(initialized, &session, || inb.source(&self.upstream)) {
@@ -248,7 +253,7 @@ impl Gateway {
         if !self.authorized(&mut inb, &session).await {
             return Err(ProxyError::UnknownSession.into());
         }
-        self.registry.remove(session.id(), Eviction::Delete);
+        self.end_session(&session, Eviction::Delete);
         Ok(Response::new(full_body(bytes::Bytes::new())))
     }
 
@@ -288,6 +293,7 @@ impl Gateway {
     /// A request of a known session counts as its client's activity.
     pub(super) fn note_request(&self, inb: &Inbound, s: &Session) {
         s.touch();
+        self.store.touch(s);
         if let Some(v) = &inb.header_version {
             s.set_protocol_version(v);
         }
@@ -371,7 +377,7 @@ impl Gateway {
     /// to them.
     async fn evict_on_answer(&self, inb: &mut Inbound, session: &Session, why: Eviction) {
         if self.authorized(inb, session).await {
-            self.registry.remove(session.id(), why);
+            self.end_session(session, why);
         } else {
             tracing::debug!(mcp.session = %session.hashed_id(), reason = why.as_str(), "not the session's own request: the session stays");
         }

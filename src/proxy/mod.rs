@@ -46,7 +46,8 @@ use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 
 use crate::metrics::Metrics;
-use crate::session::{hash_id, Registry};
+use crate::session::{hash_id, Owner, Registry, Session};
+use crate::store::{Adoption, Store};
 use crate::upstream::{full_body, Upstream};
 
 // The exchange's types under the names the route handlers use (`super::...`).
@@ -61,7 +62,8 @@ pub struct Gateway {
     cfg: Arc<Config>,
     registry: Arc<Registry>,
     upstream: Arc<Upstream>,
-    /// Random per process: principals are hashed with it, never stored in the clear.
+    /// Principals are hashed with it, never stored in the clear: random per process, or the
+    /// fleet's binding key with a store (the same caller, the same principal everywhere).
     principal_key: [u8; 32],
     /// Refused resumes are a WARN each, at most one a second (a prober cannot flood the log).
     refused_warn: warn_limit::WarnLimit,
@@ -71,6 +73,8 @@ pub struct Gateway {
     upstream_address: Arc<str>,
     /// The bytes of all request bodies held at once (`--max-buffered-request-bytes`).
     bodies: Arc<bodies::Bodies>,
+    /// The fleet's shared store (`--store`), or `Off`.
+    store: Store,
 }
 
 impl Gateway {
@@ -87,19 +91,28 @@ impl Gateway {
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
         registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
+        let store = Store::new(&cfg, registry.metrics());
+        if store.is_on() {
+            let publishing = store.clone();
+            registry.on_publish(crate::session::Publisher(Box::new(move |s, stream| {
+                publishing.publish(s, stream);
+            })));
+        }
+        let principal_key = store.binding_key().unwrap_or_else(|| {
+            // At startup, before any request: a gateway without OS randomness cannot bind
+            // sessions to anyone safely, so it does not start.
+            let mut key = [0u8; 32];
+            getrandom::getrandom(&mut key)
+                .expect("the OS random number generator, for the principal key");
+            key
+        });
         Arc::new(Gateway {
+            store,
             registry,
             upstream,
             bodies: Arc::new(bodies::Bodies::new(cfg.max_buffered_request_bytes)),
             cfg,
-            // At startup, before any request: a gateway without OS randomness cannot bind
-            // sessions to anyone safely, so it does not start.
-            principal_key: {
-                let mut key = [0u8; 32];
-                getrandom::getrandom(&mut key)
-                    .expect("the OS random number generator, for the principal key");
-                key
-            },
+            principal_key,
             refused_warn: warn_limit::WarnLimit::new(std::time::Duration::from_secs(1)),
             orphans,
             upstream_address,
@@ -285,12 +298,19 @@ impl Gateway {
             let _ = facts.call.set((m, inb.info.tool.take().map(Into::into)));
         }
         // A session is only named on its own endpoint: elsewhere its id is just a header.
-        let session = inb
+        let held = inb
             .sid
             .as_deref()
             .filter(|_| !inb.modern)
-            .and_then(|sid| self.registry.get(sid))
-            .filter(|s| s.endpoint() == inb.parts.uri.path());
+            .and_then(|sid| self.registry.get(sid));
+        let held = match held {
+            None if self.store.is_on() && !inb.modern => match inb.sid.clone() {
+                Some(sid) => self.adopt(sid, inb.principal).await,
+                None => None,
+            },
+            held => held,
+        };
+        let session = held.filter(|s| s.endpoint() == inb.parts.uri.path());
         // A minted session is nobody's but its owner's: the stateless upstream never knew it,
         // so anyone else is answered exactly as for a minted id the gateway does not hold
         // (whether a session exists is not told).
@@ -332,6 +352,43 @@ impl Gateway {
             Route::MintedGone => Err(ProxyError::UnknownSession.into()),
             Route::Forward => self.forward(inb, session, None).await,
         }
+    }
+}
+
+impl Gateway {
+    /// A session this replica does not hold, adopted from the fleet's store when it is there,
+    /// live and the caller's (any caller's with `--resume-auth none`): held from now on, with
+    /// the epoch it was created with and stream numbers of a block of this replica's.
+    async fn adopt(
+        &self,
+        sid: String,
+        principal: crate::session::Principal,
+    ) -> Option<Arc<Session>> {
+        let sid = sid.as_str();
+        let principal =
+            (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(principal);
+        let Adoption::Adopt(record, first_stream) = self.store.adopt(sid, principal).await else {
+            return None;
+        };
+        let owner = Owner::new(record.principal, &record.endpoint)
+            .in_share(record.share)
+            .adopted(record.epoch, first_stream);
+        let s = self
+            .registry
+            .adopt(sid, owner, record.minted)
+            .inspect_err(|_| tracing::warn!("session cap reached with every session in use: a session of the fleet is not adopted"))
+            .ok()?;
+        if let Some(v) = &record.protocol_version {
+            s.set_protocol_version(v);
+        }
+        tracing::debug!(mcp.session = %s.hashed_id(), "session adopted from the fleet's store");
+        Some(s)
+    }
+
+    /// Ends `session` here and in the fleet (DELETE, the upstream's 404).
+    pub(super) fn end_session(&self, session: &Session, why: crate::session::Eviction) {
+        self.registry.remove(session.id(), why);
+        self.store.ended(session);
     }
 }
 

@@ -48,6 +48,16 @@ impl Gateway {
         sse_response(status, upstream_headers, sid, body)
     }
 
+    /// The SSE response of a resume served from the fleet's store.
+    pub(super) fn followed_response(
+        &self,
+        sid: &str,
+        body: crate::store::FollowBody,
+    ) -> Response<ResBody> {
+        let body = body.map_err(|never| match never {}).boxed_unsync();
+        sse_response(StatusCode::OK, None, sid, body)
+    }
+
     /// The SSE response of the first client of a stream opened whole
     /// ([`Session::open_whole`]): served, it is written with its length, in one piece, with
     /// no keep-alive timer and no attached body to poll; else its body streams as usual.

@@ -16,7 +16,8 @@ use crate::config::ResumeAuth;
 use crate::cursor::Cursor;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
-use crate::session::{Resume, Retransmission, Session};
+use crate::session::{Resume, ResumeError, Retransmission, Session};
+use crate::store::FollowError;
 use crate::upstream::full_body;
 
 impl Gateway {
@@ -44,6 +45,28 @@ impl Gateway {
             // Another principal's call in the session: answered as for an unknown session.
             self.registry.metrics().resume(ResumeOutcome::Unauthorized);
             return Err(ProxyError::UnknownSession.into());
+        }
+        if self.store.is_on()
+            && cursor.epoch == session.epoch()
+            && !session.holds_stream(cursor.stream)
+        {
+            // Another replica's stream, perhaps: served from the fleet's store if it is there.
+            let who = (self.cfg.resume_auth != ResumeAuth::None).then_some(inb.principal);
+            match self.store.follow(&session, cursor, who).await {
+                Ok((body, replay)) => {
+                    self.registry.metrics().resume(ResumeOutcome::Resumed);
+                    tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = cursor.stream, replay, "resumed from the fleet's store");
+                    return Ok(self.followed_response(session.id(), body));
+                }
+                Err(FollowError::NotTheCallers) => {
+                    self.registry.metrics().resume(ResumeOutcome::Unauthorized);
+                    return Err(ProxyError::UnknownSession.into());
+                }
+                Err(FollowError::Foreign) => {
+                    return Err(ProxyError::Resume(ResumeError::ForeignCursor).into());
+                }
+                Err(FollowError::NotInStore) => {}
+            }
         }
         if let Some(opened) = crate::telemetry::enabled()
             .then(|| session.stream_trace(cursor.stream))

@@ -83,7 +83,7 @@ pub(super) fn announce(here: &str, stream: u32, retry: Option<Duration>) -> Byte
 
 /// The first event of a resumed stream: where it resumes (`here`) and how many retained
 /// events follow.
-pub(super) fn resumed(
+pub(crate) fn resumed(
     here: &str,
     stream: u32,
     kind: StreamKind,
@@ -115,7 +115,7 @@ pub(super) fn resumed(
 
 /// The last event of a client detached for `why` (a stall, or the gateway shutting down): it
 /// resumes from `here`, after `retry` (`--retry-hint`, else a second).
-pub(super) fn resumption_required(here: &str, why: Outcome, retry: Option<Duration>) -> Bytes {
+pub(crate) fn resumption_required(here: &str, why: Outcome, retry: Option<Duration>) -> Bytes {
     let reason = match why {
         Outcome::Shutdown => "shutdown",
         _ => "slow-consumer",
@@ -132,7 +132,7 @@ pub(super) fn resumption_required(here: &str, why: Outcome, retry: Option<Durati
 /// The events after `here` were evicted: a failure event, and a JSON-RPC error for each of
 /// `ids` (requests whose result cannot be delivered). `with_id`: the client already has an
 /// id on this stream, so the failure event carries `here`.
-pub(super) fn gap(here: &str, with_id: bool, ids: &[String]) -> Bytes {
+pub(crate) fn gap(here: &str, with_id: bool, ids: &[String]) -> Bytes {
     failure_frames(here, with_id, "gap", ids, GAP_MESSAGE)
 }
 
@@ -144,7 +144,7 @@ pub(super) fn session_closed(here: &str, with_id: bool, ids: &[String]) -> Bytes
 
 /// The upstream ended the stream (`end`) before answering `ids`: a failure event and a
 /// JSON-RPC error for each.
-pub(super) fn upstream_ended(here: &str, with_id: bool, end: &End, ids: &[String]) -> Bytes {
+pub(crate) fn upstream_ended(here: &str, with_id: bool, end: &End, ids: &[String]) -> Bytes {
     match end {
         End::Complete => {
             failure_frames(here, with_id, "upstream-ended", ids, UPSTREAM_ENDED_MESSAGE)

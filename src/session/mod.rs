@@ -39,6 +39,7 @@ mod deliver;
 mod hold;
 mod life;
 mod open;
+mod publish;
 mod registry;
 mod reserve;
 mod resume;
@@ -62,6 +63,17 @@ use self::hold::Phase;
 pub(crate) use self::hold::{Attempt, HoldStart};
 use self::life::Swept;
 pub use self::open::OpenStream;
+pub(crate) use self::control::{
+    gap as gap_frames, resumed as resumed_frame, upstream_ended as upstream_ended_frames,
+};
+pub(crate) use self::publish::Published;
+
+/// The last frame of a client that must resume from `here` elsewhere (the store stopped
+/// answering its follower).
+pub(crate) fn resumption_required_frame(here: &str) -> Bytes {
+    control::resumption_required(here, Outcome::Shutdown, None)
+}
+pub(crate) use self::registry::Publisher;
 pub use self::registry::{hash_id, Owner, Principal, Registry};
 pub(crate) use self::registry::{
     is_minted_form, AtCapacity, Budget, Charge, Eviction, OnShed, Reservation,
@@ -116,6 +128,8 @@ pub struct Session {
     closed_signal: Notify,
     /// Where the session says it needs the sweeper again (see [`State::stir`]).
     stirred: Arc<Stirred>,
+    /// Told of each change to a stream's content (the fleet's store); `None` without one.
+    publisher: Option<Arc<Publisher>>,
 }
 
 /// A forwarded POST's request ids, in flight until this drops (see [`Session::begin_forward`]).
@@ -212,13 +226,15 @@ impl Session {
         owner: Owner,
         minted: bool,
     ) -> Session {
-        let epoch = new_epoch();
+        let (epoch, first_stream) = owner.adopted.unwrap_or_else(|| (new_epoch(), 0));
         let consts = Consts::new(&cfg, epoch);
+        let mut state = State::new(consts, owner.principal, Instant::now());
+        state.next_stream = first_stream;
         Session {
             hashed_id: hash_id(&id).into(),
             id,
             epoch,
-            state: Mutex::new(State::new(consts, owner.principal, Instant::now())),
+            state: Mutex::new(state),
             metrics,
             budget,
             endpoint: owner.endpoint,
@@ -229,6 +245,19 @@ impl Session {
             forward_settled: Notify::new(),
             closed_signal: Notify::new(),
             stirred: Arc::default(),
+            publisher: None,
+        }
+    }
+
+    /// The session, telling `publisher` of each change to a stream's content.
+    pub(crate) fn publishing(self, publisher: Option<Arc<Publisher>>) -> Session {
+        Session { publisher, ..self }
+    }
+
+    /// Tells the publisher, if any, that `stream` changed (outside the lock).
+    fn published(&self, stream: u32) {
+        if let Some(p) = &self.publisher {
+            (p.0)(self, stream);
         }
     }
 
@@ -295,6 +324,11 @@ impl Session {
         self.minted
     }
 
+    /// The epoch every cursor of this session names.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// The principal (keyed MAC) this session is bound to.
     pub fn principal(&self) -> Principal {
         lock(&self.state).principal
@@ -358,7 +392,9 @@ impl Session {
     pub fn open_stream(&self, open: OpenStream<'_>) -> Attachment {
         let now = Instant::now();
         let opened = self.with_state(|st| st.open(self.books(), open, now));
-        opened.attachment()
+        let attachment = opened.attachment();
+        self.published(attachment.stream);
+        attachment
     }
 
     /// Opens a stream as [`Session::open_stream`] does, tags `events` into it and ends it
@@ -373,7 +409,14 @@ impl Session {
         end: End,
     ) -> Whole {
         let now = Instant::now();
-        self.with_state(|st| st.open_whole(self.books(), open, events, answers, end, now))
+        let (stream, whole) = self.with_state(|st| {
+            // The number the stream opens with.
+            let stream = st.next_stream;
+            let whole = st.open_whole(self.books(), open, events, answers, end, now);
+            (stream, whole)
+        });
+        self.published(stream);
+        whole
     }
 
     /// Remembers the task reading the upstream for `stream`, so closing the session stops it.
@@ -396,12 +439,34 @@ impl Session {
             return true;
         }
         let now = Instant::now();
-        self.with_state(|st| st.push(self.books(), stream, events, reader, None, now))
+        let before = events.len();
+        let done = self.with_state(|st| st.push(self.books(), stream, events, reader, None, now));
+        if events.len() < before {
+            self.published(stream);
+        }
+        done
+    }
+
+    /// What the fleet's store does not have yet of `stream`: each event after the last one
+    /// published goes to `event` (position, `event: message` flag, body), in order; `None`
+    /// when there is nothing new (see [`State::unpublished`]).
+    pub(crate) fn unpublished(
+        &self,
+        stream: u32,
+        event: impl FnMut(u64, bool, &[u8]),
+    ) -> Option<Published> {
+        lock(&self.state).unpublished(stream, event)
+    }
+
+    /// Whether this replica holds `stream` of the session (it opened it and still retains it).
+    pub fn holds_stream(&self, stream: u32) -> bool {
+        lock(&self.state).streams.get(&stream).is_some()
     }
 
     /// Marks `stream` ended by its upstream and wakes its client.
     pub fn end_stream(&self, stream: u32, end: End) {
         lock(&self.state).end(&self.budget, stream, end);
+        self.published(stream);
     }
 
     /// Re-attaches a client to the stream of `cursor` (a `GET` with `Last-Event-ID`).

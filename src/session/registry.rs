@@ -242,6 +242,9 @@ pub struct Registry {
     /// proxy ends it upstream too. Called under the registry's lock: it may only hand the
     /// work on.
     on_shed: std::sync::OnceLock<OnShed>,
+    /// Told of every change to a stream's content the fleet's store must learn (see
+    /// [`Registry::on_publish`]); unset without a store.
+    on_publish: std::sync::OnceLock<Arc<Publisher>>,
 }
 
 type Sessions = HashMap<String, Slot>;
@@ -254,6 +257,17 @@ struct Slot {
     /// TTL may have run out, or sooner when it says so ([`Stirred`]): the sweep does not
     /// touch the memory of sessions that only wait.
     next_visit: Option<Instant>,
+}
+
+/// What is told of a stream whose content changed (opened, events tagged, ended): the
+/// fleet's store publishes it (see [`Registry::on_publish`]). Called after the session's lock
+/// is released; it may lock the session again.
+pub struct Publisher(pub Box<dyn Fn(&Session, u32) + Send + Sync>);
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Publisher")
+    }
 }
 
 /// What is done with a session the gateway sheds (see [`Registry::on_shed`]).
@@ -281,6 +295,10 @@ pub struct Owner {
     /// Whose share of the session cap and of the memory budget the session counts against:
     /// the principal, or for an anonymous caller its address (see `proxy::auth`).
     pub share: Principal,
+    /// A session adopted from the fleet's store keeps the epoch it was created with there,
+    /// and numbers its streams from the block this replica claimed (`None`: a new session,
+    /// a fresh epoch, streams from 0).
+    pub adopted: Option<(u64, u32)>,
 }
 
 impl Owner {
@@ -290,6 +308,16 @@ impl Owner {
             principal,
             endpoint: endpoint.into(),
             share: principal,
+            adopted: None,
+        }
+    }
+
+    /// The same owner, for a session adopted from the fleet's store with `epoch`, its streams
+    /// numbered from `first_stream`.
+    pub fn adopted(self, epoch: u64, first_stream: u32) -> Owner {
+        Owner {
+            adopted: Some((epoch, first_stream)),
+            ..self
         }
     }
 
@@ -331,7 +359,14 @@ impl Registry {
             walk_after: Mutex::new(None),
             reserved: Arc::new(AtomicUsize::new(0)),
             on_shed: std::sync::OnceLock::new(),
+            on_publish: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets who is told of every stream change of the sessions created from now on (once,
+    /// before any: the fleet's store).
+    pub fn on_publish(&self, f: Publisher) {
+        let _ = self.on_publish.set(Arc::new(f));
     }
 
     /// Sets what is done with a session the gateway sheds, besides dropping its state (once).
@@ -381,6 +416,18 @@ impl Registry {
         s
     }
 
+    /// The session `id` of the fleet, adopted from its store (`owner` says with which epoch
+    /// and stream numbers), or the one held already (adopted meanwhile). Makes room like
+    /// [`Registry::get_or_create`].
+    pub fn adopt(&self, id: &str, owner: Owner, minted: bool) -> Result<Arc<Session>, AtCapacity> {
+        let mut map = lock(&self.sessions);
+        if let Some(e) = map.get(id) {
+            return Ok(e.session.clone());
+        }
+        self.make_room(&mut map, owner.share)?;
+        Ok(self.insert_as(&mut map, id, owner, minted))
+    }
+
     /// A session of the gateway's own for an upstream that answered `initialize` without a
     /// session id (a stateless server): its id is minted here ([`mint_id`]) and never sent
     /// upstream. Takes `reservation`'s place, or makes room like [`Registry::get_or_create`].
@@ -419,7 +466,8 @@ impl Registry {
                 owner,
                 minted,
             )
-            .stirring(self.stirred.clone()),
+            .stirring(self.stirred.clone())
+            .publishing(self.on_publish.get().cloned()),
         );
         map.insert(
             id.to_owned(),

@@ -303,6 +303,11 @@ pub(super) struct Stream {
     loss_counted_upto: u64,
     /// The trace of the request that opened the stream (see [`super::TraceParent`]).
     pub trace: Option<super::TraceParent>,
+    /// What the fleet's store has of this stream (`publish`): `None` until its first
+    /// publication, then the last position published.
+    pub published: Option<u64>,
+    /// The stream's end was published: nothing more ever is.
+    pub published_end: bool,
 }
 
 /// Runs of positions a stream remembers (see [`Stream::tagged`]): one while it is the only
@@ -354,6 +359,8 @@ impl Stream {
             runs: Vec::new(),
             loss_counted_upto: seq,
             trace: None,
+            published: None,
+            published_end: false,
         }
     }
 

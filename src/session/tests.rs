@@ -281,7 +281,10 @@ async fn eviction_by_count_or_bytes_after_the_stall_budget_makes_a_resume_a_gap(
 /// The gap frames of a resume from right after the first event of a POST stream carrying
 /// requests `1` and `"b"`, once the window has moved past it: `first` pushes that event.
 async fn gap_after_the_first_event(first: impl FnOnce(&Session, u32)) -> String {
-    let s = session(cfg(|c| c.window_events = 2));
+    let s = session(cfg(|c| {
+        c.window_events = 2;
+        c.stall_timeout = Duration::ZERO;
+    }));
     let Attachment {
         stream, generation, ..
     } = s.open_stream(OpenStream::new(
@@ -1691,7 +1694,10 @@ fn an_answer_served_whole_ends_as_the_steps_end_it() {
 
 #[test]
 fn an_answer_without_room_at_once_is_left_for_a_task_and_its_client_attached() {
-    let s = session(cfg(|c| c.window_events = 2));
+    let s = session(cfg(|c| {
+        c.window_events = 2;
+        c.stall_timeout = Duration::ZERO;
+    }));
     // Two events an attached client has not read fill the window: they must stay.
     let Attachment { stream: a, .. } = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
     assert!(s.push_events(a, &mut numbered(0, 2, 0), None));
@@ -1955,4 +1961,83 @@ fn state_sweep_detaches_a_stalled_client_then_finds_the_session_quiet() {
     let swept = st.sweep(books(&metrics, &budget), late);
     assert!(swept.idle && swept.quiet, "no client, no reader paused");
     assert_eq!(swept.since, late);
+}
+
+#[test]
+fn each_event_is_published_once_in_order_and_the_end_with_what_it_left_unanswered() {
+    let s = session(cfg(|_| {}));
+    let mut open = OpenStream::new(StreamKind::Post, vec!["1".into(), "2".into()]);
+    open.principal = Principal([4; 16]);
+    let a = s.open_stream(open);
+    let collect = |s: &Session| {
+        let mut seen = Vec::new();
+        let p = s.unpublished(a.stream, |seq, message, body| {
+            seen.push((seq, message, String::from_utf8(body.to_vec()).unwrap()))
+        });
+        (p, seen)
+    };
+    // Opened: its facts go out once, with no event yet.
+    let (p, seen) = collect(&s);
+    let p = p.expect("the opening is published");
+    assert!(p.opened && seen.is_empty() && p.end.is_none());
+    assert_eq!((p.prev, p.last, p.principal), (p.first_seq, p.first_seq, Principal([4; 16])));
+    assert_eq!(p.requests, vec!["1".to_owned(), "2".to_owned()]);
+    assert_eq!(collect(&s).0, None, "nothing new");
+    let mut events: VecDeque<Event> = [
+        msg(r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#),
+        msg(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#),
+    ]
+    .into();
+    assert!(s.push_events(a.stream, &mut events, None));
+    let (p, seen) = collect(&s);
+    let p = p.unwrap();
+    assert!(!p.opened && p.requests.is_empty());
+    assert_eq!(seen.len(), 2);
+    assert_eq!(p.prev, p.first_seq, "it follows the opening");
+    assert_eq!(p.last, seen[1].0);
+    assert!(seen[0].0 < seen[1].0 && seen.iter().all(|e| e.1));
+    assert!(seen[1].2.contains("\"id\":1"));
+    let before = p.last;
+    s.end_stream(a.stream, End::Complete);
+    let (p, seen) = collect(&s);
+    let p = p.unwrap();
+    assert!(seen.is_empty());
+    assert_eq!((p.prev, p.last), (before, before));
+    assert_eq!(p.end, Some((End::Complete, vec!["2".to_owned()])), "2 was never answered");
+    assert_eq!(collect(&s).0, None, "the end is published once");
+}
+
+#[test]
+fn events_lost_before_they_were_published_break_the_chain() {
+    // A window of two events: four pushed at once, the first two evicted before publication.
+    let s = session(cfg(|c| {
+        c.window_events = 2;
+        c.stall_timeout = Duration::ZERO;
+    }));
+    let a = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    let _ = s.unpublished(a.stream, |_, _, _| {});
+    s.detach(a.stream, a.generation);
+    let mut events: VecDeque<Event> = (0..4).map(|i| msg(&format!("{{\"n\":{i}}}"))).collect();
+    let _ = s.push_events(a.stream, &mut events, None);
+    let mut seen = Vec::new();
+    let p = s.unpublished(a.stream, |seq, _, _| seen.push(seq)).unwrap();
+    assert!(!seen.is_empty());
+    assert!(p.prev > p.first_seq, "the chain names the hole: {p:?}");
+    assert!(seen.iter().all(|&q| q > p.prev));
+}
+
+#[test]
+fn an_adopted_session_keeps_its_epoch_and_numbers_streams_from_its_block() {
+    let s = Session::new(
+        "a".into(),
+        cfg(|_| {}),
+        Arc::default(),
+        Arc::new(Budget::new(usize::MAX)),
+        Owner::new(Principal::default(), "/mcp").adopted(0xfeed, 65536),
+        false,
+    );
+    assert_eq!(s.epoch(), 0xfeed);
+    let a = s.open_stream(OpenStream::new(StreamKind::Post, vec![]));
+    assert_eq!(a.stream, 65536);
+    assert!(s.holds_stream(65536) && !s.holds_stream(0));
 }

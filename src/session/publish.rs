@@ -1,0 +1,99 @@
+//! What a fleet's shared store learns of a stream this replica owns: the events tagged since
+//! its last publication, in order, and once its end. A rule of the session's state like the
+//! others (pure, under the session's lock); what becomes of it (the store's wire form, the
+//! writer) is `store`'s.
+
+use super::state::State;
+use super::stream::{End, StreamKind};
+use super::Principal;
+
+/// One publication of a stream: its facts, and where its events fit in its history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Published {
+    pub kind: StreamKind,
+    /// Who opened the stream: only they may resume a call's stream.
+    pub principal: Principal,
+    /// The stream's opening position (a cursor there is before any of its events).
+    pub first_seq: u64,
+    /// The stream's first publication: its facts are not in the store yet.
+    pub opened: bool,
+    /// Every event of the stream at or before this position is in an earlier publication or
+    /// lost: a reader whose cursor is before it has a gap.
+    pub prev: u64,
+    /// The last position of this publication's events (`prev` when it has none).
+    pub last: u64,
+    /// How many events it has.
+    pub events: usize,
+    /// The request ids the stream's POST carried (on its first publication only).
+    pub requests: Vec<String>,
+    /// The stream ended: how, and the ids of its requests that no event answered.
+    pub end: Option<(End, Vec<String>)>,
+}
+
+impl State {
+    /// What the store does not have yet of `stream` (see [`Published`]): each event after the
+    /// last publication goes to `event`, in order (the window's, and the stream's overflow
+    /// slot's in its place). `None` when there is nothing new: no new event, no end, already
+    /// opened; or the stream is not retained, or its end was published.
+    pub(super) fn unpublished(
+        &mut self,
+        stream: u32,
+        mut event: impl FnMut(u64, bool, &[u8]),
+    ) -> Option<Published> {
+        let s = self.streams.get_mut(&stream)?;
+        if s.published_end {
+            return None;
+        }
+        let opened = s.published.is_none();
+        // Lost before they were published (evicted, an overflow dropped): the chain says so.
+        let prev = s.published.unwrap_or(s.first_seq).max(s.lost_upto);
+        let mut last = prev;
+        let mut events = 0;
+        let overflow = s.overflow.as_ref().filter(|o| o.seq > prev);
+        let mut overflow_sent = false;
+        for e in self.window.after(stream, prev) {
+            if let Some(o) = overflow.filter(|o| !overflow_sent && o.seq < e.seq) {
+                event(o.seq, o.message, &o.body);
+                overflow_sent = true;
+                events += 1;
+            }
+            event(e.seq, e.message, &e.body);
+            last = e.seq;
+            events += 1;
+        }
+        if let Some(o) = overflow.filter(|_| !overflow_sent) {
+            event(o.seq, o.message, &o.body);
+            last = last.max(o.seq);
+            events += 1;
+        }
+        let end = s.end.clone().map(|end| {
+            let open = s
+                .requests
+                .iter()
+                .filter(|r| r.answered_at.is_none())
+                .map(|r| r.id.clone())
+                .collect();
+            (end, open)
+        });
+        if !opened && events == 0 && end.is_none() {
+            return None;
+        }
+        s.published = Some(last);
+        s.published_end = end.is_some();
+        Some(Published {
+            kind: s.kind,
+            principal: s.principal,
+            first_seq: s.first_seq,
+            opened,
+            prev,
+            last,
+            events,
+            requests: if opened {
+                s.requests.iter().map(|r| r.id.clone()).collect()
+            } else {
+                Vec::new()
+            },
+            end,
+        })
+    }
+}

@@ -1,0 +1,305 @@
+//! A resume served from the store: the client's cursor names a stream another replica reads
+//! upstream. Its answer is what the owner's would be: `mcp-reattach/resumed` at the cursor,
+//! exactly the events after it (from the stream's entries), then the live tail as the owner
+//! publishes it, then the stream's end (the JSON-RPC errors of an upstream that ended early,
+//! as the owner's clients get them); a hole in the stream's chain is the explicit gap, never
+//! a silent one.
+//!
+//! The live tail is read by polling the stream's entries (a few milliseconds apart while
+//! events come, backing off to [`MAX_POLL`] while they do not): one round trip per poll on the
+//! shared connection, no connection held per follower.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use redis::streams::StreamRangeReply;
+use tokio::sync::mpsc;
+
+use super::wire::{self, meta_field, Meta, Tag};
+use super::{Shared, Store};
+use crate::cursor::Cursor;
+use crate::session::{gap_frames, resumed_frame, upstream_ended_frames, Principal, Session};
+use crate::session::{End, UpstreamFailure};
+
+/// Entries read per round trip.
+const READ_ENTRIES: usize = 128;
+/// The first poll's wait for new entries, doubled while none come, up to [`MAX_POLL`].
+const MIN_POLL: Duration = Duration::from_millis(2);
+const MAX_POLL: Duration = Duration::from_millis(50);
+
+/// Why a cursor is not followed from the store.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum FollowError {
+    /// The store has no such stream (or no store, or it did not answer): the local rules
+    /// decide, as for a cursor of a stream this replica does not retain.
+    NotInStore,
+    /// A call's stream of another principal: answered as for an unknown session.
+    NotTheCallers,
+    /// The cursor is before the stream's opening: not one of its positions.
+    Foreign,
+}
+
+/// The body of a follower: frames from its task.
+pub(crate) struct FollowBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl http_body::Body for FollowBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// One read: the stream's meta and its entries after a position, in one transaction.
+struct Read {
+    meta: Option<Meta>,
+    entries: Vec<Entry>,
+}
+
+struct Entry {
+    prev: u64,
+    events: Vec<u8>,
+}
+
+impl Store {
+    /// Follows `cursor`'s stream of `session` from the store for a caller of `principal`
+    /// (`None`: anyone may): the first read is awaited (bounded by `--store-timeout`), the
+    /// rest is the body's task.
+    pub(crate) async fn follow(
+        &self,
+        session: &Arc<Session>,
+        cursor: Cursor,
+        principal: Option<Principal>,
+    ) -> Result<(FollowBody, usize), FollowError> {
+        let Store::Redis(s) = self else {
+            return Err(FollowError::NotInStore);
+        };
+        let tag = s.keys.tag(session.id());
+        let first = s
+            .read(&tag, cursor.stream, cursor.seq)
+            .await
+            .ok_or(FollowError::NotInStore)?;
+        let meta = first.meta.clone().ok_or(FollowError::NotInStore)?;
+        if principal.is_some_and(|p| meta.kind() == crate::session::StreamKind::Post && !meta.opened_by(p))
+        {
+            return Err(FollowError::NotTheCallers);
+        }
+        if cursor.seq < meta.f {
+            return Err(FollowError::Foreign);
+        }
+        let mut follower = Follower {
+            shared: s.clone(),
+            tag,
+            cursor,
+            at: cursor.seq,
+            meta,
+        };
+        let mut out = BytesMut::new();
+        let (replay, done) = follower.take(first, &mut out);
+        let ended = done.is_some();
+        let here = cursor.text();
+        let mut opening = BytesMut::from(&resumed_frame(&here, cursor.stream, follower.meta.kind(), replay, ended)[..]);
+        opening.put_slice(&out);
+        if let Some(last) = done {
+            opening.put_slice(&last);
+        }
+        let (tx, rx) = mpsc::channel(8);
+        let _ = tx.try_send(opening.freeze());
+        if !ended {
+            tokio::spawn(follower.run(tx));
+        }
+        s.metrics.store_follows.inc();
+        Ok((FollowBody { rx }, replay))
+    }
+}
+
+impl Shared {
+    /// The meta of `stream` and its entries after position `after`, in one transaction;
+    /// `None` when the store did not answer (counted).
+    async fn read(&self, tag: &Tag, stream: u32, after: u64) -> Option<Read> {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hget(tag.record(), meta_field(stream))
+            .cmd("XRANGE")
+            .arg(tag.events(stream))
+            .arg(format!("({}", wire::entry_id(after)))
+            .arg("+")
+            .arg("COUNT")
+            .arg(READ_ENTRIES);
+        let (meta, range): (Option<String>, StreamRangeReply) = self.run(&pipe, "follow").await?;
+        let meta = meta.and_then(|m| serde_json::from_str::<Meta>(&m).ok());
+        let entries = range
+            .ids
+            .into_iter()
+            .filter_map(|id| {
+                let prev = match id.map.get("p")? {
+                    redis::Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok()?,
+                    redis::Value::Int(n) => u64::try_from(*n).ok()?,
+                    _ => return None,
+                };
+                let events = match id.map.get("e")? {
+                    redis::Value::BulkString(b) => b.clone(),
+                    _ => return None,
+                };
+                Some(Entry { prev, events })
+            })
+            .collect();
+        Some(Read { meta, entries })
+    }
+}
+
+/// A follower's state: where its client is in the stream.
+struct Follower {
+    shared: Arc<Shared>,
+    tag: Tag,
+    cursor: Cursor,
+    /// The last position written to the client.
+    at: u64,
+    meta: Meta,
+}
+
+impl Follower {
+    /// Writes to `out` the events of `read` after the client's position, and, when the stream
+    /// is over for this client (it ended and all was written, or a hole), its last frames.
+    /// Returns how many events were written and the last frames, if over.
+    fn take(&mut self, read: Read, out: &mut BytesMut) -> (usize, Option<Bytes>) {
+        if let Some(m) = read.meta {
+            self.meta = m;
+        }
+        let mut written = 0;
+        for entry in &read.entries {
+            if entry.prev > self.at {
+                return (written, Some(self.gap()));
+            }
+            let Ok(events) = wire::unpack(&entry.events) else {
+                tracing::warn!(mcp.stream = self.cursor.stream, "an entry in the store does not unpack: answered as a gap");
+                return (written, Some(self.gap()));
+            };
+            for e in events {
+                if e.seq <= self.at {
+                    continue;
+                }
+                let id = Cursor {
+                    seq: e.seq,
+                    ..self.cursor
+                }
+                .text();
+                out.put_slice(b"id: ");
+                out.put_slice(id.as_bytes());
+                out.put_u8(b'\n');
+                if e.message {
+                    out.put_slice(b"event: message\n");
+                }
+                out.put_slice(e.body);
+                self.at = e.seq;
+                written += 1;
+            }
+        }
+        let Some(end) = &self.meta.end else {
+            return (written, None);
+        };
+        if self.at >= end.last {
+            let here = self.here();
+            let last = if end.failed.is_some() || !end.open.is_empty() {
+                let how = match &end.failed {
+                    Some(cause) => End::Failed(UpstreamFailure::Connection(cause.clone())),
+                    None => End::Complete,
+                };
+                upstream_ended_frames(&here, true, &how, &end.open)
+            } else {
+                Bytes::new()
+            };
+            return (written, Some(last));
+        }
+        if read.entries.len() < READ_ENTRIES {
+            // Ended, and the events before its end are not in the store: lost.
+            return (written, Some(self.gap()));
+        }
+        (written, None)
+    }
+
+    fn here(&self) -> String {
+        Cursor {
+            seq: self.at,
+            ..self.cursor
+        }
+        .text()
+    }
+
+    /// The explicit gap: the client's requests still unanswered get their errors.
+    fn gap(&self) -> Bytes {
+        let ids = match &self.meta.end {
+            Some(end) => &end.open,
+            None => &self.meta.req,
+        };
+        self.shared.metrics.store_follow_gaps.inc();
+        gap_frames(&self.here(), true, ids)
+    }
+
+    /// The live tail: polls the stream's entries until the stream is over for this client,
+    /// or the client is gone.
+    async fn run(mut self, tx: mpsc::Sender<Bytes>) {
+        let mut wait = MIN_POLL;
+        let keepalive = self.shared.keepalive;
+        let mut quiet = Duration::ZERO;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = tx.closed() => return,
+            }
+            let Some(read) = self
+                .shared
+                .read(&self.tag, self.cursor.stream, self.at)
+                .await
+            else {
+                // The store did not answer: the client is told to resume (it comes back, to
+                // this replica or another, from where it is).
+                let _ = tx.send(self.resume_elsewhere()).await;
+                return;
+            };
+            let full = read.entries.len() == READ_ENTRIES;
+            let mut out = BytesMut::new();
+            let (written, done) = self.take(read, &mut out);
+            if let Some(last) = done {
+                out.put_slice(&last);
+                let _ = tx.send(out.freeze()).await;
+                return;
+            }
+            if written > 0 {
+                quiet = Duration::ZERO;
+                wait = MIN_POLL;
+                if tx.send(out.freeze()).await.is_err() {
+                    return;
+                }
+                if full {
+                    wait = Duration::ZERO;
+                }
+            } else {
+                quiet += wait;
+                wait = (wait * 2).min(MAX_POLL);
+                if keepalive.is_some_and(|k| quiet >= k) {
+                    quiet = Duration::ZERO;
+                    if tx.send(Bytes::from_static(crate::sse::KEEPALIVE)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The client's last frame when the store stops answering: resume from where it is.
+    fn resume_elsewhere(&self) -> Bytes {
+        crate::session::resumption_required_frame(&self.here())
+    }
+}

@@ -1,0 +1,333 @@
+//! The store's data as bytes, pure: the keys derived from the fleet's secret, key names (one
+//! hash tag per session), the session's record, a stream's facts (its meta) and its entries
+//! (one publication's events, packed). No I/O: `store` sends what this writes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::session::{Principal, StreamKind};
+
+/// The record's format version.
+pub(super) const RECORD_VERSION: &str = "1";
+
+/// Stream numbers a replica claims at once for a session it creates or adopts: the creator
+/// numbers from 0, each adoption claims the next block (`sn` in the record), so two replicas
+/// never give one number to two streams of a session.
+pub(super) const STREAM_BLOCK: u32 = 1 << 16;
+
+/// The keys the fleet derives from its shared secret (`--store-key-file`), each for one use.
+#[derive(Clone)]
+pub(crate) struct Keys {
+    /// Principals are keyed MACs under it: the same caller is the same principal on every
+    /// replica, so a session's binding means the same everywhere.
+    pub bind: [u8; 32],
+    /// Key names: a session's hash tag is a keyed hash of its id (the id is never stored).
+    names: [u8; 32],
+}
+
+impl Keys {
+    pub(crate) fn derive(secret: &[u8]) -> Keys {
+        Keys {
+            bind: blake3::derive_key("mcp-reattach 2026-12 principal binding", secret),
+            names: blake3::derive_key("mcp-reattach 2026-12 store key names", secret),
+        }
+    }
+
+    /// The hash tag of session `id`: every key of the session carries it, so a Redis Cluster
+    /// keeps a session on one slot.
+    pub(super) fn tag(&self, id: &str) -> Tag {
+        let h = blake3::keyed_hash(&self.names, id.as_bytes());
+        Tag(hex(&h.as_bytes()[..16]))
+    }
+}
+
+/// A session's hash tag (32 hex digits).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Tag(String);
+
+impl Tag {
+    /// The session's record.
+    pub(super) fn record(&self) -> String {
+        format!("mra:{{{}}}:rec", self.0)
+    }
+
+    /// The events of the session's stream `stream`.
+    pub(super) fn events(&self, stream: u32) -> String {
+        format!("mra:{{{}}}:ev:{stream}", self.0)
+    }
+}
+
+/// The field of the record holding stream `stream`'s meta.
+pub(super) fn meta_field(stream: u32) -> String {
+    format!("s{stream}")
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
+        let _ = write!(s, "{x:02x}");
+        s
+    })
+}
+
+fn unhex16(s: &str) -> Option<[u8; 16]> {
+    if s.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A session as the store knows it: enough for any replica to adopt it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The gateway minted the id (a stateless upstream); else the id is the upstream's.
+    pub minted: bool,
+    pub epoch: u64,
+    /// The path the session was created on.
+    pub endpoint: String,
+    /// Whom it is bound to, and whose share it counts in.
+    pub principal: Principal,
+    pub share: Principal,
+    pub protocol_version: Option<String>,
+    /// The session ended (DELETE, the upstream's 404): a tombstone, adopted by nobody.
+    pub gone: bool,
+}
+
+impl Record {
+    /// The record's fields as written when the session is created (the creator's stream
+    /// block, numbers from 0, is claimed with them: `sn`).
+    pub(super) fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut f = vec![
+            ("v", RECORD_VERSION.to_owned()),
+            ("kind", if self.minted { "minted" } else { "upstream" }.to_owned()),
+            ("epoch", format!("{:016x}", self.epoch)),
+            ("ep", self.endpoint.clone()),
+            ("pr", hex(&self.principal.0)),
+            ("share", hex(&self.share.0)),
+            ("state", if self.gone { "gone" } else { "live" }.to_owned()),
+            ("sn", STREAM_BLOCK.to_string()),
+        ];
+        if let Some(v) = &self.protocol_version {
+            f.push(("ver", v.clone()));
+        }
+        f
+    }
+
+    /// The record read back (`HGETALL`'s pairs); `None` for anything but a record this
+    /// version wrote whole.
+    pub(super) fn parse(pairs: &[(String, Vec<u8>)]) -> Option<Record> {
+        let get = |k: &str| {
+            pairs
+                .iter()
+                .find(|(f, _)| f == k)
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        };
+        if get("v")? != RECORD_VERSION {
+            return None;
+        }
+        Some(Record {
+            minted: match get("kind")? {
+                "minted" => true,
+                "upstream" => false,
+                _ => return None,
+            },
+            epoch: u64::from_str_radix(get("epoch")?, 16).ok()?,
+            endpoint: get("ep")?.to_owned(),
+            principal: Principal(unhex16(get("pr")?)?),
+            share: Principal(unhex16(get("share")?)?),
+            protocol_version: get("ver").map(str::to_owned),
+            gone: get("state")? == "gone",
+        })
+    }
+}
+
+/// The principal's form in the store and in the adoption script's argument.
+pub(super) fn principal_text(p: Principal) -> String {
+    hex(&p.0)
+}
+
+/// A stream's facts in the record (field `s<n>`), written by its owner when it opens and when
+/// it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Meta {
+    /// The owner: the replica reading it upstream.
+    pub o: String,
+    /// `post` or `standalone`.
+    pub k: String,
+    /// Who opened it.
+    pub pr: String,
+    /// Its opening position.
+    pub f: u64,
+    /// Ended, and how: `None` while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<MetaEnd>,
+    /// The request ids its POST carried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub req: Vec<String>,
+}
+
+/// How a published stream ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct MetaEnd {
+    /// Its last position.
+    pub last: u64,
+    /// The upstream's failure (`None`: it completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// Its requests that no event answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open: Vec<String>,
+}
+
+impl Meta {
+    pub(super) fn kind(&self) -> StreamKind {
+        if self.k == "standalone" {
+            StreamKind::Standalone
+        } else {
+            StreamKind::Post
+        }
+    }
+
+    pub(super) fn opened_by(&self, p: Principal) -> bool {
+        self.pr == principal_text(p)
+    }
+}
+
+/// Appends one event to a packed publication: its position, its `event: message` flag, its
+/// length and its body (the window's form: what follows the `id:` line on the wire).
+pub(super) fn pack_event(out: &mut Vec<u8>, seq: u64, message: bool, body: &[u8]) {
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.push(u8::from(message));
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+/// One event of a packed publication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Packed<'a> {
+    pub seq: u64,
+    pub message: bool,
+    pub body: &'a [u8],
+}
+
+/// The events of a packed publication, in order; `Err` at the first that is cut short or
+/// out of order (a store that holds what the gateway did not write).
+pub(super) fn unpack(mut b: &[u8]) -> Result<Vec<Packed<'_>>, &'static str> {
+    let mut out = Vec::new();
+    let mut last = 0;
+    while !b.is_empty() {
+        if b.len() < 13 {
+            return Err("an event's head is cut short");
+        }
+        let seq = u64::from_le_bytes(b[..8].try_into().map_err(|_| "head")?);
+        let message = match b[8] {
+            0 => false,
+            1 => true,
+            _ => return Err("an event's flag is neither 0 nor 1"),
+        };
+        let len = u32::from_le_bytes(b[9..13].try_into().map_err(|_| "head")?) as usize;
+        let body = b.get(13..13 + len).ok_or("an event's body is cut short")?;
+        if seq <= last {
+            return Err("events out of order");
+        }
+        last = seq;
+        out.push(Packed { seq, message, body });
+        b = &b[13 + len..];
+    }
+    Ok(out)
+}
+
+/// An entry's id in its stream: `0-<position of its last event>`.
+pub(super) fn entry_id(last: u64) -> String {
+    format!("0-{last}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let r = Record {
+            minted: true,
+            epoch: 0x0123_4567_89ab_cdef,
+            endpoint: "/mcp".into(),
+            principal: Principal([7; 16]),
+            share: Principal([9; 16]),
+            protocol_version: Some("2025-06-18".into()),
+            gone: false,
+        };
+        let pairs: Vec<(String, Vec<u8>)> = r
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.into_bytes()))
+            .collect();
+        assert_eq!(Record::parse(&pairs), Some(r));
+        let mut other = pairs.clone();
+        other[0].1 = b"2".to_vec();
+        assert_eq!(Record::parse(&other), None, "another version is not read");
+        assert_eq!(Record::parse(&pairs[1..]), None, "nor a partial record");
+    }
+
+    #[test]
+    fn a_session_tag_is_keyed_and_every_key_carries_it() {
+        let (a, b) = (Keys::derive(&[1; 32]), Keys::derive(&[2; 32]));
+        assert_ne!(a.tag("s"), b.tag("s"), "another secret, other names");
+        assert_ne!(a.tag("s"), a.tag("t"));
+        let t = a.tag("s");
+        let braces = |k: String| k.split('{').nth(1).and_then(|r| r.split('}').next()).map(str::to_owned);
+        assert_eq!(braces(t.record()), Some(t.0.clone()));
+        assert_eq!(braces(t.events(3)), Some(t.0.clone()));
+        assert_ne!(a.bind, Keys::derive(&[1; 32]).names, "one key per use");
+    }
+
+    #[test]
+    fn a_stream_meta_is_compact_json() {
+        let m = Meta {
+            o: "r1".into(),
+            k: "post".into(),
+            pr: principal_text(Principal([1; 16])),
+            f: 4,
+            end: None,
+            req: vec!["1".into()],
+        };
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(!text.contains("end"));
+        assert_eq!(serde_json::from_str::<Meta>(&text).unwrap(), m);
+        assert!(m.opened_by(Principal([1; 16])) && !m.opened_by(Principal([2; 16])));
+    }
+
+    proptest! {
+        /// Whatever events a publication packs, they unpack as they were; cut anywhere
+        /// inside, they do not.
+        #[test]
+        fn packed_events_unpack_as_packed(
+            events in proptest::collection::vec((1u64..1000, any::<bool>(), proptest::collection::vec(any::<u8>(), 0..40)), 0..8),
+            cut in 1usize..13,
+        ) {
+            let mut seq = 0;
+            let mut packed = Vec::new();
+            let mut want = Vec::new();
+            for (gap, message, body) in &events {
+                seq += gap;
+                pack_event(&mut packed, seq, *message, body);
+                want.push((seq, *message, body.clone()));
+            }
+            let got: Vec<_> = unpack(&packed).unwrap().into_iter().map(|p| (p.seq, p.message, p.body.to_vec())).collect();
+            prop_assert_eq!(got, want);
+            if !packed.is_empty() {
+                let short = &packed[..packed.len() - cut.min(packed.len())];
+                if short.len() != packed.len() {
+                    // A cut at an event's boundary is a shorter publication; elsewhere an error.
+                    if let Ok(got) = unpack(short) {
+                        prop_assert!(got.len() < events.len());
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The one task that writes to the store what the replica queues (publications, touches,
+//! tombstones): whatever is queued while a pipeline is out goes in the next one, so a burst
+//! costs a round trip per batch, not per write. The queue's bytes are bounded (a sixteenth of
+//! `--memory-budget`): past it, a publication's events are dropped and its stream's chain in
+//! the store shows the hole (a reader answers the explicit gap), its facts still go.
+//!
+//! Knows the store's wire form and the Redis client; nothing of sessions' rules.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::sync::mpsc;
+
+use super::wire::{self, entry_id, meta_field, Meta, MetaEnd, Tag};
+use crate::metrics::Metrics;
+use crate::session::{End, Published};
+
+/// Most writes in one pipeline.
+const MAX_BATCH: usize = 64;
+
+/// How long a tombstone stays, so that replicas holding the session learn it ended.
+const TOMBSTONE_MS: i64 = 60_000;
+
+/// One write the replica wants in the store.
+pub(super) enum Write {
+    Publish {
+        tag: Tag,
+        stream: u32,
+        owner: Arc<str>,
+        published: Published,
+        /// The events, packed (`wire::pack_event`); empty when dropped for the queue's bound.
+        packed: Vec<u8>,
+        /// Entries the stream keeps in the store (about what a window holds).
+        keep: usize,
+        ttl: i64,
+    },
+    Touch {
+        tag: Tag,
+        ttl: i64,
+    },
+    Gone {
+        tag: Tag,
+    },
+}
+
+impl Write {
+    fn bytes(&self) -> usize {
+        match self {
+            Write::Publish { packed, .. } => packed.len(),
+            _ => 0,
+        }
+    }
+
+    /// Adds this write's commands to `pipe`.
+    fn commands(&self, pipe: &mut redis::Pipeline) {
+        match self {
+            Write::Publish {
+                tag,
+                stream,
+                owner,
+                published: p,
+                packed,
+                keep,
+                ttl,
+            } => {
+                let record = tag.record();
+                let meta = |end: Option<MetaEnd>| Meta {
+                    o: owner.to_string(),
+                    k: p.kind.as_str().to_owned(),
+                    pr: wire::principal_text(p.principal),
+                    f: p.first_seq,
+                    end,
+                    req: p.requests.clone(),
+                };
+                if p.opened {
+                    let m = serde_json::to_string(&meta(None)).unwrap_or_default();
+                    pipe.hset(&record, meta_field(*stream), m).ignore();
+                }
+                if !packed.is_empty() {
+                    let key = tag.events(*stream);
+                    pipe.cmd("XADD")
+                        .arg(&key)
+                        .arg("MAXLEN")
+                        .arg("~")
+                        .arg(*keep)
+                        .arg(entry_id(p.last))
+                        .arg("p")
+                        .arg(p.prev)
+                        .arg("e")
+                        .arg(packed.as_slice())
+                        .ignore();
+                    pipe.pexpire(&key, *ttl).ignore();
+                }
+                if let Some((end, open)) = &p.end {
+                    let failed = match end {
+                        End::Complete => None,
+                        End::Failed(cause) => Some(cause.to_string()),
+                    };
+                    let m = meta(Some(MetaEnd {
+                        last: p.last,
+                        failed,
+                        open: open.clone(),
+                    }));
+                    let m = serde_json::to_string(&m).unwrap_or_default();
+                    pipe.hset(&record, meta_field(*stream), m).ignore();
+                }
+            }
+            Write::Touch { tag, ttl } => {
+                pipe.pexpire(tag.record(), *ttl).ignore();
+            }
+            Write::Gone { tag } => {
+                let record = tag.record();
+                pipe.hset(&record, "state", "gone").ignore();
+                pipe.pexpire(&record, TOMBSTONE_MS).ignore();
+            }
+        }
+    }
+}
+
+/// The writer's queue: unbounded in writes, bounded in the bytes of their events.
+pub(super) struct Queue {
+    tx: mpsc::UnboundedSender<Write>,
+    bytes: Arc<AtomicUsize>,
+    limit: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Queue {
+    /// Queues `w`; its events are dropped (the store's chain shows the hole) when the queue
+    /// holds its bound already.
+    pub(super) fn push(&self, mut w: Write) {
+        let len = w.bytes();
+        if len > 0 && self.bytes.load(Ordering::Relaxed) + len > self.limit {
+            if let Write::Publish { packed, .. } = &mut w {
+                *packed = Vec::new();
+            }
+            self.metrics.store_dropped_bytes.inc_by(len as u64);
+        } else {
+            self.bytes.fetch_add(len, Ordering::Relaxed);
+        }
+        let _ = self.tx.send(w);
+    }
+}
+
+/// Starts the writer on `conn`: each pipeline bounded by `timeout`, the queue's events by
+/// `limit` bytes.
+pub(super) fn spawn(
+    conn: ConnectionManager,
+    timeout: Duration,
+    limit: usize,
+    metrics: Arc<Metrics>,
+) -> Queue {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let bytes = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(run(conn, rx, bytes.clone(), timeout, metrics.clone()));
+    Queue {
+        tx,
+        bytes,
+        limit: limit.max(1 << 20),
+        metrics,
+    }
+}
+
+async fn run(
+    mut conn: ConnectionManager,
+    mut rx: mpsc::UnboundedReceiver<Write>,
+    bytes: Arc<AtomicUsize>,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let mut pipe = redis::pipe();
+        let mut held = 0;
+        for w in &batch {
+            w.commands(&mut pipe);
+            held += w.bytes();
+        }
+        let sent = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
+        bytes.fetch_sub(held, Ordering::Relaxed);
+        match sent {
+            Ok(Ok(())) => {
+                metrics.store_writes.inc_by(batch.len() as u64);
+            }
+            Ok(Err(e)) => {
+                metrics.store_errors.inc();
+                tracing::warn!(error = %e, writes = batch.len(), "store writes failed");
+            }
+            Err(_) => {
+                metrics.store_errors.inc();
+                tracing::warn!(?timeout, writes = batch.len(), "store writes timed out");
+            }
+        }
+        batch.clear();
+    }
+}

@@ -1,0 +1,284 @@
+//! A fleet shares its sessions through a real `redis-server` (issue 48): real gateway
+//! binaries with `--store`, in front of the scriptable mock upstream, on 127.0.0.1 only.
+//!
+//! - A session created through one replica is adopted by another for its creator's requests,
+//!   with the epoch it was created with, and by nobody else.
+//! - A call read upstream by one replica and cut is resumed on another: the resumed event at
+//!   the cursor, exactly the events after it, the live tail and the result, once each.
+//! - A stranger gets nothing from the store: not the session, not the call.
+//! - `--store` without its key file, or with a short one, does not start.
+//!
+//! Without `redis-server` the tests say so on stderr and pass, unless `CI_REQUIRE_REDIS` is set
+//! (`.ci/run` sets it and installs the Debian package).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use support::*;
+
+const ALICE: &str = "Bearer alice";
+const BOB: &str = "Bearer bob";
+
+/// A `redis-server` of the test's own on a free loopback port, killed on drop.
+struct Redis {
+    _proc: ChildProc,
+    url: String,
+}
+
+impl Redis {
+    /// Starts one, or `None` (after saying so) when it is not installed and `CI_REQUIRE_REDIS`
+    /// is not set.
+    async fn start(case: &str) -> Option<Redis> {
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        if Command::new(&bin)
+            .arg("--version")
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            assert!(
+                std::env::var_os("CI_REQUIRE_REDIS").is_none(),
+                "redis-server is required (CI_REQUIRE_REDIS is set): apt-get install redis-server"
+            );
+            eprintln!("\n*** SKIPPED store {case}: redis-server is not installed (apt-get install -y redis-server) ***\n");
+            return None;
+        }
+        let port = free_port().port().to_string();
+        let proc = ChildProc::spawn(
+            "redis",
+            &bin,
+            &[
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        );
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "redis-server did not listen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Some(Redis {
+            _proc: proc,
+            url: format!("redis://127.0.0.1:{port}"),
+        })
+    }
+}
+
+/// The fleet's shared secret, in a file of the test's own.
+fn key_file(name: &str, bytes: usize) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("store-{name}.key"));
+    let secret: String = (0..bytes).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    std::fs::write(&path, secret).unwrap();
+    path
+}
+
+async fn replica(mock: &Mock, redis: &Redis, key: &std::path::Path) -> Binary {
+    Binary::start(
+        mock.addr,
+        &[
+            "--store",
+            &redis.url,
+            "--store-key-file",
+            key.to_str().unwrap(),
+            "--hold-standalone",
+            "false",
+        ],
+    )
+    .await
+}
+
+fn as_(principal: &str, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    req.headers_mut()
+        .insert("authorization", principal.parse().unwrap());
+    req
+}
+
+async fn metric(b: &Binary, series: &str) -> f64 {
+    let text = b.admin_get("/metrics").await.expect("metrics");
+    metric_sum(&text, series).unwrap_or(0.0)
+}
+
+/// The epoch part of a gateway cursor (`<epoch>.<stream>.<seq>`).
+fn epoch(id: &str) -> &str {
+    id.split('.').next().unwrap()
+}
+
+fn stream(id: &str) -> u32 {
+    id.split('.').nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_call_cut_on_one_replica_is_resumed_on_another_for_its_caller_only() {
+    let Some(redis) = Redis::start("resume").await else {
+        return;
+    };
+    let key = key_file("resume", 32);
+    let mut mock = Mock::start().await;
+    let (a, b, c) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "fleet-session";
+
+    // Created through A (the creator's first stream is numbered in A's block: 0…).
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // A call through B: B never saw the session and adopts it for its creator.
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(SID)))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 1);
+    assert_eq!(seen.headers["mcp-session-id"], SID, "B forwards the upstream's id");
+    let upstream = seen.respond_sse(Some(SID));
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    assert_eq!(metric(&b, "mcp_reattach_store_adoptions_total").await, 1.0);
+    upstream.message(&progress(1)).await;
+    let mut first = on_b.next().await.unwrap();
+    while first.data.as_deref().is_none_or(|d| !d.contains("progress")) {
+        first = on_b.next().await.unwrap();
+    }
+    let cursor = first.id.clone().expect("a gateway id");
+    assert!(stream(&cursor) >= 1 << 16, "B numbers from a block of its own: {cursor}");
+    // The client is cut; the call goes on upstream.
+    drop(on_b);
+    for i in 2..=4 {
+        upstream.message(&progress(i)).await;
+    }
+    upstream.message(&result(1)).await;
+    drop(upstream);
+
+    // A stranger on A or C gets exactly what an unknown session gets.
+    for gw in [&a, &c] {
+        let resp = send(gw.addr, as_(BOB, get(SID, Some(&cursor)))).await;
+        assert_eq!(resp.status(), 404, "a stranger gets nothing");
+    }
+    assert_eq!(metric(&c, "mcp_reattach_store_adoptions_total").await, 0.0);
+
+    // The caller resumes on A, which does not read the call: served from the store.
+    let resp = send(a.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseReader::new(resp).rest().await;
+    let resumed = &events[0];
+    assert_eq!(resumed.event.as_deref(), Some("mcp-reattach/resumed"));
+    assert_eq!(resumed.id.as_deref(), Some(cursor.as_str()));
+    let rest: Vec<&Event> = events[1..].iter().collect();
+    let data: Vec<String> = rest.iter().filter_map(|e| e.data.clone()).collect();
+    assert_eq!(
+        data,
+        vec![progress(2), progress(3), progress(4), result(1)],
+        "exactly the events after the cursor, once each, then the end"
+    );
+    let ids: Vec<&str> = rest.iter().filter_map(|e| e.id.as_deref()).collect();
+    assert_eq!(ids.len(), 4);
+    assert!(ids.iter().all(|id| epoch(id) == epoch(&cursor) && stream(id) == stream(&cursor)));
+    assert!(metric(&a, "mcp_reattach_store_follows_total").await >= 1.0);
+    assert_eq!(metric(&a, "mcp_reattach_store_adoptions_total").await, 0.0, "A created it");
+
+    // Resumed again from the middle on C (which adopts the session now): the same events.
+    let middle = ids[1];
+    let resp = send(c.addr, as_(ALICE, get(SID, Some(middle)))).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseReader::new(resp).rest().await;
+    let data: Vec<String> = events.iter().skip(1).filter_map(|e| e.data.clone()).collect();
+    assert_eq!(data, vec![progress(4), result(1)]);
+}
+
+#[tokio::test]
+async fn the_live_tail_of_another_replicas_call_follows_as_it_is_read() {
+    let Some(redis) = Redis::start("tail").await else {
+        return;
+    };
+    let key = key_file("tail", 40);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "tail-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(7), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = on_a.next().await.unwrap();
+    while first.data.is_none() {
+        first = on_a.next().await.unwrap();
+    }
+    let cursor = first.id.clone().unwrap();
+    drop(on_a);
+    // Resumed on B while the call runs on A: B follows the tail as A publishes it.
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    assert_eq!(
+        on_b.next().await.unwrap().event.as_deref(),
+        Some("mcp-reattach/resumed")
+    );
+    for i in 2..=3 {
+        upstream.message(&progress(i)).await;
+        let e = on_b.next().await.unwrap();
+        assert_eq!(e.data, Some(progress(i)), "the tail, in order");
+    }
+    upstream.message(&result(7)).await;
+    drop(upstream);
+    let rest = on_b.rest().await;
+    let data: Vec<String> = rest.iter().filter_map(|e| e.data.clone()).collect();
+    assert_eq!(data, vec![result(7)]);
+    assert!(on_b.ended);
+}
+
+#[tokio::test]
+async fn a_store_needs_the_fleets_secret() {
+    let mock = Mock::start().await;
+    let missing = Binary::try_start(
+        "gateway",
+        mock.addr,
+        &["--store", "redis://127.0.0.1:1"],
+        "/healthz",
+    )
+    .await
+    .err()
+    .expect("no key file: it does not start");
+    assert_eq!(missing.code, Some(64));
+    assert!(missing.stderr.contains("--store-key-file"), "{}", missing.stderr);
+    let short = key_file("short", 16);
+    let refused = Binary::try_start(
+        "gateway",
+        mock.addr,
+        &[
+            "--store",
+            "redis://127.0.0.1:1",
+            "--store-key-file",
+            short.to_str().unwrap(),
+        ],
+        "/healthz",
+    )
+    .await
+    .err()
+    .expect("a short key: it does not start");
+    assert_eq!(refused.code, Some(64));
+    assert!(refused.stderr.contains("at least 32"), "{}", refused.stderr);
+}
