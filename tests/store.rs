@@ -70,7 +70,10 @@ impl Redis {
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(tokio::time::Instant::now() < deadline, "redis-server did not listen");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "redis-server did not listen"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Some(Redis {
@@ -83,7 +86,9 @@ impl Redis {
 /// The fleet's shared secret, in a file of the test's own.
 fn key_file(name: &str, bytes: usize) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("store-{name}.key"));
-    let secret: String = (0..bytes).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    let secret: String = (0..bytes)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
     std::fs::write(&path, secret).unwrap();
     path
 }
@@ -147,7 +152,10 @@ async fn a_call_cut_on_one_replica_is_resumed_on_another_for_its_caller_only() {
     let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(SID)))));
     let seen = mock.next().await;
     assert_eq!(seen.json_body()["id"], 1);
-    assert_eq!(seen.headers["mcp-session-id"], SID, "B forwards the upstream's id");
+    assert_eq!(
+        seen.headers["mcp-session-id"], SID,
+        "B forwards the upstream's id"
+    );
     let upstream = seen.respond_sse(Some(SID));
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 200);
@@ -155,11 +163,18 @@ async fn a_call_cut_on_one_replica_is_resumed_on_another_for_its_caller_only() {
     assert_eq!(metric(&b, "mcp_reattach_store_adoptions_total").await, 1.0);
     upstream.message(&progress(1)).await;
     let mut first = on_b.next().await.unwrap();
-    while first.data.as_deref().is_none_or(|d| !d.contains("progress")) {
+    while first
+        .data
+        .as_deref()
+        .is_none_or(|d| !d.contains("progress"))
+    {
         first = on_b.next().await.unwrap();
     }
     let cursor = first.id.clone().expect("a gateway id");
-    assert!(stream(&cursor) >= 1 << 16, "B numbers from a block of its own: {cursor}");
+    assert!(
+        stream(&cursor) >= 1 << 16,
+        "B numbers from a block of its own: {cursor}"
+    );
     // The client is cut; the call goes on upstream.
     drop(on_b);
     for i in 2..=4 {
@@ -191,16 +206,26 @@ async fn a_call_cut_on_one_replica_is_resumed_on_another_for_its_caller_only() {
     );
     let ids: Vec<&str> = rest.iter().filter_map(|e| e.id.as_deref()).collect();
     assert_eq!(ids.len(), 4);
-    assert!(ids.iter().all(|id| epoch(id) == epoch(&cursor) && stream(id) == stream(&cursor)));
+    assert!(ids
+        .iter()
+        .all(|id| epoch(id) == epoch(&cursor) && stream(id) == stream(&cursor)));
     assert!(metric(&a, "mcp_reattach_store_follows_total").await >= 1.0);
-    assert_eq!(metric(&a, "mcp_reattach_store_adoptions_total").await, 0.0, "A created it");
+    assert_eq!(
+        metric(&a, "mcp_reattach_store_adoptions_total").await,
+        0.0,
+        "A created it"
+    );
 
     // Resumed again from the middle on C (which adopts the session now): the same events.
     let middle = ids[1];
     let resp = send(c.addr, as_(ALICE, get(SID, Some(middle)))).await;
     assert_eq!(resp.status(), 200);
     let events = SseReader::new(resp).rest().await;
-    let data: Vec<String> = events.iter().skip(1).filter_map(|e| e.data.clone()).collect();
+    let data: Vec<String> = events
+        .iter()
+        .skip(1)
+        .filter_map(|e| e.data.clone())
+        .collect();
     assert_eq!(data, vec![progress(4), result(1)]);
 }
 
@@ -263,7 +288,11 @@ async fn a_store_needs_the_fleets_secret() {
     .err()
     .expect("no key file: it does not start");
     assert_eq!(missing.code, Some(64));
-    assert!(missing.stderr.contains("--store-key-file"), "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("--store-key-file"),
+        "{}",
+        missing.stderr
+    );
     let short = key_file("short", 16);
     let refused = Binary::try_start(
         "gateway",

@@ -57,15 +57,15 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+pub(crate) use self::control::{
+    gap as gap_frames, resumed as resumed_frame, upstream_ended as upstream_ended_frames,
+};
 pub(crate) use self::deliver::Step;
 #[cfg(test)]
 use self::hold::Phase;
 pub(crate) use self::hold::{Attempt, HoldStart};
 use self::life::Swept;
 pub use self::open::OpenStream;
-pub(crate) use self::control::{
-    gap as gap_frames, resumed as resumed_frame, upstream_ended as upstream_ended_frames,
-};
 pub(crate) use self::publish::Published;
 
 /// The last frame of a client that must resume from `here` elsewhere (the store stopped

@@ -262,7 +262,10 @@ struct Slot {
 /// What is told of a stream whose content changed (opened, events tagged, ended): the
 /// fleet's store publishes it (see [`Registry::on_publish`]). Called after the session's lock
 /// is released; it may lock the session again.
-pub struct Publisher(pub Box<dyn Fn(&Session, u32) + Send + Sync>);
+pub struct Publisher(pub Box<PublishFn>);
+
+/// What a [`Publisher`] calls: the session, and the stream that changed.
+pub(crate) type PublishFn = dyn Fn(&Session, u32) + Send + Sync;
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

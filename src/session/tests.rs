@@ -1980,7 +1980,10 @@ fn each_event_is_published_once_in_order_and_the_end_with_what_it_left_unanswere
     let (p, seen) = collect(&s);
     let p = p.expect("the opening is published");
     assert!(p.opened && seen.is_empty() && p.end.is_none());
-    assert_eq!((p.prev, p.last, p.principal), (p.first_seq, p.first_seq, Principal([4; 16])));
+    assert_eq!(
+        (p.prev, p.last, p.principal),
+        (p.first_seq, p.first_seq, Principal([4; 16]))
+    );
     assert_eq!(p.requests, vec!["1".to_owned(), "2".to_owned()]);
     assert_eq!(collect(&s).0, None, "nothing new");
     let mut events: VecDeque<Event> = [
@@ -2003,7 +2006,11 @@ fn each_event_is_published_once_in_order_and_the_end_with_what_it_left_unanswere
     let p = p.unwrap();
     assert!(seen.is_empty());
     assert_eq!((p.prev, p.last), (before, before));
-    assert_eq!(p.end, Some((End::Complete, vec!["2".to_owned()])), "2 was never answered");
+    assert_eq!(
+        p.end,
+        Some((End::Complete, vec!["2".to_owned()])),
+        "2 was never answered"
+    );
     assert_eq!(collect(&s).0, None, "the end is published once");
 }
 

@@ -91,7 +91,8 @@ impl Store {
             .await
             .ok_or(FollowError::NotInStore)?;
         let meta = first.meta.clone().ok_or(FollowError::NotInStore)?;
-        if principal.is_some_and(|p| meta.kind() == crate::session::StreamKind::Post && !meta.opened_by(p))
+        if principal
+            .is_some_and(|p| meta.kind() == crate::session::StreamKind::Post && !meta.opened_by(p))
         {
             return Err(FollowError::NotTheCallers);
         }
@@ -109,7 +110,9 @@ impl Store {
         let (replay, done) = follower.take(first, &mut out);
         let ended = done.is_some();
         let here = cursor.text();
-        let mut opening = BytesMut::from(&resumed_frame(&here, cursor.stream, follower.meta.kind(), replay, ended)[..]);
+        let mut opening = BytesMut::from(
+            &resumed_frame(&here, cursor.stream, follower.meta.kind(), replay, ended)[..],
+        );
         opening.put_slice(&out);
         if let Some(last) = done {
             opening.put_slice(&last);
@@ -183,7 +186,10 @@ impl Follower {
                 return (written, Some(self.gap()));
             }
             let Ok(events) = wire::unpack(&entry.events) else {
-                tracing::warn!(mcp.stream = self.cursor.stream, "an entry in the store does not unpack: answered as a gap");
+                tracing::warn!(
+                    mcp.stream = self.cursor.stream,
+                    "an entry in the store does not unpack: answered as a gap"
+                );
                 return (written, Some(self.gap()));
             };
             for e in events {
@@ -290,7 +296,11 @@ impl Follower {
                 wait = (wait * 2).min(MAX_POLL);
                 if keepalive.is_some_and(|k| quiet >= k) {
                     quiet = Duration::ZERO;
-                    if tx.send(Bytes::from_static(crate::sse::KEEPALIVE)).await.is_err() {
+                    if tx
+                        .send(Bytes::from_static(crate::sse::KEEPALIVE))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -56,7 +56,7 @@ pub(crate) struct Shared {
     queue: Queue,
     metrics: Arc<Metrics>,
     /// Milliseconds since the process started, from one clock (the touches' coalescing).
-    started: std::time::Instant,
+    started: tokio::time::Instant,
     /// Sessions touched in the store, by when (ms since `started`): at most one touch per
     /// session every quarter TTL.
     touched: Mutex<std::collections::HashMap<Arc<str>, u64>>,
@@ -70,6 +70,9 @@ pub(crate) enum Adoption {
     /// caller gets what it would for a session the gateway never saw).
     None,
 }
+
+/// What an adoption claims: the end of the block of stream numbers, and the record's fields.
+type Claimed = (i64, Vec<(String, Vec<u8>)>);
 
 /// The Lua script of an adoption, one round trip: the record's fields, and a block of stream
 /// numbers claimed for the adopting replica, only for a live record bound to the caller
@@ -129,7 +132,7 @@ impl Store {
             keepalive: cfg.keepalive,
             queue,
             metrics: metrics.clone(),
-            started: std::time::Instant::now(),
+            started: tokio::time::Instant::now(),
             touched: Default::default(),
         }))
     }
@@ -187,7 +190,7 @@ impl Store {
             .arg(STREAM_BLOCK)
             .arg(ttl_ms(s.session_ttl));
         let mut conn = s.conn.clone();
-        let found: Option<Option<(i64, Vec<(String, Vec<u8>)>)>> =
+        let found: Option<Option<Claimed>> =
             match tokio::time::timeout(s.timeout, invocation.invoke_async(&mut conn)).await {
                 Ok(Ok(v)) => Some(v),
                 Ok(Err(e)) => {
@@ -258,7 +261,11 @@ impl Store {
 
 impl Shared {
     /// Runs `pipe`, bounded by `--store-timeout`; `None` (counted, logged) when it failed.
-    async fn run<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline, op: &'static str) -> Option<T> {
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+        op: &'static str,
+    ) -> Option<T> {
         let mut conn = self.conn.clone();
         match tokio::time::timeout(self.timeout, pipe.query_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => Some(v),

@@ -63,10 +63,11 @@ pub(super) fn meta_field(stream: u32) -> String {
 
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
-    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
 
 fn unhex16(s: &str) -> Option<[u8; 16]> {
@@ -102,7 +103,10 @@ impl Record {
     pub(super) fn fields(&self) -> Vec<(&'static str, String)> {
         let mut f = vec![
             ("v", RECORD_VERSION.to_owned()),
-            ("kind", if self.minted { "minted" } else { "upstream" }.to_owned()),
+            (
+                "kind",
+                if self.minted { "minted" } else { "upstream" }.to_owned(),
+            ),
             ("epoch", format!("{:016x}", self.epoch)),
             ("ep", self.endpoint.clone()),
             ("pr", hex(&self.principal.0)),
@@ -279,7 +283,12 @@ mod tests {
         assert_ne!(a.tag("s"), b.tag("s"), "another secret, other names");
         assert_ne!(a.tag("s"), a.tag("t"));
         let t = a.tag("s");
-        let braces = |k: String| k.split('{').nth(1).and_then(|r| r.split('}').next()).map(str::to_owned);
+        let braces = |k: String| {
+            k.split('{')
+                .nth(1)
+                .and_then(|r| r.split('}').next())
+                .map(str::to_owned)
+        };
         assert_eq!(braces(t.record()), Some(t.0.clone()));
         assert_eq!(braces(t.events(3)), Some(t.0.clone()));
         assert_ne!(a.bind, Keys::derive(&[1; 32]).names, "one key per use");
