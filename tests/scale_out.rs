@@ -21,6 +21,9 @@
 //! undefined`): the session id HAProxy learns is the one the gateway mints (`mra-<32 hex>`), with
 //! the shipped config unchanged (GitHub issue 21).
 //!
+//! `non-sticky fleet with --store` runs the control's config in front of the stateless upstream
+//! with every gateway on one real `redis-server` (issue 48): nothing breaks.
+//!
 //! Without HAProxy the tests say so on stderr and pass, unless `CI_REQUIRE_HAPROXY` is set
 //! (`.ci/run` sets it and installs the package). The cases run one at a time (a lock), each on
 //! its own processes; every wait is bounded.
@@ -748,6 +751,112 @@ async fn non_sticky_case(shape: Shape) {
         other_errors, 0,
         "the failure is the explicit 404, nothing else"
     );
+}
+
+/// The fleet's store (issue 48): the same config without its stick lines, in front of the
+/// stateless upstream, each gateway with `--store` on one real `redis-server`. Round robin
+/// sends a session's requests to every replica: each adopts the session from the store for its
+/// client, and a call cut on one replica is resumed on whichever replica the resume reaches,
+/// from the store. Every session opens, every call is cut and resumed exactly once, with every
+/// progress event once and its result; no 404, no re-initialization.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_upstream_non_sticky_fleet_with_a_store_resumes_every_call() {
+    let _serial = SERIAL.lock().await;
+    let Some(haproxy) = haproxy_or_skip("non-sticky fleet with --store") else {
+        return;
+    };
+    let Some(redis) = Redis::start("scale_out non-sticky fleet").await else {
+        return;
+    };
+    let key = key_file("scale-out", 32);
+    let flags = [
+        "--store",
+        redis.url.as_str(),
+        "--store-key-file",
+        key.to_str().unwrap(),
+    ];
+    let mut c = Cluster::start_shape(&haproxy, &control_config(), STATELESS, &flags).await;
+    const SESSIONS: usize = 12;
+    const ROUNDS: u64 = 2;
+    const STEPS: u64 = 10;
+
+    let opens = c.clients.open("f", SESSIONS, 0).await;
+    assert!(
+        opens.iter().all(|e| e["ok"] == true),
+        "every session opens: {opens:?}"
+    );
+    let mut cuts = 0;
+    for round in 0..ROUNDS {
+        c.clients
+            .send(json!({"cmd": "call", "group": "f", "round": round,
+            "steps": STEPS, "interval_ms": 150, "timeout_ms": 30000}));
+        c.clients
+            .wait(
+                |e| e["ev"] == "midcall" && e["round"] == round,
+                Duration::from_secs(20),
+            )
+            .await;
+        cuts += c.relay.cut_all();
+        c.clients
+            .wait(
+                |e| e["ev"] == "calls_done" && e["round"] == round,
+                Duration::from_secs(40),
+            )
+            .await;
+    }
+    c.clients.send(json!({"cmd": "close", "group": "f"}));
+    c.clients
+        .wait_ev("closed", "f", Duration::from_secs(20))
+        .await;
+    let mut calls = 0;
+    let mut elsewhere = 0;
+    for round in 0..ROUNDS {
+        let ends = c.clients.call_ends("f", round);
+        assert_eq!(ends.len(), SESSIONS, "one end per call: {ends:?}");
+        for e in &ends {
+            assert_eq!(e["outcome"], "result", "{e}");
+            assert_eq!(
+                e["progress"],
+                full_progress(STEPS),
+                "progress exactly once: {e}"
+            );
+            assert_eq!(e["executions"], 1, "the tool ran once for this call: {e}");
+            assert_eq!(e["attempt"], 0, "no re-initialization: {e}");
+            assert_eq!(e["not_found"], 0, "no 404: {e}");
+            assert_eq!(e["resumes"], 1, "cut once, resumed exactly once: {e}");
+            calls += 1;
+            elsewhere += usize::from(e["ran_on"] != e["replica"]);
+        }
+    }
+    let (mut adoptions, mut follows, mut gaps, mut unknown) = (0.0, 0.0, 0.0, 0.0);
+    for r in &c.replicas {
+        adoptions += r.metric("mcp_reattach_store_adoptions_total").await;
+        follows += r.metric("mcp_reattach_store_follows_total").await;
+        gaps += r.metric("mcp_reattach_store_follow_gaps_total").await;
+        unknown += r
+            .metric("mcp_reattach_resumes_total{outcome=\"unknown_session\"}")
+            .await;
+    }
+    println!(
+        "SUMMARY non-sticky fleet with --store (stateless upstream; shipped config minus its 3 \
+         stick lines): sessions={SESSIONS} calls={calls} results={calls} cuts={cuts} \
+         adoptions={adoptions} resumes from the store={follows} (gaps {gaps}) \
+         calls answered on another replica than their POST's={elsewhere} | 404s=0 re-inits=0"
+    );
+    assert!(
+        cuts >= SESSIONS * ROUNDS as usize,
+        "every call's stream was cut"
+    );
+    assert!(
+        adoptions >= 2.0,
+        "round robin spreads each session over the replicas"
+    );
+    assert!(
+        follows >= 1.0,
+        "some resumes reached another replica than the call's"
+    );
+    assert_eq!(gaps, 0.0);
+    assert_eq!(unknown, 0.0, "no resume found its session unknown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

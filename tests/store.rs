@@ -14,8 +14,6 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,73 +23,6 @@ use support::*;
 
 const ALICE: &str = "Bearer alice";
 const BOB: &str = "Bearer bob";
-
-/// A `redis-server` of the test's own on a free loopback port, killed on drop.
-struct Redis {
-    _proc: ChildProc,
-    url: String,
-}
-
-impl Redis {
-    /// Starts one, or `None` (after saying so) when it is not installed and `CI_REQUIRE_REDIS`
-    /// is not set.
-    async fn start(case: &str) -> Option<Redis> {
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        if Command::new(&bin)
-            .arg("--version")
-            .output()
-            .map_or(true, |o| !o.status.success())
-        {
-            assert!(
-                std::env::var_os("CI_REQUIRE_REDIS").is_none(),
-                "redis-server is required (CI_REQUIRE_REDIS is set): apt-get install redis-server"
-            );
-            eprintln!("\n*** SKIPPED store {case}: redis-server is not installed (apt-get install -y redis-server) ***\n");
-            return None;
-        }
-        let port = free_port().port().to_string();
-        let proc = ChildProc::spawn(
-            "redis",
-            &bin,
-            &[
-                "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--maxmemory-policy",
-                "noeviction",
-            ],
-            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
-        );
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "redis-server did not listen"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Some(Redis {
-            _proc: proc,
-            url: format!("redis://127.0.0.1:{port}"),
-        })
-    }
-}
-
-/// The fleet's shared secret, in a file of the test's own.
-fn key_file(name: &str, bytes: usize) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("store-{name}.key"));
-    let secret: String = (0..bytes)
-        .map(|i| char::from(b'a' + (i % 26) as u8))
-        .collect();
-    std::fs::write(&path, secret).unwrap();
-    path
-}
 
 async fn replica(mock: &Mock, redis: &Redis, key: &std::path::Path) -> Binary {
     Binary::start(
