@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    ensure_npm_deps, free_port, http_client, interop_dir, metric_sum, node_bin, repo_dir,
-    wait_listening, Binary, ChildProc, NextLine, Relay,
+    ensure_npm_deps, free_port, http_client, interop_dir, key_file, metric_sum, node_bin, repo_dir,
+    wait_listening, Binary, ChildProc, NextLine, Redis, Relay,
 };
 use tokio::time::Instant;
 
