@@ -52,7 +52,8 @@ impl Gateway {
         {
             // Another replica's stream, perhaps: served from the fleet's store if it is there.
             let who = (self.cfg.resume_auth != ResumeAuth::None).then_some(inb.principal);
-            match self.store.follow(&session, cursor, who).await {
+            let charge = self.registry.budget().charge();
+            match self.store.follow(&session, cursor, who, charge).await {
                 Ok((body, replay)) => {
                     self.registry.metrics().resume(ResumeOutcome::Resumed);
                     tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = cursor.stream, replay, "resumed from the fleet's store");

@@ -22,10 +22,14 @@ use super::wire::{self, meta_field, Meta, Tag};
 use super::{Shared, Store};
 use crate::cursor::Cursor;
 use crate::session::{gap_frames, resumed_frame, upstream_ended_frames, Principal, Session};
-use crate::session::{End, UpstreamFailure};
+use crate::session::{Charge, End, UpstreamFailure};
 
-/// Entries read per round trip.
-const READ_ENTRIES: usize = 128;
+/// Entries read per round trip. An entry is one upstream read's events (at most a reader's
+/// batch, 64 KiB, or one event up to `--max-event-bytes`): what a follower holds is counted in
+/// the memory budget like a reader's ([`Charge`]), and it reads only while the budget has room.
+const READ_ENTRIES: usize = 16;
+/// What a follower asks the budget for before each read.
+const READ_ROOM: usize = 64 * 1024;
 /// The first poll's wait for new entries, doubled while none come, up to [`MAX_POLL`].
 const MIN_POLL: Duration = Duration::from_millis(2);
 const MAX_POLL: Duration = Duration::from_millis(50);
@@ -81,11 +85,13 @@ impl Store {
         session: &Arc<Session>,
         cursor: Cursor,
         principal: Option<Principal>,
+        mut charge: Charge,
     ) -> Result<(FollowBody, usize), FollowError> {
         let Store::Redis(s) = self else {
             return Err(FollowError::NotInStore);
         };
         let tag = s.keys.tag(session.id());
+        charge.room_for(READ_ROOM).await;
         let first = s
             .read(&tag, cursor.stream, cursor.seq)
             .await
@@ -117,10 +123,13 @@ impl Store {
         if let Some(last) = done {
             opening.put_slice(&last);
         }
-        let (tx, rx) = mpsc::channel(8);
+        // One frame waits for the client at a time: what the follower holds is that frame and
+        // the one it reads next, both counted.
+        let (tx, rx) = mpsc::channel(1);
+        charge.set(opening.len(), 0);
         let _ = tx.try_send(opening.freeze());
         if !ended {
-            tokio::spawn(follower.run(tx));
+            tokio::spawn(follower.run(tx, charge));
         }
         s.metrics.store_follows.inc();
         Ok((FollowBody { rx }, replay))
@@ -255,7 +264,7 @@ impl Follower {
 
     /// The live tail: polls the stream's entries until the stream is over for this client,
     /// or the client is gone.
-    async fn run(mut self, tx: mpsc::Sender<Bytes>) {
+    async fn run(mut self, tx: mpsc::Sender<Bytes>, mut charge: Charge) {
         let mut wait = MIN_POLL;
         let keepalive = self.shared.keepalive;
         let mut quiet = Duration::ZERO;
@@ -264,6 +273,8 @@ impl Follower {
                 () = tokio::time::sleep(wait) => {}
                 () = tx.closed() => return,
             }
+            // The frame sent last may still wait in the channel: counted until the next one.
+            charge.room_for(READ_ROOM).await;
             let Some(read) = self
                 .shared
                 .read(&self.tag, self.cursor.stream, self.at)
@@ -277,6 +288,7 @@ impl Follower {
             let full = read.entries.len() == READ_ENTRIES;
             let mut out = BytesMut::new();
             let (written, done) = self.take(read, &mut out);
+            charge.set(charge.held().max(out.len()), 0);
             if let Some(last) = done {
                 out.put_slice(&last);
                 let _ = tx.send(out.freeze()).await;
@@ -285,9 +297,12 @@ impl Follower {
             if written > 0 {
                 quiet = Duration::ZERO;
                 wait = MIN_POLL;
+                let len = out.len();
                 if tx.send(out.freeze()).await.is_err() {
                     return;
                 }
+                // The channel holds one frame: the one before it was taken.
+                charge.set(len, 0);
                 if full {
                     wait = Duration::ZERO;
                 }
