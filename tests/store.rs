@@ -207,6 +207,97 @@ async fn the_live_tail_of_another_replicas_call_follows_as_it_is_read() {
 }
 
 #[tokio::test]
+async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
+    let Some(redis) = Redis::start("gap").await else {
+        return;
+    };
+    let key = key_file("gap", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "gap-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(3), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = on_a.next().await.unwrap();
+    while first.data.is_none() {
+        first = on_a.next().await.unwrap();
+    }
+    let cursor = first.id.clone().unwrap();
+    drop(on_a);
+    upstream.message(&progress(2)).await;
+    upstream.message(&result(3)).await;
+    drop(upstream);
+    // The store loses the call's events (a flush, an eviction by a misconfigured policy).
+    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let keys = loop {
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg("mra:*:ev:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let meta: Vec<String> = ::redis::cmd("KEYS")
+            .arg("mra:*:rec")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ended: Option<String> = ::redis::cmd("HGET")
+            .arg(&meta[0])
+            .arg(format!("s{}", stream(&cursor)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() && ended.is_some_and(|m| m.contains("\"end\"")) {
+            break keys;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _: () = ::redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Resumed on B: not a silent nothing, the explicit gap, with the call's error.
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseReader::new(resp).rest().await;
+    let kinds: Vec<Option<&str>> = events.iter().map(|e| e.event.as_deref()).collect();
+    assert_eq!(kinds[0], Some("mcp-reattach/resumed"), "{events:?}");
+    assert!(
+        kinds.contains(&Some("mcp-reattach/resumption-failed")),
+        "the gap is said: {events:?}"
+    );
+    let error = events
+        .iter()
+        .filter_map(|e| e.data.as_deref())
+        .find(|d| d.contains("\"error\""))
+        .expect("a JSON-RPC error for the call");
+    assert!(error.contains("\"id\":3"), "{error}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e.data.as_deref() != Some(result(3).as_str())),
+        "nothing the store does not have"
+    );
+    assert_eq!(
+        metric(&b, "mcp_reattach_store_follow_gaps_total").await,
+        1.0
+    );
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

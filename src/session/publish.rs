@@ -24,10 +24,13 @@ pub(crate) struct Published {
     pub last: u64,
     /// How many events it has.
     pub events: usize,
-    /// The request ids the stream's POST carried (on its first publication only).
-    pub requests: Vec<String>,
-    /// The stream ended: how, and the ids of its requests that no event answered.
-    pub end: Option<(End, Vec<String>)>,
+    /// The request ids the stream's POST carried, each with the position of the event that
+    /// answered it, if one did.
+    pub requests: Vec<(String, Option<u64>)>,
+    /// An event of this publication answered one of them (the stream's facts changed).
+    pub answered: bool,
+    /// The stream ended, and how.
+    pub end: Option<End>,
 }
 
 impl State {
@@ -66,15 +69,7 @@ impl State {
             last = last.max(o.seq);
             events += 1;
         }
-        let end = s.end.clone().map(|end| {
-            let open = s
-                .requests
-                .iter()
-                .filter(|r| r.answered_at.is_none())
-                .map(|r| r.id.clone())
-                .collect();
-            (end, open)
-        });
+        let end = s.end.clone();
         if !opened && events == 0 && end.is_none() {
             return None;
         }
@@ -88,11 +83,15 @@ impl State {
             prev,
             last,
             events,
-            requests: if opened {
-                s.requests.iter().map(|r| r.id.clone()).collect()
-            } else {
-                Vec::new()
-            },
+            requests: s
+                .requests
+                .iter()
+                .map(|r| (r.id.clone(), r.answered_at))
+                .collect(),
+            answered: s
+                .requests
+                .iter()
+                .any(|r| r.answered_at.is_some_and(|at| at > prev && at <= last)),
             end,
         })
     }

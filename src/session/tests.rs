@@ -1984,7 +1984,10 @@ fn each_event_is_published_once_in_order_and_the_end_with_what_it_left_unanswere
         (p.prev, p.last, p.principal),
         (p.first_seq, p.first_seq, Principal([4; 16]))
     );
-    assert_eq!(p.requests, vec!["1".to_owned(), "2".to_owned()]);
+    assert_eq!(
+        p.requests,
+        vec![("1".to_owned(), None), ("2".to_owned(), None)]
+    );
     assert_eq!(collect(&s).0, None, "nothing new");
     let mut events: VecDeque<Event> = [
         msg(r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#),
@@ -1994,8 +1997,13 @@ fn each_event_is_published_once_in_order_and_the_end_with_what_it_left_unanswere
     assert!(s.push_events(a.stream, &mut events, None));
     let (p, seen) = collect(&s);
     let p = p.unwrap();
-    assert!(!p.opened && p.requests.is_empty());
+    assert!(!p.opened && p.answered);
     assert_eq!(seen.len(), 2);
+    assert_eq!(
+        p.requests[0],
+        ("1".to_owned(), Some(seen[1].0)),
+        "answered there"
+    );
     assert_eq!(p.prev, p.first_seq, "it follows the opening");
     assert_eq!(p.last, seen[1].0);
     assert!(seen[0].0 < seen[1].0 && seen.iter().all(|e| e.1));

@@ -22,7 +22,7 @@ use super::wire::{self, meta_field, Meta, Tag};
 use super::{Shared, Store};
 use crate::cursor::Cursor;
 use crate::session::{gap_frames, resumed_frame, upstream_ended_frames, Principal, Session};
-use crate::session::{Charge, End, UpstreamFailure};
+use crate::session::{Charge, End};
 
 /// Entries read per round trip. An entry is one upstream read's events (at most a reader's
 /// batch, 64 KiB, or one event up to `--max-event-bytes`): what a follower holds is counted in
@@ -226,14 +226,14 @@ impl Follower {
         };
         if self.at >= end.last {
             let here = self.here();
-            let last = if end.failed.is_some() || !end.open.is_empty() {
-                let how = match &end.failed {
-                    Some(cause) => End::Failed(UpstreamFailure::Connection(cause.clone())),
-                    None => End::Complete,
-                };
-                upstream_ended_frames(&here, true, &how, &end.open)
-            } else {
-                Bytes::new()
+            let open = self.meta.unanswered_at(self.at);
+            let last = match &end.failed {
+                // As the owner's clients are told: the cause as the owner wrote it.
+                Some(cause) => crate::jsonrpc::upstream_failure_frames(&here, true, cause, &open),
+                None if !open.is_empty() => {
+                    upstream_ended_frames(&here, true, &End::Complete, &open)
+                }
+                None => Bytes::new(),
             };
             return (written, Some(last));
         }
@@ -254,12 +254,8 @@ impl Follower {
 
     /// The explicit gap: the client's requests still unanswered get their errors.
     fn gap(&self) -> Bytes {
-        let ids = match &self.meta.end {
-            Some(end) => &end.open,
-            None => &self.meta.req,
-        };
         self.shared.metrics.store_follow_gaps.inc();
-        gap_frames(&self.here(), true, ids)
+        gap_frames(&self.here(), true, &self.meta.unanswered_at(self.at))
     }
 
     /// The live tail: polls the stream's entries until the stream is over for this client,

@@ -168,9 +168,10 @@ pub(super) struct Meta {
     /// Ended, and how: `None` while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<MetaEnd>,
-    /// The request ids its POST carried.
+    /// The request ids its POST carried, each with the position of the event that answered
+    /// it (0: none yet), as of this meta's writing (at the opening, at each answer, at the end).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub req: Vec<String>,
+    pub req: Vec<(String, u64)>,
 }
 
 /// How a published stream ended.
@@ -181,9 +182,6 @@ pub(super) struct MetaEnd {
     /// The upstream's failure (`None`: it completed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
-    /// Its requests that no event answered.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub open: Vec<String>,
 }
 
 impl Meta {
@@ -197,6 +195,15 @@ impl Meta {
 
     pub(super) fn opened_by(&self, p: Principal) -> bool {
         self.pr == principal_text(p)
+    }
+
+    /// The requests a client at position `at` has no answer to: none came, or after `at`.
+    pub(super) fn unanswered_at(&self, at: u64) -> Vec<String> {
+        self.req
+            .iter()
+            .filter(|(_, answered)| *answered == 0 || *answered > at)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
@@ -302,12 +309,14 @@ mod tests {
             pr: principal_text(Principal([1; 16])),
             f: 4,
             end: None,
-            req: vec!["1".into()],
+            req: vec![("1".into(), 0), ("2".into(), 9)],
         };
         let text = serde_json::to_string(&m).unwrap();
         assert!(!text.contains("end"));
         assert_eq!(serde_json::from_str::<Meta>(&text).unwrap(), m);
         assert!(m.opened_by(Principal([1; 16])) && !m.opened_by(Principal([2; 16])));
+        assert_eq!(m.unanswered_at(9), vec!["1".to_owned()]);
+        assert_eq!(m.unanswered_at(8), vec!["1".to_owned(), "2".to_owned()]);
     }
 
     proptest! {

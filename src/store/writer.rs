@@ -72,12 +72,12 @@ impl Write {
                     pr: wire::principal_text(p.principal),
                     f: p.first_seq,
                     end,
-                    req: p.requests.clone(),
+                    req: p
+                        .requests
+                        .iter()
+                        .map(|(id, at)| (id.clone(), at.unwrap_or(0)))
+                        .collect(),
                 };
-                if p.opened {
-                    let m = serde_json::to_string(&meta(None)).unwrap_or_default();
-                    pipe.hset(&record, meta_field(*stream), m).ignore();
-                }
                 if !packed.is_empty() {
                     let key = tag.events(*stream);
                     pipe.cmd("XADD")
@@ -93,17 +93,16 @@ impl Write {
                         .ignore();
                     pipe.pexpire(&key, *ttl).ignore();
                 }
-                if let Some((end, open)) = &p.end {
-                    let failed = match end {
-                        End::Complete => None,
-                        End::Failed(cause) => Some(cause.to_string()),
-                    };
-                    let m = meta(Some(MetaEnd {
+                // The facts after the events they speak of: a reader that sees them sees those.
+                if p.opened || p.answered || p.end.is_some() {
+                    let end = p.end.as_ref().map(|end| MetaEnd {
                         last: p.last,
-                        failed,
-                        open: open.clone(),
-                    }));
-                    let m = serde_json::to_string(&m).unwrap_or_default();
+                        failed: match end {
+                            End::Complete => None,
+                            End::Failed(cause) => Some(cause.to_string()),
+                        },
+                    });
+                    let m = serde_json::to_string(&meta(end)).unwrap_or_default();
                     pipe.hset(&record, meta_field(*stream), m).ignore();
                 }
             }
