@@ -298,6 +298,75 @@ async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
 }
 
 #[tokio::test]
+async fn a_retransmission_on_another_replica_is_a_resume_never_a_second_run() {
+    let Some(redis) = Redis::start("retransmission").await else {
+        return;
+    };
+    let key = key_file("retransmission", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "retransmitted-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+
+    // The call reaches the upstream through A, which has not answered yet.
+    let first = tokio::spawn(send(a.addr, as_(ALICE, post(&call(5), Some(SID)))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 5);
+    // The client gives up on A and sends it again; it lands on B, while A still waits.
+    let again = tokio::spawn(send(b.addr, as_(ALICE, post(&call(5), Some(SID)))));
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "B does not forward a request A forwards"
+    );
+    let upstream = seen.respond_sse(Some(SID));
+    upstream.message(&progress(1)).await;
+    drop(first.await.unwrap());
+    let resp = again.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    let resumed = on_b.next().await.unwrap();
+    assert_eq!(resumed.event.as_deref(), Some("mcp-reattach/resumed"));
+    let e = on_b.next().await.unwrap();
+    assert_eq!(e.data, Some(progress(1)), "from the call's first event");
+    upstream.message(&result(5)).await;
+    drop(upstream);
+    let data: Vec<String> = on_b
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .collect();
+    assert_eq!(data, vec![result(5)]);
+
+    // Sent once more after it ended, to either replica: answered from its stream again.
+    for gw in [&a, &b] {
+        let resp = send(gw.addr, as_(ALICE, post(&call(5), Some(SID)))).await;
+        assert_eq!(resp.status(), 200);
+        let data: Vec<String> = SseReader::new(resp)
+            .rest()
+            .await
+            .into_iter()
+            .filter(|e| {
+                e.event
+                    .as_deref()
+                    .is_none_or(|t| !t.starts_with("mcp-reattach/"))
+            })
+            .filter_map(|e| e.data)
+            .collect();
+        assert_eq!(data, vec![progress(1), result(5)]);
+    }
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "the tool ran once"
+    );
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

@@ -23,6 +23,7 @@ use crate::metrics::ResumeOutcome;
 use crate::session::{
     Eviction, Forwarding, InFlight, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
+use crate::store::{IdClaim, IdsHeld};
 use crate::upstream::{full_body, media, Media, OwnBody, SendError, Source};
 
 /// A request on its way upstream: its answer, once polled to the end.
@@ -37,6 +38,9 @@ pub(super) struct Ready {
     /// Held until this request's stream opened (or it ended otherwise): a retransmission
     /// arriving meanwhile waits for it instead of being forwarded a second time.
     pub _forwarding: Option<Forwarding>,
+    /// The same in the fleet's store: a retransmission reaching another replica waits for
+    /// this request's stream and is answered from it.
+    pub _claimed: Option<IdsHeld>,
 }
 
 /// Whether the upstream's answer with `status` to `inb` ends `session` at the gateway: its 404
@@ -62,6 +66,9 @@ pub(super) enum Prepared {
     Ready(Ready),
     /// One of its ids is carried by a retained stream now: a retransmission after all.
     Retransmission(Arc<Session>),
+    /// One of its ids is carried by this stream of another replica (the fleet's store): a
+    /// retransmission, answered from the store.
+    Elsewhere(Arc<Session>, u32),
 }
 
 /// What the request ids of a POST into a known session turned out to be.
@@ -96,10 +103,14 @@ impl Gateway {
         let Ready {
             reservation,
             _forwarding,
+            _claimed,
         } = match self.ready(&mut inb, &session).await? {
             Prepared::Ready(r) => r,
             // Rare (the first POST was in flight); boxed, as the routes then call each other.
             Prepared::Retransmission(s) => return Box::pin(self.retransmission(inb, s)).await,
+            Prepared::Elsewhere(s, stream) => {
+                return Box::pin(self.retransmitted_elsewhere(inb, s, stream)).await
+            }
         };
         let resp = self.send(&mut inb).await?;
         self.answered(inb, session, resp, reservation, reattach)
@@ -211,6 +222,7 @@ impl Gateway {
         session: &Option<Arc<Session>>,
     ) -> Result<Prepared, Refusal> {
         let reservation = self.reserve(inb)?;
+        let mut claimed = None;
         let forwarding = match session {
             None => None,
             Some(s) => match self.claim(inb, s).await {
@@ -222,6 +234,18 @@ impl Gateway {
                     if detached >= self.cfg.max_detached_calls {
                         return Err(ProxyError::DetachedCalls(detached)
                             .for_request(inb.info.single_id.clone()));
+                    }
+                    let limit = self.cfg.upstream_header_timeout;
+                    match self
+                        .store
+                        .claim(s, inb.principal, &inb.info.request_ids, limit)
+                        .await
+                    {
+                        IdClaim::Ours(held) => claimed = Some(held),
+                        IdClaim::Carried(stream) => {
+                            return Ok(Prepared::Elsewhere(s.clone(), stream));
+                        }
+                        IdClaim::Unknown => {}
                     }
                     Some(f)
                 }
@@ -239,6 +263,7 @@ impl Gateway {
         Ok(Prepared::Ready(Ready {
             reservation,
             _forwarding: forwarding,
+            _claimed: claimed,
         }))
     }
 

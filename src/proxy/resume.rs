@@ -120,6 +120,44 @@ impl Gateway {
             .map_err(|e| e.for_request(single_id))
     }
 
+    /// A retransmission whose ids a stream of another replica carries (the fleet's store):
+    /// answered as a resume of that stream from its opening, served from the store, never
+    /// forwarded a second time. A stream the store no longer has is the duplicate's refusal.
+    pub(super) async fn retransmitted_elsewhere(
+        &self,
+        inb: Box<Inbound>,
+        session: Arc<Session>,
+        stream: u32,
+    ) -> Result<Response<ResBody>, Refusal> {
+        let single_id = inb.info.single_id.clone();
+        // Position 0 is before every stream's opening: from the opening, whatever it is.
+        let from = Cursor {
+            epoch: session.epoch(),
+            stream,
+            seq: 0,
+        };
+        let charge = self.registry.budget().charge();
+        match self
+            .store
+            .follow(&session, from, Some(inb.principal), charge)
+            .await
+        {
+            Ok((body, replay)) => {
+                self.registry
+                    .metrics()
+                    .resume(ResumeOutcome::Retransmission);
+                tracing::info!(mcp.session = %session.hashed_id(), mcp.stream = stream, replay, "retransmitted request answered as a resume from the fleet's store");
+                Ok(self.followed_response(session.id(), body))
+            }
+            Err(_) => {
+                let id = single_id
+                    .as_ref()
+                    .map_or_else(|| inb.info.request_ids.join(", "), ToString::to_string);
+                Err(ProxyError::DuplicateRequest(id).for_request(single_id))
+            }
+        }
+    }
+
     /// The response to a resume the session accepted.
     fn resumed(
         &self,

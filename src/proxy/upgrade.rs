@@ -34,9 +34,13 @@ impl Gateway {
         let Ready {
             reservation,
             _forwarding,
+            _claimed,
         } = match self.ready(&mut inb, &session).await? {
             Prepared::Ready(r) => r,
             Prepared::Retransmission(s) => return Box::pin(self.retransmission(inb, s)).await,
+            Prepared::Elsewhere(s, stream) => {
+                return Box::pin(self.retransmitted_elsewhere(inb, s, stream)).await
+            }
         };
         let Some(s) = session.clone() else {
             // No session yet (an `initialize`): the stream needs the session the answer

@@ -78,7 +78,7 @@ struct Entry {
 
 impl Store {
     /// Follows `cursor`'s stream of `session` from the store for a caller of `principal`
-    /// (`None`: anyone may): the first read is awaited (bounded by `--store-timeout`), the
+    /// (`None`: anyone may), from the stream's opening when its position is 0: the first read is awaited (bounded by `--store-timeout`), the
     /// rest is the body's task.
     pub(crate) async fn follow(
         &self,
@@ -102,6 +102,15 @@ impl Store {
         {
             return Err(FollowError::NotTheCallers);
         }
+        // Position 0: from the stream's opening (a retransmission's resume).
+        let cursor = if cursor.seq == 0 {
+            Cursor {
+                seq: meta.f,
+                ..cursor
+            }
+        } else {
+            cursor
+        };
         if cursor.seq < meta.f {
             return Err(FollowError::Foreign);
         }

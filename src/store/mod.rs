@@ -33,6 +33,7 @@ use crate::session::{Principal, Session};
 
 pub(crate) use self::follow::{FollowBody, FollowError};
 use self::wire::{Keys, Record, STREAM_BLOCK};
+
 use self::writer::{Queue, Write};
 
 /// The seam: no store, or a Redis-protocol one.
@@ -70,6 +71,49 @@ pub(crate) enum Adoption {
     /// caller gets what it would for a session the gateway never saw).
     None,
 }
+
+/// What the fleet says of a POST's request ids (see [`Store::claim`]).
+pub(crate) enum IdClaim {
+    /// Forward it: its ids are this replica's until the guard drops (given back then, unless a
+    /// stream of this replica took them).
+    Ours(IdsHeld),
+    /// A stream of another replica carries them: a retransmission, resumed from the store.
+    Carried(u32),
+    /// No store, or it did not answer in time: as without one.
+    Unknown,
+}
+
+/// A POST's request ids claimed in the store for this replica while it forwards the POST.
+pub(crate) struct IdsHeld {
+    shared: Arc<Shared>,
+    keys: Vec<String>,
+    token: String,
+}
+
+impl Drop for IdsHeld {
+    fn drop(&mut self) {
+        self.shared.queue.push(Write::Release {
+            keys: std::mem::take(&mut self.keys),
+            token: std::mem::take(&mut self.token),
+        });
+    }
+}
+
+/// The Lua script of a claim, one round trip: the first of `KEYS` (a POST's request ids)
+/// someone else holds, or, when none is, all of them set to `ARGV[1]` (this claim's token) for
+/// `ARGV[2]` ms.
+const CLAIM: &str = r"
+for _, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  if v and v ~= ARGV[1] then return v end
+end
+for _, k in ipairs(KEYS) do redis.call('SET', k, ARGV[1], 'PX', ARGV[2]) end
+return false
+";
+
+/// How often a retransmission looks again while another replica forwards its ids and no
+/// stream carries them yet.
+const CLAIM_POLL: Duration = Duration::from_millis(20);
 
 /// What an adoption claims: the end of the block of stream numbers, and the record's fields.
 type Claimed = (i64, Vec<(String, Vec<u8>)>);
@@ -214,6 +258,74 @@ impl Store {
         Adoption::Adopt(record, first)
     }
 
+    /// Claims a POST's request `ids` (of `principal`, in `session`) for this replica before
+    /// it forwards the POST, so a retransmission reaching another replica is answered from the
+    /// stream that carries them, never run again: one round trip, bounded by
+    /// `--store-timeout`. While another replica forwards them and no stream carries them yet,
+    /// waits (at most `limit`) for it to open one or give them back.
+    pub(crate) async fn claim(
+        &self,
+        session: &Session,
+        principal: Principal,
+        ids: &[String],
+        limit: Duration,
+    ) -> IdClaim {
+        let Store::Redis(s) = self else {
+            return IdClaim::Unknown;
+        };
+        if ids.is_empty() {
+            return IdClaim::Unknown;
+        }
+        let tag = s.keys.tag(session.id());
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|id| tag.request(&s.keys, principal, id))
+            .collect();
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::getrandom(&mut nonce);
+        let token = format!("p:{}:{:016x}", s.replica, u64::from_le_bytes(nonce));
+        let script = redis::Script::new(CLAIM);
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let mut invocation = script.prepare_invoke();
+            for k in &keys {
+                invocation.key(k);
+            }
+            invocation.arg(&token).arg(ttl_ms(s.session_ttl));
+            let mut conn = s.conn.clone();
+            let held: Option<String> =
+                match tokio::time::timeout(s.timeout, invocation.invoke_async(&mut conn)).await {
+                    Ok(Ok(v)) => v,
+                    Ok(Err(e)) => {
+                        s.failed("claim", &e);
+                        return IdClaim::Unknown;
+                    }
+                    Err(_) => {
+                        s.timed_out("claim");
+                        return IdClaim::Unknown;
+                    }
+                };
+            match held.as_deref().map(|v| v.split_at(v.len().min(2))) {
+                None => {
+                    return IdClaim::Ours(IdsHeld {
+                        shared: s.clone(),
+                        keys,
+                        token,
+                    })
+                }
+                Some(("s:", stream)) => match stream.parse() {
+                    Ok(n) => return IdClaim::Carried(n),
+                    Err(_) => return IdClaim::Unknown,
+                },
+                // Another replica forwards them now: its stream opens, or it gives them back.
+                Some(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(CLAIM_POLL).await;
+                }
+                Some(_) => return IdClaim::Unknown,
+            }
+        }
+    }
+
     /// A request of `session` came: its record lives on in the store, refreshed at most once
     /// a quarter of `--session-ttl` by each replica that uses it (queued).
     pub(crate) fn touch(&self, session: &Session) {
@@ -247,8 +359,20 @@ impl Store {
         }) else {
             return;
         };
+        let tag = s.keys.tag(session.id());
+        // The stream carries its requests from its opening on: a retransmission on any
+        // replica finds it.
+        let carries = if p.opened {
+            p.requests
+                .iter()
+                .map(|(id, _)| tag.request(&s.keys, p.principal, id))
+                .collect()
+        } else {
+            Vec::new()
+        };
         s.queue.push(Write::Publish {
-            tag: s.keys.tag(session.id()),
+            carries,
+            tag,
             stream,
             owner: s.replica.clone(),
             published: p,

@@ -34,7 +34,7 @@ impl Keys {
 
     /// The hash tag of session `id`: every key of the session carries it, so a Redis Cluster
     /// keeps a session on one slot.
-    pub(super) fn tag(&self, id: &str) -> Tag {
+    pub(crate) fn tag(&self, id: &str) -> Tag {
         let h = blake3::keyed_hash(&self.names, id.as_bytes());
         Tag(hex(&h.as_bytes()[..16]))
     }
@@ -42,12 +42,25 @@ impl Keys {
 
 /// A session's hash tag (32 hex digits).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Tag(String);
+pub(crate) struct Tag(String);
 
 impl Tag {
     /// The session's record.
     pub(super) fn record(&self) -> String {
         format!("mra:{{{}}}:rec", self.0)
+    }
+
+    /// Who carries request `id` of `principal` in the session: `p:<replica>` while a replica
+    /// forwards it, `s:<stream>` once its stream opened.
+    pub(super) fn request(&self, keys: &Keys, principal: Principal, id: &str) -> String {
+        let mut h = blake3::Hasher::new_keyed(&keys.names);
+        h.update(&principal.0);
+        h.update(id.as_bytes());
+        format!(
+            "mra:{{{}}}:id:{}",
+            self.0,
+            hex(&h.finalize().as_bytes()[..16])
+        )
     }
 
     /// The events of the session's stream `stream`.

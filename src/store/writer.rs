@@ -27,6 +27,8 @@ const TOMBSTONE_MS: i64 = 60_000;
 pub(super) enum Write {
     Publish {
         tag: Tag,
+        /// The keys of the requests the stream carries (on its opening): each set to it.
+        carries: Vec<String>,
         stream: u32,
         owner: Arc<str>,
         published: Published,
@@ -43,7 +45,15 @@ pub(super) enum Write {
     Gone {
         tag: Tag,
     },
+    /// A POST's claimed request ids given back, unless a stream took them meanwhile.
+    Release {
+        keys: Vec<String>,
+        token: String,
+    },
 }
+
+/// Deletes each of `KEYS` that still holds `ARGV[1]` (the claim's token).
+const RELEASE: &str = "for _, k in ipairs(KEYS) do if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k) end end";
 
 impl Write {
     fn bytes(&self) -> usize {
@@ -58,6 +68,7 @@ impl Write {
         match self {
             Write::Publish {
                 tag,
+                carries,
                 stream,
                 owner,
                 published: p,
@@ -66,6 +77,14 @@ impl Write {
                 ttl,
             } => {
                 let record = tag.record();
+                for k in carries {
+                    pipe.cmd("SET")
+                        .arg(k)
+                        .arg(format!("s:{stream}"))
+                        .arg("PX")
+                        .arg(*ttl)
+                        .ignore();
+                }
                 let meta = |end: Option<MetaEnd>| Meta {
                     o: owner.to_string(),
                     k: p.kind.as_str().to_owned(),
@@ -108,6 +127,16 @@ impl Write {
             }
             Write::Touch { tag, ttl } => {
                 pipe.pexpire(tag.record(), *ttl).ignore();
+            }
+            Write::Release { keys, token } => {
+                if !keys.is_empty() {
+                    pipe.cmd("EVAL")
+                        .arg(RELEASE)
+                        .arg(keys.len())
+                        .arg(keys)
+                        .arg(token)
+                        .ignore();
+                }
             }
             Write::Gone { tag } => {
                 let record = tag.record();
