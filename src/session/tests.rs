@@ -2014,11 +2014,13 @@ fn each_event_is_published_once_in_order_and_the_end_with_what_it_left_unanswere
     let p = p.unwrap();
     assert!(seen.is_empty());
     assert_eq!((p.prev, p.last), (before, before));
+    assert_eq!(p.end, Some(End::Complete));
     assert_eq!(
-        p.end,
-        Some((End::Complete, vec!["2".to_owned()])),
+        p.requests[1],
+        ("2".to_owned(), None),
         "2 was never answered"
     );
+    assert!(!p.answered);
     assert_eq!(collect(&s).0, None, "the end is published once");
 }
 
