@@ -267,6 +267,7 @@ pub struct Metrics {
     pub store_dropped_bytes: Counter,
     pub store_follows: Counter,
     pub store_follow_gaps: Counter,
+    pub store_owners_lost: Counter,
     /// `--memory-budget`, so alerts can compare `window_bytes` with it.
     pub memory_budget_bytes: Gauge,
     /// Unix time the drain started (the gateway stopped accepting); 0 while serving.
@@ -384,6 +385,7 @@ impl Metrics {
             store_dropped_bytes: Counter::default(),
             store_follows: Counter::default(),
             store_follow_gaps: Counter::default(),
+            store_owners_lost: Counter::default(),
             memory_budget_bytes: Gauge::default(),
             drain_started: Gauge::default(),
             drain_deadline: Gauge::default(),
@@ -582,6 +584,7 @@ impl Metrics {
             ("store_dropped_bytes", "Event bytes not written to the fleet's store: its queue was full (a resume elsewhere gets the explicit gap)", &m.store_dropped_bytes),
             ("store_follows", "Resumes served from the fleet's store (a stream another replica reads)", &m.store_follows),
             ("store_follow_gaps", "Resumes from the fleet's store that ended with the explicit gap", &m.store_follow_gaps),
+            ("store_owners_lost", "Resumes from the fleet's store whose stream's owner (the replica reading it upstream) was gone: ended with the explicit upstream failure", &m.store_owners_lost),
         ] {
             registry.register(name, help, c.clone());
         }

@@ -367,6 +367,76 @@ async fn a_retransmission_on_another_replica_is_a_resume_never_a_second_run() {
 }
 
 #[tokio::test]
+async fn a_call_whose_replica_died_ends_explicitly_and_the_session_goes_on() {
+    let Some(redis) = Redis::start("crash").await else {
+        return;
+    };
+    let key = key_file("crash", 32);
+    let mut mock = Mock::start().await;
+    let (mut a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "crash-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(4), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = on_a.next().await.unwrap();
+    while first.data.is_none() {
+        first = on_a.next().await.unwrap();
+    }
+    let cursor = first.id.clone().unwrap();
+    // A dies mid-call (SIGKILL: no drain, no goodbye); its client comes back on B.
+    a.proc.kill();
+    drop(on_a);
+    let started = tokio::time::Instant::now();
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let events = SseReader::new(resp).rest().await;
+    let took = started.elapsed();
+    let failed = events
+        .iter()
+        .find(|e| e.event.as_deref() == Some("mcp-reattach/upstream-failed"))
+        .unwrap_or_else(|| panic!("the explicit failure: {events:?}"));
+    assert!(
+        failed.data.as_deref().unwrap().contains("owner-lost"),
+        "{failed:?}"
+    );
+    let error = events
+        .iter()
+        .filter_map(|e| e.data.as_deref())
+        .find(|d| d.contains("\"error\""))
+        .expect("the call's error");
+    assert!(error.contains("\"id\":4"), "{error}");
+    assert!(took < Duration::from_secs(5), "within the bound: {took:?}");
+    println!("owner lost: the resume on another replica ended explicitly after {took:?}");
+    assert_eq!(
+        metric(&b, "mcp_reattach_store_owners_lost_total").await,
+        1.0
+    );
+    drop(upstream);
+    // The session goes on: its next call works on B.
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(9), Some(SID)))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 9);
+    let upstream = seen.respond_sse(Some(SID));
+    upstream.message(&result(9)).await;
+    drop(upstream);
+    let data: Vec<String> = SseReader::new(pending.await.unwrap())
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .filter(|d| d.contains("\"id\":9"))
+        .collect();
+    assert_eq!(data, vec![result(9)]);
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

@@ -273,7 +273,20 @@ impl Follower {
         let mut wait = MIN_POLL;
         let keepalive = self.shared.keepalive;
         let mut quiet = Duration::ZERO;
+        // Looked at first at once: an owner may be gone before its client came back.
+        let mut owner_checked: Option<tokio::time::Instant> = None;
         loop {
+            if owner_checked.is_none_or(|t| t.elapsed() >= super::OWNER_CHECK)
+                && self.meta.end.is_none()
+            {
+                owner_checked = Some(tokio::time::Instant::now());
+                if self.shared.alive(&self.meta.o).await == Some(false) {
+                    // The owner died with the call: what it published was written, and no
+                    // more will ever come. Said at once, never left to the client's timeout.
+                    let _ = tx.send(self.owner_lost()).await;
+                    return;
+                }
+            }
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = tx.closed() => return,
@@ -326,6 +339,19 @@ impl Follower {
                 }
             }
         }
+    }
+
+    /// The end of a stream whose owner is gone: the upstream failure, and an error for each
+    /// request its client has no answer to.
+    fn owner_lost(&self) -> Bytes {
+        self.shared.metrics.store_owners_lost.inc();
+        tracing::info!(mcp.stream = self.cursor.stream, owner = %self.meta.o, "the replica reading this stream upstream is gone");
+        crate::jsonrpc::upstream_failure_frames(
+            &self.here(),
+            true,
+            "owner-lost: the replica reading this call upstream is gone",
+            &self.meta.unanswered_at(self.at),
+        )
     }
 
     /// The client's last frame when the store stops answering: resume from where it is.

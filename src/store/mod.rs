@@ -166,6 +166,11 @@ impl Store {
             cfg.memory_budget / 16,
             metrics.clone(),
         );
+        tokio::spawn(keep_lease(
+            conn.clone(),
+            wire::lease_key(&replica),
+            settings.timeout,
+        ));
         Store::Redis(Arc::new(Shared {
             conn,
             keys: Keys::derive(&settings.secret),
@@ -383,7 +388,38 @@ impl Store {
     }
 }
 
+/// How long a replica's lease lasts without renewal: a follower of a stream whose owner's
+/// lease lapsed answers the explicit failure, within this plus [`OWNER_CHECK`] and
+/// `--store-timeout` of the owner's death (about 4.1 s by default).
+pub(crate) const LEASE: Duration = Duration::from_secs(3);
+/// How often a replica renews its lease, and a follower looks at its stream's owner's.
+pub(crate) const OWNER_CHECK: Duration = Duration::from_secs(1);
+
+/// Keeps this replica's lease in the store while the process lives: renewed every
+/// [`OWNER_CHECK`] for [`LEASE`]. A renewal that fails is tried again at the next turn.
+async fn keep_lease(mut conn: ConnectionManager, key: String, timeout: Duration) {
+    let mut every = tokio::time::interval(OWNER_CHECK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let mut renew = redis::cmd("SET");
+        renew.arg(&key).arg(1).arg("PX").arg(ttl_ms(LEASE));
+        let renewed = tokio::time::timeout(timeout, renew.exec_async(&mut conn)).await;
+        if !matches!(renewed, Ok(Ok(()))) {
+            tracing::debug!("the store did not take this replica's lease renewal");
+        }
+    }
+}
+
 impl Shared {
+    /// Whether the replica named `owner` holds its lease: `None` when the store did not say.
+    async fn alive(&self, owner: &str) -> Option<bool> {
+        let mut pipe = redis::pipe();
+        pipe.exists(wire::lease_key(owner));
+        let (alive,): (bool,) = self.run(&pipe, "lease").await?;
+        Some(alive)
+    }
+
     /// Runs `pipe`, bounded by `--store-timeout`; `None` (counted, logged) when it failed.
     async fn run<T: redis::FromRedisValue>(
         &self,

@@ -69,6 +69,11 @@ impl Tag {
     }
 }
 
+/// The lease of the replica named `replica` (its own hash tag: one key per replica).
+pub(super) fn lease_key(replica: &str) -> String {
+    format!("mra:{{r:{replica}}}:alive")
+}
+
 /// The field of the record holding stream `stream`'s meta.
 pub(super) fn meta_field(stream: u32) -> String {
     format!("s{stream}")
