@@ -88,6 +88,7 @@ pub mod defaults {
     pub const RESUME_AUTH: ResumeAuth = ResumeAuth::Principal;
     pub const TLS_RELOAD_INTERVAL: &str = "5s";
     pub const STORE_TIMEOUT: &str = "100ms";
+    pub const STORE_DRAIN_TIMEOUT: &str = "60s";
     pub const LOG_FORMAT: LogFormat = LogFormat::Text;
     pub const LOG_LEVEL: &str = "info";
     pub const METRICS_TOOL_NAMES: u32 = 0;
@@ -459,6 +460,12 @@ pub struct GatewayArgs {
     /// (duration).
     #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE_TIMEOUT", default_value = defaults::STORE_TIMEOUT, value_parser = parse_positive_duration)]
     pub store_timeout: Duration,
+
+    /// With --store, after the drain: the calls still read upstream go on into the store (their
+    /// clients resume on other replicas) until they end, at most this long (duration). The
+    /// pod's terminationGracePeriodSeconds must exceed --drain-delay + --drain-timeout + this.
+    #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE_DRAIN_TIMEOUT", default_value = defaults::STORE_DRAIN_TIMEOUT, value_parser = parse_duration)]
+    pub store_drain_timeout: Duration,
 }
 
 /// An IP network: an address and a prefix length (a plain address is all of its bits).
@@ -574,6 +581,7 @@ impl GatewayArgs {
             store: None,
             store_key_file: None,
             store_timeout: duration(STORE_TIMEOUT),
+            store_drain_timeout: duration(STORE_DRAIN_TIMEOUT),
         }
     }
 }
@@ -765,6 +773,8 @@ pub struct StoreSettings {
     /// The key file's contents, whitespace trimmed (at least [`MIN_STORE_KEY_BYTES`]).
     pub secret: Vec<u8>,
     pub timeout: Duration,
+    /// `--store-drain-timeout`.
+    pub drain_timeout: Duration,
 }
 
 impl std::fmt::Debug for StoreSettings {
@@ -824,6 +834,7 @@ impl Config {
             url: url.replacen("valkey://", "redis://", 1),
             secret,
             timeout: args.store_timeout,
+            drain_timeout: args.store_drain_timeout,
         });
         Ok(self)
     }

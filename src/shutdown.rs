@@ -201,11 +201,46 @@ pub(crate) enum Drained {
 /// connections until `drain_timeout` (or until [`Draining::hurried`]), then ends the
 /// remaining streams and gives their hints [`FINAL_FLUSH`] to get out. `draining` is dropped
 /// on return, which resolves [`Shutdown::drained`].
+#[cfg(test)]
 pub(crate) async fn drain(
     registry: &Registry,
     connections: GracefulShutdown,
     drain_timeout: Duration,
     draining: Draining,
+) -> Drained {
+    drain_then(
+        registry,
+        connections,
+        drain_timeout,
+        draining,
+        std::future::ready(()),
+    )
+    .await
+}
+
+/// [`drain`], then `after` (the fleet's hand-over: calls read upstream into the store until
+/// they end) before the drain is over (the admin listener answers until then), cut short by a
+/// quick shutdown.
+pub(crate) async fn drain_then(
+    registry: &Registry,
+    connections: GracefulShutdown,
+    drain_timeout: Duration,
+    draining: Draining,
+    after: impl std::future::Future<Output = ()>,
+) -> Drained {
+    let drained = connections_drained(registry, connections, drain_timeout, &draining).await;
+    tokio::select! {
+        () = after => {}
+        () = draining.hurried() => {}
+    }
+    drained
+}
+
+async fn connections_drained(
+    registry: &Registry,
+    connections: GracefulShutdown,
+    drain_timeout: Duration,
+    draining: &Draining,
 ) -> Drained {
     tracing::info!(
         connections = connections.count(),

@@ -25,18 +25,20 @@ const ALICE: &str = "Bearer alice";
 const BOB: &str = "Bearer bob";
 
 async fn replica(mock: &Mock, redis: &Redis, key: &std::path::Path) -> Binary {
-    Binary::start(
-        mock.addr,
-        &[
-            "--store",
-            &redis.url,
-            "--store-key-file",
-            key.to_str().unwrap(),
-            "--hold-standalone",
-            "false",
-        ],
-    )
-    .await
+    replica_with(mock, redis, key, &[]).await
+}
+
+async fn replica_with(mock: &Mock, redis: &Redis, key: &std::path::Path, extra: &[&str]) -> Binary {
+    let mut flags = vec![
+        "--store",
+        &redis.url,
+        "--store-key-file",
+        key.to_str().unwrap(),
+        "--hold-standalone",
+        "false",
+    ];
+    flags.extend_from_slice(extra);
+    Binary::start(mock.addr, &flags).await
 }
 
 fn as_(principal: &str, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
@@ -434,6 +436,82 @@ async fn a_call_whose_replica_died_ends_explicitly_and_the_session_goes_on() {
         .filter(|d| d.contains("\"id\":9"))
         .collect();
     assert_eq!(data, vec![result(9)]);
+}
+
+#[tokio::test]
+async fn a_drained_replica_hands_its_call_over_every_event_once() {
+    let Some(redis) = Redis::start("drain").await else {
+        return;
+    };
+    let key = key_file("drain", 32);
+    let mut mock = Mock::start().await;
+    let drain = ["--drain-delay", "0s", "--drain-timeout", "300ms"];
+    let mut a = replica_with(&mock, &redis, &key, &drain).await;
+    let b = replica(&mock, &redis, &key).await;
+    const SID: &str = "drain-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(6), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    // A is drained mid-call: its client is told to resume, the call goes on upstream.
+    a.proc.sigterm();
+    let mut seen_on_a = Vec::new();
+    let mut last_id = None;
+    let mut told = None;
+    while let Some(e) = on_a.next().await {
+        if e.event.as_deref() == Some("mcp-reattach/resumption-required") {
+            told = Some(e.clone());
+        } else if e.data.is_some() {
+            seen_on_a.extend(e.data.clone());
+        }
+        last_id = e.id.clone().or(last_id);
+    }
+    let told = told.expect("the drain tells the client to resume");
+    assert!(told.data.unwrap().contains("shutdown"));
+    let cursor = last_id.unwrap();
+    for i in 2..=4 {
+        upstream.message(&progress(i)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The client comes back on B while A still reads the call into the store.
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    assert_eq!(
+        on_b.next().await.unwrap().event.as_deref(),
+        Some("mcp-reattach/resumed")
+    );
+    assert!(
+        a.proc.wait_exit(Duration::from_millis(200)).await.is_none(),
+        "A goes on reading its call after its drain"
+    );
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    let mut all: Vec<String> = seen_on_a
+        .into_iter()
+        .filter(|d| !d.contains("\"reason\""))
+        .collect();
+    all.extend(on_b.rest().await.into_iter().filter_map(|e| e.data));
+    assert_eq!(
+        all,
+        vec![
+            progress(1),
+            progress(2),
+            progress(3),
+            progress(4),
+            result(6)
+        ],
+        "every event once across the hand-over"
+    );
+    let status = a
+        .proc
+        .wait_exit(Duration::from_secs(5))
+        .await
+        .expect("A exits once its call ended");
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test]

@@ -385,12 +385,40 @@ impl Gateway {
         Some(s)
     }
 
+    /// The fleet's hand-over at the end of a drain: with a store, the calls this replica
+    /// still reads upstream go on into the store (their clients resume on other replicas, from
+    /// it) until they end, at most `--store-drain-timeout`; without one, nothing.
+    pub(crate) async fn hand_over(&self) {
+        let Some(limit) = self.cfg.store.as_ref().map(|s| s.drain_timeout) else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut running = self.registry.running_calls();
+        if running > 0 {
+            tracing::info!(
+                calls = running,
+                ?limit,
+                "drained: reading the calls still running into the fleet's store"
+            );
+        }
+        while running > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(HAND_OVER_POLL).await;
+            running = self.registry.running_calls();
+        }
+        if running > 0 {
+            tracing::warn!(calls = running, "--store-drain-timeout: calls still running are left (their followers get owner-lost)");
+        }
+    }
+
     /// Ends `session` here and in the fleet (DELETE, the upstream's 404).
     pub(super) fn end_session(&self, session: &Session, why: crate::session::Eviction) {
         self.registry.remove(session.id(), why);
         self.store.ended(session);
     }
 }
+
+/// How often the hand-over looks whether the calls it reads have ended.
+const HAND_OVER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Shed DELETEs in flight at most: beyond, a shed session is left to the upstream's own
 /// expiry (a flood of sheds must not become a flood of upstream requests).

@@ -238,7 +238,15 @@ pub async fn serve_gateway(
     // Every HTTP/1.1 connection finishes the response in flight and closes (hyper's are told
     // by the drain's graceful shutdown).
     let _ = stop_tx.send(true);
-    shutdown::drain(gateway.registry(), graceful, cfg.drain_timeout, draining).await;
+    let hand_over = gateway.hand_over();
+    shutdown::drain_then(
+        gateway.registry(),
+        graceful,
+        cfg.drain_timeout,
+        draining,
+        hand_over,
+    )
+    .await;
     Ok(())
 }
 

@@ -610,6 +610,19 @@ impl Session {
     }
 
     /// Clients attached to this session's streams now.
+    /// Its calls (POST streams) still read from the upstream.
+    pub fn running_calls(&self) -> usize {
+        let st = lock(&self.state);
+        st.running
+            .iter()
+            .filter(|n| {
+                st.streams
+                    .get(n)
+                    .is_some_and(|s| s.kind == StreamKind::Post)
+            })
+            .count()
+    }
+
     pub fn attached_clients(&self) -> usize {
         lock(&self.state).attached_clients()
     }

@@ -616,6 +616,11 @@ impl Registry {
         lock(&self.sessions).len()
     }
 
+    /// Calls (POST streams) of every session still read from the upstream.
+    pub fn running_calls(&self) -> usize {
+        self.all().iter().map(|(_, s)| s.running_calls()).sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
