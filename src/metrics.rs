@@ -268,6 +268,8 @@ pub struct Metrics {
     pub store_follows: Counter,
     pub store_follow_gaps: Counter,
     pub store_owners_lost: Counter,
+    /// 1 while the fleet's store answers (or none is configured), 0 while it is down.
+    pub store_up: Gauge,
     /// `--memory-budget`, so alerts can compare `window_bytes` with it.
     pub memory_budget_bytes: Gauge,
     /// Unix time the drain started (the gateway stopped accepting); 0 while serving.
@@ -386,6 +388,7 @@ impl Metrics {
             store_follows: Counter::default(),
             store_follow_gaps: Counter::default(),
             store_owners_lost: Counter::default(),
+            store_up: Gauge::default(),
             memory_budget_bytes: Gauge::default(),
             drain_started: Gauge::default(),
             drain_deadline: Gauge::default(),
@@ -576,6 +579,11 @@ impl Metrics {
             "sessions_minted",
             "Sessions whose id the gateway minted because the upstream answered initialize without one (a stateless server)",
             m.sessions_minted.clone(),
+        );
+        registry.register(
+            "store_up",
+            "1 while the fleet's store (--store) answers this replica, 0 while it is down (the replica serves what it holds)",
+            m.store_up.clone(),
         );
         for (name, help, c) in [
             ("store_adoptions", "Sessions this replica adopted from the fleet's store", &m.store_adoptions),

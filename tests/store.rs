@@ -515,6 +515,88 @@ async fn a_drained_replica_hands_its_call_over_every_event_once() {
 }
 
 #[tokio::test]
+async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
+    let Some(mut redis) = Redis::start("outage").await else {
+        return;
+    };
+    let key = key_file("outage", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "outage-session";
+    const LATE: &str = "created-during-the-outage";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+
+    redis.stop().await;
+    // The store is gone: A serves what it holds, at its usual pace, and creates sessions.
+    let started = tokio::time::Instant::now();
+    for id in 10..15 {
+        let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(id), Some(SID)))));
+        let upstream = mock.next().await.respond_sse(Some(SID));
+        upstream.message(&result(id)).await;
+        drop(upstream);
+        let data: Vec<String> = SseReader::new(pending.await.unwrap())
+            .rest()
+            .await
+            .into_iter()
+            .filter_map(|e| e.data)
+            .filter(|d| d.contains("result"))
+            .collect();
+        assert_eq!(data, vec![result(id)], "a held session's call, served");
+    }
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(LATE);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let took = started.elapsed();
+    println!("five calls and an initialize with the store down: {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "no request waits on a dead store: {took:?}"
+    );
+    assert_eq!(metric(&a, "mcp_reattach_store_up").await, 0.0);
+
+    // It comes back (empty): A's next request of each session records it again, after which
+    // B adopts it for its creator.
+    redis.restart().await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for sid in [SID, LATE] {
+        let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(20), Some(sid)))));
+        let upstream = mock.next().await.respond_sse(Some(sid));
+        upstream.message(&result(20)).await;
+        drop(upstream);
+        assert_eq!(pending.await.unwrap().status(), 200);
+    }
+    assert_eq!(metric(&a, "mcp_reattach_store_up").await, 1.0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        // The late session's record is written by A's writer: B finds it shortly.
+        let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(21), Some(LATE)))));
+        let seen = mock.next().await;
+        let upstream = seen.respond_sse(Some(LATE));
+        upstream.message(&result(21)).await;
+        drop(upstream);
+        let resp = pending.await.unwrap();
+        if resp
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v == "text/event-stream")
+            && metric(&b, "mcp_reattach_store_adoptions_total").await >= 1.0
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B adopts the late session"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

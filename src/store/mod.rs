@@ -22,6 +22,7 @@ mod follow;
 mod wire;
 mod writer;
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,6 +36,72 @@ pub(crate) use self::follow::{FollowBody, FollowError};
 use self::wire::{Keys, Record, STREAM_BLOCK};
 
 use self::writer::{Queue, Write};
+
+/// Whether the store answers, as this replica sees it. After [`DOWN_AFTER`] failures in a
+/// row it is down: no request tries it (none pays `--store-timeout`) but one probe a
+/// [`PROBE_EVERY`]; the first success brings it back up. The replica meanwhile serves the
+/// sessions it holds as without a store.
+pub(crate) struct Breaker {
+    failures: AtomicU32,
+    /// It came back after being down: what this replica wrote may be lost with it (a store
+    /// restarted empty), so each session's next request writes its record again.
+    recovered: std::sync::atomic::AtomicBool,
+    /// Milliseconds since `started` before which the store is not tried; 0: up.
+    down_until: AtomicU64,
+    started: tokio::time::Instant,
+    metrics: Arc<Metrics>,
+}
+
+/// Failures in a row that take the store down for this replica.
+const DOWN_AFTER: u32 = 3;
+/// How often a store that is down is tried again.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+impl Breaker {
+    fn new(metrics: Arc<Metrics>) -> Breaker {
+        metrics.store_up.set(1);
+        Breaker {
+            failures: AtomicU32::new(0),
+            recovered: std::sync::atomic::AtomicBool::new(false),
+            down_until: AtomicU64::new(0),
+            started: tokio::time::Instant::now(),
+            metrics,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Whether a request may try the store now.
+    pub(super) fn allows(&self) -> bool {
+        self.now() >= self.down_until.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn succeeded(&self) {
+        if self.failures.swap(0, Ordering::Relaxed) >= DOWN_AFTER {
+            tracing::info!("the store answers again");
+            self.recovered.store(true, Ordering::Relaxed);
+        }
+        self.down_until.store(0, Ordering::Relaxed);
+        self.metrics.store_up.set(1);
+    }
+
+    pub(super) fn failed(&self) {
+        self.metrics.store_errors.inc();
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= DOWN_AFTER {
+            let until = self.now() + PROBE_EVERY.as_millis() as u64;
+            self.down_until.store(until, Ordering::Relaxed);
+            self.metrics.store_up.set(0);
+            if failures == DOWN_AFTER {
+                tracing::warn!(
+                    "the store does not answer: serving without it, trying it once a second"
+                );
+            }
+        }
+    }
+}
 
 /// The seam: no store, or a Redis-protocol one.
 #[derive(Clone)]
@@ -61,6 +128,10 @@ pub(crate) struct Shared {
     /// Sessions touched in the store, by when (ms since `started`): at most one touch per
     /// session every quarter TTL.
     touched: Mutex<std::collections::HashMap<Arc<str>, u64>>,
+    breaker: Arc<Breaker>,
+    /// Sessions created while the store did not take their record: written at their next
+    /// request once it does (by hashed id).
+    unrecorded: Mutex<std::collections::HashSet<Arc<str>>>,
 }
 
 /// What the store says of a session this replica does not hold.
@@ -160,10 +231,12 @@ impl Store {
         let mut replica = [0u8; 6];
         let _ = getrandom::getrandom(&mut replica);
         let replica: String = replica.iter().map(|b| format!("{b:02x}")).collect();
+        let breaker = Arc::new(Breaker::new(metrics.clone()));
         let queue = writer::spawn(
             conn.clone(),
             settings.timeout,
             cfg.memory_budget / 16,
+            breaker.clone(),
             metrics.clone(),
         );
         tokio::spawn(keep_lease(
@@ -183,6 +256,8 @@ impl Store {
             metrics: metrics.clone(),
             started: tokio::time::Instant::now(),
             touched: Default::default(),
+            breaker,
+            unrecorded: Default::default(),
         }))
     }
 
@@ -204,21 +279,19 @@ impl Store {
     /// (past it, the session is this replica's alone, and counted).
     pub(crate) async fn created(&self, session: &Session) {
         let Store::Redis(s) = self else { return };
-        let record = Record {
-            minted: session.minted(),
-            epoch: session.epoch(),
-            endpoint: session.endpoint().to_owned(),
-            principal: session.principal(),
-            share: session.share(),
-            protocol_version: session.protocol_version(),
-            gone: false,
-        };
-        let key = s.keys.tag(session.id()).record();
+        let record = record_of(session);
         let mut pipe = redis::pipe();
-        pipe.hset_multiple(&key, &record.fields()).ignore();
-        pipe.pexpire(&key, ttl_ms(s.session_ttl)).ignore();
+        writer::record(
+            &mut pipe,
+            &s.keys.tag(session.id()),
+            &record,
+            STREAM_BLOCK,
+            ttl_ms(s.session_ttl),
+        );
         if s.run::<()>(&pipe, "create").await.is_none() {
-            tracing::warn!(mcp.session = %session.hashed_id(), "the store did not take the new session's record: it is this replica's alone");
+            tracing::warn!(mcp.session = %session.hashed_id(), "the store did not take the new session's record: this replica's alone until the store takes it");
+            lock(&s.unrecorded).insert(session.hashed_id().clone());
+            return;
         }
         s.mark_touched(session);
     }
@@ -240,25 +313,21 @@ impl Store {
             .arg(ttl_ms(s.session_ttl));
         let mut conn = s.conn.clone();
         let found: Option<Option<Claimed>> =
-            match tokio::time::timeout(s.timeout, invocation.invoke_async(&mut conn)).await {
-                Ok(Ok(v)) => Some(v),
-                Ok(Err(e)) => {
-                    s.failed("adopt", &e);
-                    None
-                }
-                Err(_) => {
-                    s.timed_out("adopt");
-                    None
-                }
-            };
+            s.guarded("adopt", invocation.invoke_async(&mut conn)).await;
         let Some(Some((sn, pairs))) = found else {
             return Adoption::None;
         };
         let Some(record) = Record::parse(&pairs) else {
             return Adoption::None;
         };
-        // The block claimed ends at `sn`.
-        let first = u32::try_from(sn - i64::from(STREAM_BLOCK)).unwrap_or(u32::MAX);
+        // The block claimed ends at `sn`; a session out of numbers is not adopted.
+        let Ok(end) = u32::try_from(sn) else {
+            tracing::warn!(
+                "a session of the fleet has handed out all its stream numbers: not adopted"
+            );
+            return Adoption::None;
+        };
+        let first = end.saturating_sub(STREAM_BLOCK);
         s.metrics.store_adoptions.inc();
         Adoption::Adopt(record, first)
     }
@@ -298,18 +367,11 @@ impl Store {
             }
             invocation.arg(&token).arg(ttl_ms(s.session_ttl));
             let mut conn = s.conn.clone();
-            let held: Option<String> =
-                match tokio::time::timeout(s.timeout, invocation.invoke_async(&mut conn)).await {
-                    Ok(Ok(v)) => v,
-                    Ok(Err(e)) => {
-                        s.failed("claim", &e);
-                        return IdClaim::Unknown;
-                    }
-                    Err(_) => {
-                        s.timed_out("claim");
-                        return IdClaim::Unknown;
-                    }
-                };
+            let Some(held): Option<Option<String>> =
+                s.guarded("claim", invocation.invoke_async(&mut conn)).await
+            else {
+                return IdClaim::Unknown;
+            };
             match held.as_deref().map(|v| v.split_at(v.len().min(2))) {
                 None => {
                     return IdClaim::Ours(IdsHeld {
@@ -335,11 +397,20 @@ impl Store {
     /// a quarter of `--session-ttl` by each replica that uses it (queued).
     pub(crate) fn touch(&self, session: &Session) {
         let Store::Redis(s) = self else { return };
-        if !s.mark_touched(session) {
+        if !s.breaker.allows() {
             return;
         }
-        s.queue.push(Write::Touch {
+        // Created while the store did not answer: recorded now, whenever it was last touched.
+        let unrecorded = lock(&s.unrecorded).remove(session.hashed_id());
+        if !s.mark_touched(session) && !unrecorded {
+            return;
+        }
+        // The record written unless it is there (it may have been lost with a restarted
+        // store), and its TTL renewed.
+        s.queue.push(Write::Record {
             tag: s.keys.tag(session.id()),
+            record: record_of(session),
+            sn: rewritten_block(),
             ttl: ttl_ms(s.session_ttl),
         });
     }
@@ -349,6 +420,7 @@ impl Store {
     pub(crate) fn ended(&self, session: &Session) {
         let Store::Redis(s) = self else { return };
         lock(&s.touched).remove(session.hashed_id());
+        lock(&s.unrecorded).remove(session.hashed_id());
         s.queue.push(Write::Gone {
             tag: s.keys.tag(session.id()),
         });
@@ -427,27 +499,35 @@ impl Shared {
         op: &'static str,
     ) -> Option<T> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, pipe.query_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => Some(v),
+        self.guarded(op, pipe.query_async::<T>(&mut conn)).await
+    }
+
+    /// Awaits one request to the store, bounded by `--store-timeout`, unless the store is down
+    /// for this replica (then at once); `None` (counted) when it was not answered.
+    async fn guarded<T>(
+        &self,
+        op: &'static str,
+        request: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Option<T> {
+        if !self.breaker.allows() {
+            return None;
+        }
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(Ok(v)) => {
+                self.breaker.succeeded();
+                Some(v)
+            }
             Ok(Err(e)) => {
-                self.failed(op, &e);
+                self.breaker.failed();
+                tracing::debug!(op, error = %e, "store request failed");
                 None
             }
             Err(_) => {
-                self.timed_out(op);
+                self.breaker.failed();
+                tracing::debug!(op, timeout = ?self.timeout, "store request timed out");
                 None
             }
         }
-    }
-
-    fn failed(&self, op: &'static str, e: &redis::RedisError) {
-        self.metrics.store_errors.inc();
-        tracing::warn!(op, error = %e, "store request failed");
-    }
-
-    fn timed_out(&self, op: &'static str) {
-        self.metrics.store_errors.inc();
-        tracing::warn!(op, timeout = ?self.timeout, "store request timed out");
     }
 
     /// Whether `session` is due a touch (none for a quarter of the TTL), marked touched now.
@@ -455,6 +535,9 @@ impl Shared {
         let now = self.started.elapsed().as_millis() as u64;
         let every = (self.session_ttl / 4).as_millis() as u64;
         let mut touched = lock(&self.touched);
+        if self.breaker.recovered.swap(false, Ordering::Relaxed) {
+            touched.clear();
+        }
         match touched.get_mut(session.hashed_id()) {
             Some(at) if now.saturating_sub(*at) < every => false,
             Some(at) => {
@@ -471,6 +554,31 @@ impl Shared {
                 true
             }
         }
+    }
+}
+
+/// Where a record written again (it was lost with the store, or never written) hands out
+/// stream numbers from: a random block in the third quarter of the numbers, so replicas that
+/// adopted the session before the loss (their blocks are low) and those that adopt it now do
+/// not share a block but by a small chance (2^14 places), with 2^14 adoptions left at least.
+fn rewritten_block() -> u32 {
+    let mut b = [0u8; 2];
+    let _ = getrandom::getrandom(&mut b);
+    let k = u32::from(u16::from_le_bytes(b) & 0x7fff) | 0x8000;
+    k.saturating_mul(STREAM_BLOCK)
+        .min(u32::MAX - 64 * STREAM_BLOCK)
+}
+
+/// `session`'s record as its creator writes it.
+fn record_of(session: &Session) -> Record {
+    Record {
+        minted: session.minted(),
+        epoch: session.epoch(),
+        endpoint: session.endpoint().to_owned(),
+        principal: session.principal(),
+        share: session.share(),
+        protocol_version: session.protocol_version(),
+        gone: false,
     }
 }
 

@@ -116,9 +116,9 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    /// The record's fields as written when the session is created (the creator's stream
-    /// block, numbers from 0, is claimed with them: `sn`).
-    pub(super) fn fields(&self) -> Vec<(&'static str, String)> {
+    /// The record's fields, stream numbers handed out up to `sn` (the creator's block, from
+    /// 0, claimed with them when the session is created).
+    pub(super) fn fields(&self, sn: u32) -> Vec<(&'static str, String)> {
         let mut f = vec![
             ("v", RECORD_VERSION.to_owned()),
             (
@@ -130,7 +130,7 @@ impl Record {
             ("pr", hex(&self.principal.0)),
             ("share", hex(&self.share.0)),
             ("state", if self.gone { "gone" } else { "live" }.to_owned()),
-            ("sn", STREAM_BLOCK.to_string()),
+            ("sn", sn.to_string()),
         ];
         if let Some(v) = &self.protocol_version {
             f.push(("ver", v.clone()));
@@ -291,7 +291,7 @@ mod tests {
             gone: false,
         };
         let pairs: Vec<(String, Vec<u8>)> = r
-            .fields()
+            .fields(STREAM_BLOCK)
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.into_bytes()))
             .collect();

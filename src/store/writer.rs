@@ -13,7 +13,8 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 
-use super::wire::{self, entry_id, meta_field, Meta, MetaEnd, Tag};
+use super::wire::{self, entry_id, meta_field, Meta, MetaEnd, Record, Tag};
+use super::Breaker;
 use crate::metrics::Metrics;
 use crate::session::{End, Published};
 
@@ -38,8 +39,12 @@ pub(super) enum Write {
         keep: usize,
         ttl: i64,
     },
-    Touch {
+    /// A session's record, written unless one is there already, stream numbers handed out
+    /// up to `sn`.
+    Record {
         tag: Tag,
+        record: Record,
+        sn: u32,
         ttl: i64,
     },
     Gone {
@@ -50,6 +55,25 @@ pub(super) enum Write {
         keys: Vec<String>,
         token: String,
     },
+}
+
+/// Writes a session's record (`ARGV[2..]`: its fields and values) unless it exists already,
+/// and sets its TTL (`ARGV[1]` ms): a record written again (a catch-up after an outage, a
+/// creation whose answer timed out) never resets what other replicas claimed in it.
+const RECORD: &str = "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end redis.call('PEXPIRE', KEYS[1], ARGV[1])";
+
+/// Adds the commands that write `r` as `tag`'s record (see [`RECORD`]).
+pub(super) fn record(pipe: &mut redis::Pipeline, tag: &Tag, r: &Record, sn: u32, ttl: i64) {
+    let cmd = pipe
+        .cmd("EVAL")
+        .arg(RECORD)
+        .arg(1)
+        .arg(tag.record())
+        .arg(ttl);
+    for (k, v) in r.fields(sn) {
+        cmd.arg(k).arg(v);
+    }
+    cmd.ignore();
 }
 
 /// Deletes each of `KEYS` that still holds `ARGV[1]` (the claim's token).
@@ -125,9 +149,12 @@ impl Write {
                     pipe.hset(&record, meta_field(*stream), m).ignore();
                 }
             }
-            Write::Touch { tag, ttl } => {
-                pipe.pexpire(tag.record(), *ttl).ignore();
-            }
+            Write::Record {
+                tag,
+                record: r,
+                sn,
+                ttl,
+            } => record(pipe, tag, r, *sn, *ttl),
             Write::Release { keys, token } => {
                 if !keys.is_empty() {
                     pipe.cmd("EVAL")
@@ -178,11 +205,19 @@ pub(super) fn spawn(
     conn: ConnectionManager,
     timeout: Duration,
     limit: usize,
+    breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
 ) -> Queue {
     let (tx, rx) = mpsc::unbounded_channel();
     let bytes = Arc::new(AtomicUsize::new(0));
-    tokio::spawn(run(conn, rx, bytes.clone(), timeout, metrics.clone()));
+    tokio::spawn(run(
+        conn,
+        rx,
+        bytes.clone(),
+        timeout,
+        breaker,
+        metrics.clone(),
+    ));
     Queue {
         tx,
         bytes,
@@ -196,10 +231,20 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Write>,
     bytes: Arc<AtomicUsize>,
     timeout: Duration,
+    breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        if !breaker.allows() {
+            // The store is down for this replica: what it would have taken is lost to it (a
+            // stream's chain shows the hole, a resume elsewhere the explicit gap).
+            let held: usize = batch.iter().map(Write::bytes).sum();
+            bytes.fetch_sub(held, Ordering::Relaxed);
+            metrics.store_dropped_bytes.inc_by(held as u64);
+            batch.clear();
+            continue;
+        }
         let mut pipe = redis::pipe();
         let mut held = 0;
         for w in &batch {
@@ -210,15 +255,16 @@ async fn run(
         bytes.fetch_sub(held, Ordering::Relaxed);
         match sent {
             Ok(Ok(())) => {
+                breaker.succeeded();
                 metrics.store_writes.inc_by(batch.len() as u64);
             }
             Ok(Err(e)) => {
-                metrics.store_errors.inc();
-                tracing::warn!(error = %e, writes = batch.len(), "store writes failed");
+                breaker.failed();
+                tracing::debug!(error = %e, writes = batch.len(), "store writes failed");
             }
             Err(_) => {
-                metrics.store_errors.inc();
-                tracing::warn!(?timeout, writes = batch.len(), "store writes timed out");
+                breaker.failed();
+                tracing::debug!(?timeout, writes = batch.len(), "store writes timed out");
             }
         }
         batch.clear();

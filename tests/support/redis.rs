@@ -7,8 +7,10 @@ use std::process::Command;
 
 /// A `redis-server` of the test's own on a free loopback port, killed on drop.
 pub struct Redis {
-    _proc: ChildProc,
+    proc: Option<ChildProc>,
     pub url: String,
+    bin: String,
+    port: u16,
 }
 
 impl Redis {
@@ -28,13 +30,25 @@ impl Redis {
             eprintln!("\n*** SKIPPED store {case}: redis-server is not installed (apt-get install -y redis-server) ***\n");
             return None;
         }
-        let port = free_port().port().to_string();
+        let port = free_port().port();
+        let proc = Redis::spawn(&bin, port).await;
+        Some(Redis {
+            proc: Some(proc),
+            url: format!("redis://127.0.0.1:{port}"),
+            bin,
+            port,
+        })
+    }
+
+    /// Runs `redis-server` on `port` and waits (at most 10 s) until it listens.
+    async fn spawn(bin: &str, port: u16) -> ChildProc {
+        let port_arg = port.to_string();
         let proc = ChildProc::spawn(
             "redis",
-            &bin,
+            bin,
             &[
                 "--port",
-                &port,
+                &port_arg,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -46,7 +60,7 @@ impl Redis {
             ],
             std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
         );
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             assert!(
@@ -55,10 +69,21 @@ impl Redis {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Some(Redis {
-            _proc: proc,
-            url: format!("redis://127.0.0.1:{port}"),
-        })
+        proc
+    }
+
+    /// The store goes away (SIGKILL: everything it held is lost).
+    pub async fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+            let _ = p.wait_exit(Duration::from_secs(5)).await;
+        }
+    }
+
+    /// The store comes back on the same port, empty.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.proc = Some(Redis::spawn(&self.bin, self.port).await);
     }
 }
 
