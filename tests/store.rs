@@ -25,7 +25,7 @@ const ALICE: &str = "Bearer alice";
 const BOB: &str = "Bearer bob";
 
 async fn replica(mock: &Mock, redis: &Redis, key: &std::path::Path) -> Binary {
-    replica_with(mock, redis, key, &[]).await
+    replica_with(mock, redis, key, &["--hold-standalone", "false"]).await
 }
 
 async fn replica_with(mock: &Mock, redis: &Redis, key: &std::path::Path, extra: &[&str]) -> Binary {
@@ -34,8 +34,6 @@ async fn replica_with(mock: &Mock, redis: &Redis, key: &std::path::Path, extra: 
         &redis.url,
         "--store-key-file",
         key.to_str().unwrap(),
-        "--hold-standalone",
-        "false",
     ];
     flags.extend_from_slice(extra);
     Binary::start(mock.addr, &flags).await
@@ -445,7 +443,14 @@ async fn a_drained_replica_hands_its_call_over_every_event_once() {
     };
     let key = key_file("drain", 32);
     let mut mock = Mock::start().await;
-    let drain = ["--drain-delay", "0s", "--drain-timeout", "300ms"];
+    let drain = [
+        "--drain-delay",
+        "0s",
+        "--drain-timeout",
+        "300ms",
+        "--hold-standalone",
+        "false",
+    ];
     let mut a = replica_with(&mock, &redis, &key, &drain).await;
     let b = replica(&mock, &redis, &key).await;
     const SID: &str = "drain-session";
@@ -594,6 +599,82 @@ async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn a_live_get_on_another_replica_follows_the_standalone_stream_held_elsewhere() {
+    let Some(redis) = Redis::start("standalone").await else {
+        return;
+    };
+    let key = key_file("standalone", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica_with(&mock, &redis, &key, &[]).await,
+        replica_with(&mock, &redis, &key, &[]).await,
+    );
+    const SID: &str = "standalone-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    // Initialized through A: A holds the session's standalone GET upstream.
+    let pending = tokio::spawn(send(
+        a.addr,
+        as_(
+            ALICE,
+            post(
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                Some(SID),
+            ),
+        ),
+    ));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["method"], "notifications/initialized");
+    seen.respond(
+        http::Response::builder()
+            .status(202)
+            .header("mcp-session-id", SID)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    );
+    let held = mock.next().await;
+    assert_eq!(
+        held.method,
+        http::Method::GET,
+        "A opens the standalone stream"
+    );
+    let standalone = held.respond_sse(Some(SID));
+    assert_eq!(pending.await.unwrap().status(), 202);
+    let note = |n: u64| {
+        format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{n}}}}}"#)
+    };
+    standalone.message(&note(1)).await;
+    // The client's GET lands on B: B follows A's stream, it asks the upstream for none (a
+    // stateful server would refuse a second one with 409).
+    let resp = send(b.addr, as_(ALICE, get(SID, None))).await;
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    let mut data = Vec::new();
+    while data.is_empty() {
+        let e = on_b.next().await.unwrap();
+        if e.event
+            .as_deref()
+            .is_none_or(|t| !t.starts_with("mcp-reattach/"))
+        {
+            data.extend(e.data);
+        }
+    }
+    standalone.message(&note(2)).await;
+    let e = on_b.next().await.unwrap();
+    data.extend(e.data);
+    assert_eq!(
+        data,
+        vec![note(1), note(2)],
+        "what A's stream carries, live"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "no second standalone GET upstream"
+    );
 }
 
 #[tokio::test]

@@ -34,6 +34,21 @@ impl Gateway {
         // it opens one now (the client's own GET is forwarded only when that fails, so the
         // upstream's answer reaches the client).
         s.hold_settled(self.cfg.upstream_connect_timeout).await;
+        if self.store.is_on() && !s.has_standalone() && self.authorized(&mut inb, &s).await {
+            if let Some(stream) = self.store.held_elsewhere(&s).await {
+                // Another replica holds it: followed from the store, from its opening.
+                let from = crate::cursor::Cursor {
+                    epoch: s.epoch(),
+                    stream,
+                    seq: 0,
+                };
+                let charge = self.registry.budget().charge();
+                if let Ok((body, _)) = self.store.follow(&s, from, None, charge).await {
+                    tracing::debug!(mcp.session = %s.hashed_id(), mcp.stream = stream, "attached live to the standalone stream another replica holds");
+                    return Ok(self.followed_response(s.id(), body));
+                }
+            }
+        }
         // A minted session's upstream is stateless: it has no standalone stream to hold.
         if self.cfg.hold_standalone
             && !s.minted()

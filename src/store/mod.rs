@@ -393,6 +393,18 @@ impl Store {
         }
     }
 
+    /// The session's standalone stream another replica holds (it reads the upstream's `GET`
+    /// and publishes it), if the store names one: a live `GET` here follows it rather than
+    /// ask the upstream for a second one (a stateful server refuses it). One round trip,
+    /// bounded; `None` when there is none, or the store did not say.
+    pub(crate) async fn held_elsewhere(&self, session: &Session) -> Option<u32> {
+        let Store::Redis(s) = self else { return None };
+        let mut pipe = redis::pipe();
+        pipe.hget(s.keys.tag(session.id()).record(), "hold");
+        let (hold,): (Option<u32>,) = s.run(&pipe, "hold").await?;
+        hold.filter(|&n| !session.holds_stream(n))
+    }
+
     /// A request of `session` came: its record lives on in the store, refreshed at most once
     /// a quarter of `--session-ttl` by each replica that uses it (queued).
     pub(crate) fn touch(&self, session: &Session) {

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use super::wire::{self, entry_id, meta_field, Meta, MetaEnd, Record, Tag};
 use super::Breaker;
 use crate::metrics::Metrics;
-use crate::session::{End, Published};
+use crate::session::{End, Published, StreamKind};
 
 /// Most writes in one pipeline.
 const MAX_BATCH: usize = 64;
@@ -75,6 +75,9 @@ pub(super) fn record(pipe: &mut redis::Pipeline, tag: &Tag, r: &Record, sn: u32,
     }
     cmd.ignore();
 }
+
+/// Forgets the record's (`KEYS[1]`) held standalone stream if it is still `ARGV[1]`.
+const UNHOLD: &str = "if redis.call('HGET', KEYS[1], 'hold') == ARGV[1] then redis.call('HDEL', KEYS[1], 'hold') end";
 
 /// Deletes each of `KEYS` that still holds `ARGV[1]` (the claim's token).
 const RELEASE: &str = "for _, k in ipairs(KEYS) do if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k) end end";
@@ -135,6 +138,19 @@ impl Write {
                         .arg(packed.as_slice())
                         .ignore();
                     pipe.pexpire(&key, *ttl).ignore();
+                }
+                // The session's standalone stream is held here: a replica whose client wants it
+                // follows it from the store instead of asking the upstream for another.
+                if p.kind == StreamKind::Standalone && p.opened && p.end.is_none() {
+                    pipe.hset(&record, "hold", *stream).ignore();
+                }
+                if p.kind == StreamKind::Standalone && p.end.is_some() {
+                    pipe.cmd("EVAL")
+                        .arg(UNHOLD)
+                        .arg(1)
+                        .arg(&record)
+                        .arg(*stream)
+                        .ignore();
                 }
                 // The facts after the events they speak of: a reader that sees them sees those.
                 if p.opened || p.answered || p.end.is_some() {
