@@ -466,6 +466,12 @@ pub struct GatewayArgs {
     /// pod's terminationGracePeriodSeconds must exceed --drain-delay + --drain-timeout + this.
     #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE_DRAIN_TIMEOUT", default_value = defaults::STORE_DRAIN_TIMEOUT, value_parser = parse_duration)]
     pub store_drain_timeout: Duration,
+
+    /// With --store: seal the events written to the store (tool results among them) with
+    /// AES-256-GCM under a key derived from --store-key-file per session, the session, stream
+    /// and position as associated data (true/false). Every replica must agree.
+    #[arg(long, global = true, help_heading = headings::FLEET, env = "MCP_REATTACH_STORE_SEAL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub store_seal: bool,
 }
 
 /// An IP network: an address and a prefix length (a plain address is all of its bits).
@@ -582,6 +588,7 @@ impl GatewayArgs {
             store_key_file: None,
             store_timeout: duration(STORE_TIMEOUT),
             store_drain_timeout: duration(STORE_DRAIN_TIMEOUT),
+            store_seal: false,
         }
     }
 }
@@ -775,6 +782,8 @@ pub struct StoreSettings {
     pub timeout: Duration,
     /// `--store-drain-timeout`.
     pub drain_timeout: Duration,
+    /// `--store-seal`.
+    pub seal: bool,
 }
 
 impl std::fmt::Debug for StoreSettings {
@@ -835,6 +844,7 @@ impl Config {
             secret,
             timeout: args.store_timeout,
             drain_timeout: args.store_drain_timeout,
+            seal: args.store_seal,
         });
         Ok(self)
     }

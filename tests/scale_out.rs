@@ -211,7 +211,8 @@ impl Haproxy {
 
 struct Replica {
     name: &'static str,
-    server: ChildProc,
+    /// Its own MCP server (a pod); `None` in a gateway tier, whose replicas share one.
+    server: Option<ChildProc>,
     /// Its proxy listener is what HAProxy sends requests to; its admin listener serves
     /// `/readyz` for HAProxy's health checks, and `/metrics`.
     gateway: Binary,
@@ -262,7 +263,27 @@ impl Replica {
         .unwrap_or_else(|e| panic!("{name}'s gateway did not start: {e}"));
         Replica {
             name,
-            server,
+            server: Some(server),
+            gateway,
+        }
+    }
+
+    /// A replica of a gateway tier: the gateway alone, in front of the shared server on
+    /// `port`.
+    async fn in_tier(name: &'static str, port: u16, gateway_flags: &[&str]) -> Replica {
+        let mut flags = vec!["--retry-hint", "300ms"];
+        flags.extend_from_slice(gateway_flags);
+        let gateway = Binary::try_start(
+            &format!("{name}-gateway"),
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &flags,
+            "/readyz",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}'s gateway did not start: {e}"));
+        Replica {
+            name,
+            server: None,
             gateway,
         }
     }
@@ -285,7 +306,9 @@ impl Replica {
     /// The pod dies: SIGKILL to the gateway and to its MCP server.
     fn kill9(&mut self) {
         self.gateway.proc.kill();
-        self.server.kill();
+        if let Some(server) = &mut self.server {
+            server.kill();
+        }
     }
 }
 
@@ -519,7 +542,7 @@ fn is_minted(id: &str) -> bool {
 fn server_log_lines(replicas: &[Replica], what: &str) -> Vec<String> {
     replicas
         .iter()
-        .flat_map(|r| r.server.stderr_lines())
+        .flat_map(|r| r.server.iter().flat_map(ChildProc::stderr_lines))
         .filter(|l| l.contains(what))
         .collect()
 }
@@ -857,6 +880,114 @@ async fn stateless_upstream_non_sticky_fleet_with_a_store_resumes_every_call() {
     );
     assert_eq!(gaps, 0.0);
     assert_eq!(unknown, 0.0, "no resume found its session unknown");
+}
+
+/// A gateway tier in front of one **stateful** server (TypeScript SDK, no event store): three
+/// gateways with `--store` on one `redis-server`, HAProxy without its stick lines. Every
+/// request of a session may land on any gateway: each adopts the session, forwards to the one
+/// server (which knows it), and a client's standalone `GET` on a gateway that does not hold
+/// the session's standalone stream follows it from the store instead of asking the server for
+/// a second one (which it refuses with 409). Every call is cut and resumed exactly once; no
+/// 404, no 409, no re-initialization.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateful_gateway_tier_non_sticky_with_a_store_resumes_every_call() {
+    let _serial = SERIAL.lock().await;
+    let Some(haproxy) = haproxy_or_skip("stateful gateway tier with --store") else {
+        return;
+    };
+    let Some(redis) = Redis::start("scale_out gateway tier").await else {
+        return;
+    };
+    ensure_npm_deps();
+    let mut server = ChildProc::spawn_env(
+        "tier-server",
+        &node_bin(),
+        STATEFUL.server,
+        &interop_dir(),
+        &[("MCP_REPLICA", "tier")],
+    );
+    let port = wait_listening(&mut server, Duration::from_secs(20)).await;
+    let key = key_file("gateway-tier", 32);
+    let flags = [
+        "--store",
+        redis.url.as_str(),
+        "--store-key-file",
+        key.to_str().unwrap(),
+    ];
+    let mut replicas = Vec::new();
+    for name in PODS {
+        replicas.push(Replica::in_tier(name, port, &flags).await);
+    }
+    let lb = Haproxy::start(&haproxy, &control_config(), &replicas).await;
+    let relay = Relay::start(lb.addr);
+    let mut clients = Clients::start(&relay.url("/mcp")).await;
+    const SESSIONS: usize = 12;
+    const STEPS: u64 = 10;
+    let opens = clients.open("t", SESSIONS, 0).await;
+    assert!(
+        opens.iter().all(|e| e["ok"] == true),
+        "every session opens: {opens:?}"
+    );
+    clients.send(json!({"cmd": "call", "group": "t", "round": 0,
+        "steps": STEPS, "interval_ms": 150, "timeout_ms": 30000}));
+    clients
+        .wait(
+            |e| e["ev"] == "midcall" && e["round"] == 0,
+            Duration::from_secs(20),
+        )
+        .await;
+    let cuts = relay.cut_all();
+    clients
+        .wait(
+            |e| e["ev"] == "calls_done" && e["round"] == 0,
+            Duration::from_secs(40),
+        )
+        .await;
+    clients.send(json!({"cmd": "close", "group": "t"}));
+    clients
+        .wait_ev("closed", "t", Duration::from_secs(20))
+        .await;
+    let ends = clients.call_ends("t", 0);
+    assert_eq!(ends.len(), SESSIONS, "one end per call: {ends:?}");
+    for e in &ends {
+        assert_eq!(e["outcome"], "result", "{e}");
+        assert_eq!(
+            e["progress"],
+            full_progress(STEPS),
+            "progress exactly once: {e}"
+        );
+        assert_eq!(e["executions"], 1, "the tool ran once for this call: {e}");
+        assert_eq!(e["attempt"], 0, "no re-initialization: {e}");
+        assert_eq!(e["not_found"], 0, "no 404: {e}");
+        assert_eq!(e["resumes"], 1, "cut once, resumed exactly once: {e}");
+    }
+    let refused: Vec<String> = clients
+        .proc
+        .stderr_lines()
+        .into_iter()
+        .filter(|l| l.contains("-> 409") || l.contains("-> 5"))
+        .collect();
+    let (mut adoptions, mut follows) = (0.0, 0.0);
+    for r in &replicas {
+        adoptions += r.metric("mcp_reattach_store_adoptions_total").await;
+        follows += r.metric("mcp_reattach_store_follows_total").await;
+    }
+    println!(
+        "SUMMARY stateful gateway tier with --store (one TypeScript SDK server, three gateways, \
+         shipped config minus its 3 stick lines): sessions={SESSIONS} calls={} results={} \
+         cuts={cuts} adoptions={adoptions} served from the store={follows} | 404s=0 \
+         409s/5xx seen by the clients={}",
+        ends.len(),
+        ends.len(),
+        refused.len()
+    );
+    assert!(
+        refused.is_empty(),
+        "no request refused by the fleet: {refused:?}"
+    );
+    assert!(cuts >= SESSIONS, "every call's stream was cut");
+    assert!(adoptions >= 2.0);
+    drop(server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,15 @@ async fn metric(b: &Binary, series: &str) -> f64 {
     metric_sum(&text, series).unwrap_or(0.0)
 }
 
+/// Every byte string in a Redis reply, concatenated.
+fn flatten(v: &::redis::Value, out: &mut Vec<u8>) {
+    match v {
+        ::redis::Value::BulkString(b) => out.extend_from_slice(b),
+        ::redis::Value::Array(items) => items.iter().for_each(|i| flatten(i, out)),
+        _ => {}
+    }
+}
+
 /// The epoch part of a gateway cursor (`<epoch>.<stream>.<seq>`).
 fn epoch(id: &str) -> &str {
     id.split('.').next().unwrap()
@@ -237,7 +246,7 @@ async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
     // The store loses the call's events (a flush, an eviction by a misconfigured policy).
     let client = ::redis::Client::open(redis.url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let keys = loop {
         let keys: Vec<String> = ::redis::cmd("KEYS")
             .arg("mra:*:ev:*")
@@ -513,7 +522,7 @@ async fn a_drained_replica_hands_its_call_over_every_event_once() {
     );
     let status = a
         .proc
-        .wait_exit(Duration::from_secs(5))
+        .wait_exit(Duration::from_secs(15))
         .await
         .expect("A exits once its call ended");
     assert!(status.success(), "{status:?}");
@@ -576,7 +585,7 @@ async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
         assert_eq!(pending.await.unwrap().status(), 200);
     }
     assert_eq!(metric(&a, "mcp_reattach_store_up").await, 1.0);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         // The late session's record is written by A's writer: B finds it shortly.
         let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(21), Some(LATE)))));
@@ -675,6 +684,114 @@ async fn a_live_get_on_another_replica_follows_the_standalone_stream_held_elsewh
         mock.nothing_within(Duration::from_millis(200)).await,
         "no second standalone GET upstream"
     );
+}
+
+#[tokio::test]
+async fn sealed_events_are_nothing_in_the_store_and_whole_to_the_client() {
+    let Some(redis) = Redis::start("seal").await else {
+        return;
+    };
+    let key = key_file("seal", 32);
+    let mut mock = Mock::start().await;
+    let sealed = ["--store-seal", "true", "--hold-standalone", "false"];
+    let (a, b) = (
+        replica_with(&mock, &redis, &key, &sealed).await,
+        replica_with(&mock, &redis, &key, &sealed).await,
+    );
+    // A replica of another fleet (another key) on the same store, and one that does not seal.
+    let stranger_key = key_file("seal-other", 40);
+    let c = replica_with(&mock, &redis, &key, &["--hold-standalone", "false"]).await;
+    let d = replica_with(&mock, &redis, &stranger_key, &sealed).await;
+    const SID: &str = "sealed-session";
+    const SECRET: &str = "the-tool-result-nobody-may-read";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(8), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = on_a.next().await.unwrap();
+    while first.data.is_none() {
+        first = on_a.next().await.unwrap();
+    }
+    let cursor = first.id.clone().unwrap();
+    drop(on_a);
+    let answer = format!(
+        r#"{{"jsonrpc":"2.0","id":8,"result":{{"content":[{{"type":"text","text":"{SECRET}"}}]}}}}"#
+    );
+    upstream.message(&answer).await;
+    drop(upstream);
+    // In the store: entries, and nowhere the result's text.
+    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg("mra:*:ev:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut raw = Vec::new();
+        for k in &keys {
+            // The entries as stored: each field's bytes, flattened.
+            let entries: ::redis::Value = ::redis::cmd("XRANGE")
+                .arg(k)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            flatten(&entries, &mut raw);
+        }
+        assert!(
+            !raw.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "the result is sealed at rest"
+        );
+        // The call's stream (the initialize's answer was upgraded into a stream of its own).
+        let call = format!(":ev:{}", stream(&cursor));
+        let entries: usize = match keys.iter().find(|k| k.ends_with(&call)) {
+            Some(k) => ::redis::cmd("XLEN")
+                .arg(k)
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+            None => 0,
+        };
+        if entries >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Resumed on B (same key, sealing): whole.
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    let data: Vec<String> = SseReader::new(resp)
+        .rest()
+        .await
+        .into_iter()
+        .skip(1)
+        .filter_map(|e| e.data)
+        .collect();
+    assert_eq!(data, vec![answer.clone()]);
+    // On C, which does not open sealed entries: the explicit gap, not bytes it cannot read.
+    let resp = send(c.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    let events = SseReader::new(resp).rest().await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event.as_deref() == Some("mcp-reattach/resumption-failed")),
+        "{events:?}"
+    );
+    assert!(events
+        .iter()
+        .all(|e| e.data.as_deref() != Some(answer.as_str())));
+    // On D, of a fleet with another secret: the session is not even found.
+    let resp = send(d.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 404);
 }
 
 #[tokio::test]

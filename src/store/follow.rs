@@ -6,7 +6,8 @@
 //! a silent one.
 //!
 //! The live tail is read by polling the stream's entries (a few milliseconds apart while
-//! events come, backing off to [`MAX_POLL`] while they do not): one round trip per poll on the
+//! events come, backing off to [`MAX_POLL`] while they do not, [`MAX_POLL_STANDALONE`] on a
+//! standalone stream, which carries the server's rare messages for hours): one round trip per poll on the
 //! shared connection, no connection held per follower.
 
 use std::pin::Pin;
@@ -22,7 +23,7 @@ use super::wire::{self, meta_field, Meta, Tag};
 use super::{Shared, Store};
 use crate::cursor::Cursor;
 use crate::session::{gap_frames, resumed_frame, upstream_ended_frames, Principal, Session};
-use crate::session::{Charge, End};
+use crate::session::{Charge, End, StreamKind};
 
 /// Entries read per round trip. An entry is one upstream read's events (at most a reader's
 /// batch, 64 KiB, or one event up to `--max-event-bytes`): what a follower holds is counted in
@@ -33,6 +34,7 @@ const READ_ROOM: usize = 64 * 1024;
 /// The first poll's wait for new entries, doubled while none come, up to [`MAX_POLL`].
 const MIN_POLL: Duration = Duration::from_millis(2);
 const MAX_POLL: Duration = Duration::from_millis(50);
+const MAX_POLL_STANDALONE: Duration = Duration::from_millis(500);
 
 /// Why a cursor is not followed from the store.
 #[derive(Debug, PartialEq, Eq)]
@@ -97,9 +99,7 @@ impl Store {
             .await
             .ok_or(FollowError::NotInStore)?;
         let meta = first.meta.clone().ok_or(FollowError::NotInStore)?;
-        if principal
-            .is_some_and(|p| meta.kind() == crate::session::StreamKind::Post && !meta.opened_by(p))
-        {
+        if principal.is_some_and(|p| meta.kind() == StreamKind::Post && !meta.opened_by(p)) {
             return Err(FollowError::NotTheCallers);
         }
         // Position 0: from the stream's opening (a retransmission's resume).
@@ -163,17 +163,35 @@ impl Shared {
         let entries = range
             .ids
             .into_iter()
-            .filter_map(|id| {
-                let prev = match id.map.get("p")? {
-                    redis::Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok()?,
-                    redis::Value::Int(n) => u64::try_from(*n).ok()?,
-                    _ => return None,
+            .map(|id| {
+                let prev = match id.map.get("p") {
+                    Some(redis::Value::BulkString(b)) => {
+                        std::str::from_utf8(b).ok().and_then(|p| p.parse().ok())
+                    }
+                    Some(redis::Value::Int(n)) => u64::try_from(*n).ok(),
+                    _ => None,
                 };
-                let events = match id.map.get("e")? {
-                    redis::Value::BulkString(b) => b.clone(),
-                    _ => return None,
+                let mut events = match id.map.get("e") {
+                    Some(redis::Value::BulkString(b)) => Some(b.clone()),
+                    _ => None,
                 };
-                Some(Entry { prev, events })
+                if self.seal {
+                    // Sealed by the owner under this session, stream and position: one that
+                    // does not open was not (another key, moved, altered) and is no event.
+                    let last = wire::entry_seq(&id.id);
+                    events = events.and_then(|mut e| {
+                        wire::open(&self.keys, tag, stream, last?, &mut e).ok()?;
+                        Some(e)
+                    });
+                }
+                match (prev, events) {
+                    (Some(prev), Some(events)) => Entry { prev, events },
+                    // An entry that does not read is a hole in the chain: the gap.
+                    _ => Entry {
+                        prev: u64::MAX,
+                        events: Vec::new(),
+                    },
+                }
             })
             .collect();
         Some(Read { meta, entries })
@@ -326,7 +344,12 @@ impl Follower {
                 }
             } else {
                 quiet += wait;
-                wait = (wait * 2).min(MAX_POLL);
+                let most = if self.meta.kind() == StreamKind::Standalone {
+                    MAX_POLL_STANDALONE
+                } else {
+                    MAX_POLL
+                };
+                wait = (wait * 2).min(most);
                 if keepalive.is_some_and(|k| quiet >= k) {
                     quiet = Duration::ZERO;
                     if tx

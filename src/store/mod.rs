@@ -114,6 +114,8 @@ pub(crate) enum Store {
 pub(crate) struct Shared {
     conn: ConnectionManager,
     keys: Keys,
+    /// `--store-seal`: events sealed at rest.
+    seal: bool,
     /// This replica's name in the store (the owner of the streams it reads), random per process.
     replica: Arc<str>,
     /// The longest a request waits for the store (`--store-timeout`).
@@ -216,8 +218,10 @@ impl Store {
                 return Store::Off;
             }
         };
+        // The connection's own bound is the writer's: a request bounds itself tighter
+        // (`--store-timeout`), the writer and the lease are no request's path.
         let manager = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(settings.timeout))
+            .set_response_timeout(Some(BACKGROUND_TIMEOUT))
             .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(500))))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
@@ -234,7 +238,7 @@ impl Store {
         let breaker = Arc::new(Breaker::new(metrics.clone()));
         let queue = writer::spawn(
             conn.clone(),
-            settings.timeout,
+            BACKGROUND_TIMEOUT,
             cfg.memory_budget / 16,
             breaker.clone(),
             metrics.clone(),
@@ -242,11 +246,12 @@ impl Store {
         tokio::spawn(keep_lease(
             conn.clone(),
             wire::lease_key(&replica),
-            settings.timeout,
+            OWNER_CHECK,
         ));
         Store::Redis(Arc::new(Shared {
             conn,
             keys: Keys::derive(&settings.secret),
+            seal: settings.seal,
             replica: replica.into(),
             timeout: settings.timeout,
             session_ttl: cfg.session_ttl,
@@ -449,6 +454,9 @@ impl Store {
             return;
         };
         let tag = s.keys.tag(session.id());
+        if s.seal && !packed.is_empty() {
+            wire::seal(&s.keys, &tag, stream, p.last, &mut packed);
+        }
         // The stream carries its requests from its opening on: a retransmission on any
         // replica finds it.
         let carries = if p.opened {
@@ -471,6 +479,11 @@ impl Store {
         });
     }
 }
+
+/// The longest the writer waits for a pipeline: it is on no request's path, and a write
+/// given up is an event lost to the fleet, so it waits longer than a request would (a busy
+/// store is slow, not gone; a gone one trips the breaker at the requests' pace).
+const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a replica's lease lasts without renewal: a follower of a stream whose owner's
 /// lease lapsed answers the explicit failure, within this plus [`OWNER_CHECK`] and

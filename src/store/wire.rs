@@ -22,6 +22,8 @@ pub(crate) struct Keys {
     pub bind: [u8; 32],
     /// Key names: a session's hash tag is a keyed hash of its id (the id is never stored).
     names: [u8; 32],
+    /// Events sealed at rest (`--store-seal`): each session's key is derived from it.
+    seal: [u8; 32],
 }
 
 impl Keys {
@@ -29,6 +31,7 @@ impl Keys {
         Keys {
             bind: blake3::derive_key("mcp-reattach 2026-12 principal binding", secret),
             names: blake3::derive_key("mcp-reattach 2026-12 store key names", secret),
+            seal: blake3::derive_key("mcp-reattach 2026-12 store seal", secret),
         }
     }
 
@@ -269,6 +272,63 @@ pub(super) fn unpack(mut b: &[u8]) -> Result<Vec<Packed<'_>>, &'static str> {
     Ok(out)
 }
 
+/// The AES-256-GCM key that seals session `tag`'s events, and the nonce and associated data of
+/// the entry of `stream` whose last event is at `last`: an entry opens only under its own
+/// session, stream and position (moved elsewhere in the store, it does not open). One writer
+/// per stream and strictly increasing positions make each nonce used once under its key.
+fn sealing(
+    keys: &Keys,
+    tag: &Tag,
+    stream: u32,
+    last: u64,
+) -> (ring::aead::LessSafeKey, ring::aead::Nonce, Vec<u8>) {
+    let mut material = Vec::with_capacity(32 + tag.0.len());
+    material.extend_from_slice(&keys.seal);
+    material.extend_from_slice(tag.0.as_bytes());
+    let key = blake3::derive_key("mcp-reattach 2026-12 session seal", &material);
+    let key = ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, &key)
+        .map(ring::aead::LessSafeKey::new)
+        .expect("a 32-byte AES-256-GCM key");
+    let mut nonce = [0u8; 12];
+    nonce[..4].copy_from_slice(&stream.to_be_bytes());
+    nonce[4..].copy_from_slice(&last.to_be_bytes());
+    let mut aad = tag.0.as_bytes().to_vec();
+    aad.extend_from_slice(&stream.to_be_bytes());
+    aad.extend_from_slice(&last.to_be_bytes());
+    (key, ring::aead::Nonce::assume_unique_for_key(nonce), aad)
+}
+
+/// Seals an entry's packed events in place (they grow by the 16-byte tag).
+pub(super) fn seal(keys: &Keys, tag: &Tag, stream: u32, last: u64, packed: &mut Vec<u8>) {
+    let (key, nonce, aad) = sealing(keys, tag, stream, last);
+    // Sealing into a Vec only fails when it cannot grow: not a case to recover from.
+    key.seal_in_place_append_tag(nonce, ring::aead::Aad::from(aad), packed)
+        .expect("sealing in memory");
+}
+
+/// Opens a sealed entry in place; `Err` when it was not sealed by this fleet for this
+/// session, stream and position.
+pub(super) fn open(
+    keys: &Keys,
+    tag: &Tag,
+    stream: u32,
+    last: u64,
+    sealed: &mut Vec<u8>,
+) -> Result<(), ()> {
+    let (key, nonce, aad) = sealing(keys, tag, stream, last);
+    let len = key
+        .open_in_place(nonce, ring::aead::Aad::from(aad), sealed)
+        .map_err(|_| ())?
+        .len();
+    sealed.truncate(len);
+    Ok(())
+}
+
+/// The position an entry's id (`0-<seq>`) names.
+pub(super) fn entry_seq(id: &str) -> Option<u64> {
+    id.strip_prefix("0-")?.parse().ok()
+}
+
 /// An entry's id in its stream: `0-<position of its last event>`.
 pub(super) fn entry_id(last: u64) -> String {
     format!("0-{last}")
@@ -335,6 +395,34 @@ mod tests {
         assert!(m.opened_by(Principal([1; 16])) && !m.opened_by(Principal([2; 16])));
         assert_eq!(m.unanswered_at(9), vec!["1".to_owned()]);
         assert_eq!(m.unanswered_at(8), vec!["1".to_owned(), "2".to_owned()]);
+    }
+
+    #[test]
+    fn a_sealed_entry_opens_only_in_its_place_and_under_its_fleets_key() {
+        let keys = Keys::derive(&[3; 32]);
+        let (t, u) = (keys.tag("s"), keys.tag("t"));
+        let mut packed = Vec::new();
+        pack_event(&mut packed, 7, true, b"data: secret tool result\n\n");
+        let plain = packed.clone();
+        seal(&keys, &t, 2, 7, &mut packed);
+        assert_eq!(packed.len(), plain.len() + 16);
+        assert!(
+            !packed.windows(6).any(|w| w == b"secret"),
+            "nothing in the clear"
+        );
+        for (k, tag, stream, last) in [
+            (&keys, &u, 2, 7),
+            (&keys, &t, 3, 7),
+            (&keys, &t, 2, 8),
+            (&Keys::derive(&[4; 32]), &t, 2, 7),
+        ] {
+            let mut moved = packed.clone();
+            assert!(open(k, tag, stream, last, &mut moved).is_err());
+        }
+        open(&keys, &t, 2, 7, &mut packed).unwrap();
+        assert_eq!(packed, plain);
+        assert_eq!(entry_seq(&entry_id(42)), Some(42));
+        assert_eq!(entry_seq("1-42"), None);
     }
 
     proptest! {
