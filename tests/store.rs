@@ -794,6 +794,112 @@ async fn sealed_events_are_nothing_in_the_store_and_whole_to_the_client() {
     assert_eq!(resp.status(), 404);
 }
 
+/// Reads a client's stream of call `id` to its end: the data of its non-gateway events, its
+/// last id, and whether it was told to resume.
+async fn read_call(reader: &mut SseReader) -> (Vec<String>, Option<String>, bool) {
+    let (mut data, mut last, mut told) = (Vec::new(), None, false);
+    while let Some(e) = reader.next().await {
+        last = e.id.clone().or(last);
+        match e.event.as_deref() {
+            Some("mcp-reattach/resumption-required") => told = true,
+            Some(t) if t.starts_with("mcp-reattach/") => {}
+            _ => data.extend(e.data.filter(|d| !d.is_empty())),
+        }
+    }
+    (data, last, told)
+}
+
+#[tokio::test]
+async fn a_fleet_replaced_one_replica_at_a_time_loses_no_call() {
+    let Some(redis) = Redis::start("rolling").await else {
+        return;
+    };
+    let key = key_file("rolling", 32);
+    let mut mock = Mock::start().await;
+    let flags = [
+        "--drain-delay",
+        "0s",
+        "--drain-timeout",
+        "300ms",
+        "--hold-standalone",
+        "false",
+    ];
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(replica_with(&mock, &redis, &key, &flags).await);
+    }
+    const SID: &str = "rolling-session";
+    let pending = tokio::spawn(send(fleet[0].addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let mut id = 100;
+    for round in 0..3 {
+        // A call in flight on the replica about to be replaced.
+        id += 1;
+        let old = fleet.remove(round);
+        let pending = tokio::spawn(send(old.addr, as_(ALICE, post(&call(id), Some(SID)))));
+        let upstream = mock.next().await.respond_sse(Some(SID));
+        let mut on_old = SseReader::new(pending.await.unwrap());
+        upstream.message(&progress(1)).await;
+        // The rollout: the old replica is drained, a new one takes its place.
+        old.proc.sigterm();
+        let new = replica_with(&mock, &redis, &key, &flags).await;
+        fleet.insert(round, new);
+        upstream.message(&progress(2)).await;
+        let (mut got, last, told) = read_call(&mut on_old).await;
+        assert!(
+            told,
+            "round {round}: the drained replica's client is told to resume"
+        );
+        upstream.message(&progress(3)).await;
+        // The session keeps calling on the others meanwhile.
+        id += 1;
+        let other = &fleet[(round + 1) % 3];
+        let pending = tokio::spawn(send(other.addr, as_(ALICE, post(&call(id), Some(SID)))));
+        let side = mock.next().await.respond_sse(Some(SID));
+        side.message(&result(id)).await;
+        drop(side);
+        let (side_data, _, _) = read_call(&mut SseReader::new(pending.await.unwrap())).await;
+        assert_eq!(
+            side_data,
+            vec![result(id)],
+            "round {round}: a call on another replica"
+        );
+        // The cut client resumes on the new replica, from the store.
+        let resp = send(
+            fleet[round].addr,
+            as_(ALICE, get(SID, Some(&last.unwrap()))),
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "round {round}");
+        let mut resumed = SseReader::new(resp);
+        upstream.message(&result(id - 1)).await;
+        drop(upstream);
+        let (rest, _, _) = read_call(&mut resumed).await;
+        got.extend(rest);
+        assert_eq!(
+            got,
+            vec![progress(1), progress(2), progress(3), result(id - 1)],
+            "round {round}: every event of the drained replica's call once"
+        );
+        let mut old = old;
+        let status = old
+            .proc
+            .wait_exit(Duration::from_secs(15))
+            .await
+            .expect("the old replica exits once its call ended");
+        assert!(status.success(), "{status:?}");
+    }
+    // Every replica of the first fleet is gone: the session lives on in the new one.
+    id += 1;
+    let pending = tokio::spawn(send(fleet[2].addr, as_(ALICE, post(&call(id), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    upstream.message(&result(id)).await;
+    drop(upstream);
+    let (data, _, _) = read_call(&mut SseReader::new(pending.await.unwrap())).await;
+    assert_eq!(data, vec![result(id)]);
+}
+
 #[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
