@@ -901,6 +901,73 @@ async fn a_fleet_replaced_one_replica_at_a_time_loses_no_call() {
 }
 
 #[tokio::test]
+async fn the_owner_waits_for_a_slow_client_following_on_another_replica() {
+    let Some(redis) = Redis::start("flow").await else {
+        return;
+    };
+    let key = key_file("flow", 32);
+    let mut mock = Mock::start().await;
+    // A small window and a short stall budget on the owner: without the follower's progress,
+    // it would drop what the slow client on B has not read within 300 ms.
+    let owner = [
+        "--window-events",
+        "8",
+        "--stall-timeout",
+        "300ms",
+        "--hold-standalone",
+        "false",
+    ];
+    let a = replica_with(&mock, &redis, &key, &owner).await;
+    let b = replica(&mock, &redis, &key).await;
+    const SID: &str = "flow-session";
+    const EVENTS: u64 = 300;
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(2), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = on_a.next().await.unwrap();
+    while first.data.is_none() {
+        first = on_a.next().await.unwrap();
+    }
+    let cursor = first.id.clone().unwrap();
+    drop(on_a);
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    // The upstream writes as fast as it is let; the client on B reads slowly.
+    let writer = tokio::spawn(async move {
+        for i in 2..=EVENTS {
+            upstream.message(&progress(i)).await;
+        }
+        upstream.message(&result(2)).await;
+    });
+    let mut got = Vec::new();
+    let mut failed = Vec::new();
+    while let Some(e) = on_b.next().await {
+        match e.event.as_deref() {
+            Some(t) if t.starts_with("mcp-reattach/resumption-failed") => failed.push(e),
+            Some(t) if t.starts_with("mcp-reattach/") => {}
+            _ => {
+                got.extend(e.data);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    writer.await.unwrap();
+    assert!(failed.is_empty(), "no gap: {failed:?}");
+    let mut want: Vec<String> = (2..=EVENTS).map(progress).collect();
+    want.push(result(2));
+    assert_eq!(got.len(), want.len(), "every event once");
+    assert_eq!(got, want);
+    let paused = metric(&a, "mcp_reattach_upstream_pauses_total").await;
+    println!("the owner paused its upstream {paused} times for the client on another replica");
+    assert!(paused >= 1.0, "the owner waited for the follower");
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

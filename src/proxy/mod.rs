@@ -91,7 +91,7 @@ impl Gateway {
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
         registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
-        let store = Store::new(&cfg, registry.metrics());
+        let store = Store::new(&cfg, &registry);
         if store.is_on() {
             let publishing = store.clone();
             registry.on_publish(crate::session::Publisher(Box::new(move |s, stream| {

@@ -458,6 +458,30 @@ impl Session {
         lock(&self.state).unpublished(stream, event)
     }
 
+    /// A client following `stream` on another replica reached `acked`, `age` ago (the fleet's
+    /// store says): guarded like a local client's position. Whether the stream still runs here.
+    pub(crate) fn remote_progress(
+        &self,
+        stream: u32,
+        acked: u64,
+        age: std::time::Duration,
+    ) -> bool {
+        let now = Instant::now();
+        let at = now.checked_sub(age).unwrap_or(now);
+        self.with_state(|st| {
+            st.remote_progress(stream, acked, at)
+                && st.streams.get(&stream).is_some_and(|s| s.end.is_none())
+        })
+    }
+
+    /// Whether a client of this replica is attached to `stream`.
+    pub(crate) fn attached_here(&self, stream: u32) -> bool {
+        lock(&self.state)
+            .streams
+            .get(&stream)
+            .is_some_and(|s| s.sub.is_some())
+    }
+
     /// Whether this replica holds `stream` of the session (it opened it and still retains it).
     pub fn holds_stream(&self, stream: u32) -> bool {
         lock(&self.state).streams.get(&stream).is_some()

@@ -3,6 +3,8 @@
 //! others (pure, under the session's lock); what becomes of it (the store's wire form, the
 //! writer) is `store`'s.
 
+use tokio::time::Instant;
+
 use super::state::State;
 use super::stream::{End, StreamKind};
 use super::Principal;
@@ -34,6 +36,25 @@ pub(crate) struct Published {
 }
 
 impl State {
+    /// A client following `stream` on another replica is at `acked`, as of `progressed`: its
+    /// events after it are guarded (see [`Stream::remote`](super::stream::Stream)). A later
+    /// position wakes the paused reader (room may be made). `false` when the stream is gone.
+    pub(super) fn remote_progress(&mut self, stream: u32, acked: u64, progressed: Instant) -> bool {
+        let Some(s) = self.streams.get_mut(&stream) else {
+            return false;
+        };
+        let advanced = s.remote.is_none_or(|(a, _)| acked > a);
+        let fresher = s.remote.is_none_or(|(_, t)| progressed > t);
+        if advanced || fresher {
+            s.remote = Some((acked.max(s.remote.map_or(0, |(a, _)| a)), progressed));
+        }
+        if advanced {
+            s.wake_reader();
+            self.stir();
+        }
+        true
+    }
+
     /// What the store does not have yet of `stream` (see [`Published`]): each event after the
     /// last publication goes to `event`, in order (the window's, and the stream's overflow
     /// slot's in its place). `None` when there is nothing new: no new event, no end, already

@@ -308,6 +308,10 @@ pub(super) struct Stream {
     pub published: Option<u64>,
     /// The stream's end was published: nothing more ever is.
     pub published_end: bool,
+    /// A client following this stream on another replica (through the fleet's store): the
+    /// position it has, and when it last made progress. Its events after that position are
+    /// guarded as a local client's are, within `--stall-timeout` of that progress.
+    pub remote: Option<(u64, Instant)>,
 }
 
 /// Runs of positions a stream remembers (see [`Stream::tagged`]): one while it is the only
@@ -361,6 +365,7 @@ impl Stream {
             trace: None,
             published: None,
             published_end: false,
+            remote: None,
         }
     }
 
@@ -430,7 +435,15 @@ impl Stream {
     /// The position after which this stream's events must stay ([`Stream::needs`] for all of
     /// them at once); `None` when none must.
     pub(super) fn needed_after(&self, now: Instant, stall: Duration) -> Option<u64> {
-        self.guarding(now, stall).then_some(self.acked)
+        let local = self.guarding(now, stall).then_some(self.acked);
+        let remote = self
+            .remote
+            .filter(|&(_, at)| now.duration_since(at) < stall)
+            .map(|(acked, _)| acked);
+        match (local, remote) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Wakes the paused upstream reader, if any (room may have been made).

@@ -2058,3 +2058,43 @@ fn an_adopted_session_keeps_its_epoch_and_numbers_streams_from_its_block() {
     assert_eq!(a.stream, 65536);
     assert!(s.holds_stream(65536) && !s.holds_stream(0));
 }
+
+#[test]
+fn a_client_following_on_another_replica_guards_what_it_has_not_read_while_it_progresses() {
+    let mut st = state(|c| c.stall_timeout = Duration::from_millis(300));
+    let (metrics, budget) = (Metrics::default(), Budget::new(usize::MAX));
+    let now = Instant::now();
+    let opened = st.open(
+        books(&metrics, &budget),
+        OpenStream::new(StreamKind::Post, vec![]),
+        now,
+    );
+    let stream = opened.stream;
+    st.detach(&metrics, stream, opened.generation, now);
+    let later = now + Duration::from_secs(5);
+    let s = st.streams.get(&stream).unwrap();
+    let first = s.first_seq;
+    assert!(
+        !s.needs(first + 1, later, st.consts.stall),
+        "its local client's guard ran out"
+    );
+    assert!(st.remote_progress(stream, first + 3, later));
+    let s = st.streams.get(&stream).unwrap();
+    assert!(
+        s.needs(first + 4, later, st.consts.stall),
+        "after the follower's position"
+    );
+    assert!(!s.needs(first + 3, later, st.consts.stall), "what it has");
+    let stale = later + Duration::from_millis(300);
+    assert!(
+        !s.needs(first + 4, stale, st.consts.stall),
+        "a follower that made no progress for the stall budget lets go"
+    );
+    // Progress refreshes it; an older report does not move it back.
+    assert!(st.remote_progress(stream, first + 6, stale));
+    assert!(st.remote_progress(stream, first + 2, stale));
+    let s = st.streams.get(&stream).unwrap();
+    assert!(s.needs(first + 7, stale, st.consts.stall));
+    assert!(!s.needs(first + 6, stale, st.consts.stall));
+    assert!(!st.remote_progress(stream + 1, 0, stale), "no such stream");
+}

@@ -20,10 +20,14 @@ use redis::streams::StreamRangeReply;
 use tokio::sync::mpsc;
 
 use super::wire::{self, meta_field, Meta, Tag};
+use super::writer::Write;
 use super::{Shared, Store};
 use crate::cursor::Cursor;
 use crate::session::{gap_frames, resumed_frame, upstream_ended_frames, Principal, Session};
 use crate::session::{Charge, End, StreamKind};
+
+/// How often a follower says where its client is (coalesced), for its owner's flow control.
+const REPORT_EVERY: Duration = Duration::from_millis(100);
 
 /// Entries read per round trip. An entry is one upstream read's events (at most a reader's
 /// batch, 64 KiB, or one event up to `--max-event-bytes`): what a follower holds is counted in
@@ -120,6 +124,8 @@ impl Store {
             cursor,
             at: cursor.seq,
             meta,
+            reported: None,
+            reported_at: 0,
         };
         let mut out = BytesMut::new();
         let (replay, done) = follower.take(first, &mut out);
@@ -138,6 +144,7 @@ impl Store {
         charge.set(opening.len(), 0);
         let _ = tx.try_send(opening.freeze());
         if !ended {
+            follower.report(true);
             tokio::spawn(follower.run(tx, charge));
         }
         s.metrics.store_follows.inc();
@@ -206,6 +213,10 @@ struct Follower {
     /// The last position written to the client.
     at: u64,
     meta: Meta,
+    /// When the follower last said in the store where it is (flow control: the owner guards
+    /// the events after it), and the position it said.
+    reported: Option<tokio::time::Instant>,
+    reported_at: u64,
 }
 
 impl Follower {
@@ -285,9 +296,33 @@ impl Follower {
         gap_frames(&self.here(), true, &self.meta.unanswered_at(self.at))
     }
 
-    /// The live tail: polls the stream's entries until the stream is over for this client,
-    /// or the client is gone.
-    async fn run(mut self, tx: mpsc::Sender<Bytes>, mut charge: Charge) {
+    /// Says in the store where the client is, at most every [`REPORT_EVERY`] unless `now`.
+    fn report(&mut self, now: bool) {
+        if !now && self.reported.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
+            return;
+        }
+        self.reported = Some(tokio::time::Instant::now());
+        self.reported_at = self.at;
+        self.shared.queue.push(Write::Progress {
+            tag: self.tag.clone(),
+            stream: self.cursor.stream,
+            at: Some(wire::progress_value(self.at, wire::unix_ms())),
+        });
+    }
+
+    /// The live tail, then the follower's progress taken back from the store.
+    async fn run(mut self, tx: mpsc::Sender<Bytes>, charge: Charge) {
+        self.tail(tx, charge).await;
+        self.shared.queue.push(Write::Progress {
+            tag: self.tag.clone(),
+            stream: self.cursor.stream,
+            at: None,
+        });
+    }
+
+    /// Polls the stream's entries until the stream is over for this client, or the client
+    /// is gone.
+    async fn tail(&mut self, tx: mpsc::Sender<Bytes>, mut charge: Charge) {
         let mut wait = MIN_POLL;
         let keepalive = self.shared.keepalive;
         let mut quiet = Duration::ZERO;
@@ -339,10 +374,16 @@ impl Follower {
                 }
                 // The channel holds one frame: the one before it was taken.
                 charge.set(len, 0);
+                self.report(false);
                 if full {
                     wait = Duration::ZERO;
                 }
             } else {
+                // Nothing new: the owner may be waiting for this client's progress to make
+                // room (flow control), so where it is is said now; and while it waits, that it
+                // still waits (a client that takes what comes is not stalled: the owner keeps
+                // guarding what it has not read, as for a local client).
+                self.report(self.at > self.reported_at);
                 quiet += wait;
                 let most = if self.meta.kind() == StreamKind::Standalone {
                     MAX_POLL_STANDALONE

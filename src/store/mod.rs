@@ -19,6 +19,7 @@
 //! Knows the session API and the configuration; nothing of HTTP routes.
 
 mod follow;
+mod progress;
 mod wire;
 mod writer;
 
@@ -30,7 +31,7 @@ use redis::aio::ConnectionManager;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::session::{Principal, Session};
+use crate::session::{Principal, Registry, Session};
 
 pub(crate) use self::follow::{FollowBody, FollowError};
 use self::wire::{Keys, Record, STREAM_BLOCK};
@@ -131,6 +132,9 @@ pub(crate) struct Shared {
     /// session every quarter TTL.
     touched: Mutex<std::collections::HashMap<Arc<str>, u64>>,
     breaker: Arc<Breaker>,
+    /// The streams this replica reads upstream (by session id and number): whose followers'
+    /// progress it polls ([`progress`]).
+    running: Mutex<std::collections::HashSet<(Arc<str>, u32)>>,
     /// Sessions created while the store did not take their record: written at their next
     /// request once it does (by hashed id).
     unrecorded: Mutex<std::collections::HashSet<Arc<str>>>,
@@ -205,7 +209,8 @@ return {sn, redis.call('HGETALL', KEYS[1])}
 
 impl Store {
     /// The store `cfg` asks for, its writer started (needs the runtime); `Off` without one.
-    pub(crate) fn new(cfg: &Config, metrics: &Arc<Metrics>) -> Store {
+    pub(crate) fn new(cfg: &Config, registry: &Arc<Registry>) -> Store {
+        let metrics = registry.metrics();
         let Some(settings) = &cfg.store else {
             return Store::Off;
         };
@@ -248,7 +253,7 @@ impl Store {
             wire::lease_key(&replica),
             OWNER_CHECK,
         ));
-        Store::Redis(Arc::new(Shared {
+        let shared = Arc::new(Shared {
             conn,
             keys: Keys::derive(&settings.secret),
             seal: settings.seal,
@@ -263,7 +268,10 @@ impl Store {
             touched: Default::default(),
             breaker,
             unrecorded: Default::default(),
-        }))
+            running: Default::default(),
+        });
+        tokio::spawn(progress::poll(Arc::downgrade(&shared), registry.clone()));
+        Store::Redis(shared)
     }
 
     /// The key principals are bound with: the fleet's (from its shared secret), so a session's
@@ -453,6 +461,11 @@ impl Store {
         }) else {
             return;
         };
+        if p.end.is_some() {
+            lock(&s.running).remove(&(Arc::<str>::from(session.id()), stream));
+        } else if p.opened {
+            lock(&s.running).insert((session.id().into(), stream));
+        }
         let tag = s.keys.tag(session.id());
         if s.seal && !packed.is_empty() {
             wire::seal(&s.keys, &tag, stream, p.last, &mut packed);

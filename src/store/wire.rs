@@ -72,6 +72,31 @@ impl Tag {
     }
 }
 
+/// The field of the record where a client following stream `stream` from the store says how
+/// far it is: `<position>:<unix ms>`.
+pub(super) fn progress_field(stream: u32) -> String {
+    format!("a{stream}")
+}
+
+/// A follower's progress as its field holds it.
+pub(super) fn progress_value(at: u64, unix_ms: u64) -> String {
+    format!("{at}:{unix_ms}")
+}
+
+/// A follower's progress read back: its position and when (unix ms).
+pub(super) fn parse_progress(v: &str) -> Option<(u64, u64)> {
+    let (at, ms) = v.split_once(':')?;
+    Some((at.parse().ok()?, ms.parse().ok()?))
+}
+
+/// Milliseconds since the Unix epoch: the fleet's shared clock (replicas' clocks are assumed
+/// within a fraction of `--stall-timeout` of each other).
+pub(super) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The lease of the replica named `replica` (its own hash tag: one key per replica).
 pub(super) fn lease_key(replica: &str) -> String {
     format!("mra:{{r:{replica}}}:alive")
@@ -395,6 +420,16 @@ mod tests {
         assert!(m.opened_by(Principal([1; 16])) && !m.opened_by(Principal([2; 16])));
         assert_eq!(m.unanswered_at(9), vec!["1".to_owned()]);
         assert_eq!(m.unanswered_at(8), vec!["1".to_owned(), "2".to_owned()]);
+    }
+
+    #[test]
+    fn a_followers_progress_reads_back() {
+        assert_eq!(
+            parse_progress(&progress_value(42, 1_700_000_000_123)),
+            Some((42, 1_700_000_000_123))
+        );
+        assert_eq!(parse_progress("42"), None);
+        assert_eq!(parse_progress("x:1"), None);
     }
 
     #[test]

@@ -50,6 +50,13 @@ pub(super) enum Write {
     Gone {
         tag: Tag,
     },
+    /// Where a client following `stream` from the store is (its owner polls it: flow
+    /// control across replicas); `None`: it left, the field goes.
+    Progress {
+        tag: Tag,
+        stream: u32,
+        at: Option<String>,
+    },
     /// A POST's claimed request ids given back, unless a stream took them meanwhile.
     Release {
         keys: Vec<String>,
@@ -171,6 +178,13 @@ impl Write {
                 sn,
                 ttl,
             } => record(pipe, tag, r, *sn, *ttl),
+            Write::Progress { tag, stream, at } => {
+                let field = wire::progress_field(*stream);
+                match at {
+                    Some(at) => pipe.hset(tag.record(), field, at).ignore(),
+                    None => pipe.hdel(tag.record(), field).ignore(),
+                };
+            }
             Write::Release { keys, token } => {
                 if !keys.is_empty() {
                     pipe.cmd("EVAL")
