@@ -1,8 +1,9 @@
 //! Orchestrator: starts each arm (direct, naive pass-through, nginx, mcp-reattach; for the
-//! storm also ts-eventstore, the TypeScript SDK resuming streams itself) as its own
+//! storm also ts-eventstore, the TypeScript SDK resuming streams itself; mcp-reattach-store,
+//! the gateway with the fleet's store on a `redis-server` of the run's own) as its own
 //! processes on 127.0.0.1, runs the scenarios interleaved for N rounds (arm order rotated
-//! each round), samples /proc for the proxy's CPU and RSS, and prints a ratio table plus
-//! JSON; writes docs/benchmarks.md.
+//! each round), samples /proc for the proxy's (and the store's) CPU and RSS, and prints a
+//! ratio table plus JSON; writes docs/benchmarks.md.
 //!
 //! Placement (2 cores): the proxy under test on core 1; the mock upstream and the load
 //! client on core 0, in every arm (direct included), so the endpoints get the same CPU in
@@ -34,15 +35,23 @@ struct Args {
     /// calls-streamed (each event its own write, 100 µs apart, unpinned), calls-streamed-pinned,
     /// json-paced,
     /// sse-200-1, sse-200-8, sse-16k-1, sse-16k-8 (saturating, the mock writes bursts of
-    /// events), the same with `-single` (one `write` per event), paced-1, paced-50,
-    /// idle-N, window-N, storm. Groups: `saturating` (the four burst scenarios),
-    /// `sse-single` (the four single ones), `sse` (all eight), `idle`, `window`.
+    /// events), the same with `-single` (one `write` per event), sse-200-1-unpinned,
+    /// sse-200-8-unpinned (the burst scenarios unpinned, with the store arm), paced-1, paced-50,
+    /// idle-N, window-N, storm, resume-other (a call cut on one replica of a fleet, resumed on
+    /// another from the store). Groups: `saturating` (the four pinned burst scenarios),
+    /// `sse-single` (the four single ones), `sse` (all), `idle`, `window`, `store` (every
+    /// scenario with the mcp-reattach-store arm).
     #[arg(long)]
     only: Option<String>,
     /// Comma-separated arms to run (default: all): direct, naive, nginx, mcp-reattach,
-    /// ts-eventstore (storm only), nginx-tls, mcp-reattach-tls (the TLS arms: json and saturating SSE only).
+    /// ts-eventstore (storm only), nginx-tls, mcp-reattach-tls (the TLS arms: json and saturating SSE only),
+    /// mcp-reattach-store (the gateway with `--store` on a `redis-server` of each run's own).
     #[arg(long)]
     arms: Option<String>,
+    /// The `redis-server` of the mcp-reattach-store arm (Debian's `redis-server` package); the
+    /// arm is skipped when it is missing.
+    #[arg(long, default_value = "redis-server")]
+    redis_server: PathBuf,
     /// The ts-eventstore arm's Node package (`server.mjs`, its `node_modules` installed by
     /// `bench/run`); the arm is skipped when `node` or the package's modules are missing.
     #[arg(long, default_value = "bench/ts-eventstore")]
@@ -112,6 +121,10 @@ enum Arm {
     /// nginx serving the storm's events from files (storm only): what sending the same bytes
     /// on a fresh connection costs a server that computes nothing, the floor of a resume.
     NginxFile,
+    /// mcp-reattach with the fleet's store (`--store`, `--store-key-file`) on a fresh
+    /// `redis-server` started for the run (issue 48); the store's CPU is sampled beside the
+    /// gateway's.
+    ReattachStore,
 }
 
 impl Arm {
@@ -126,6 +139,7 @@ impl Arm {
             Arm::ReattachTls => "mcp-reattach-tls",
             Arm::ReattachPlain => "mcp-reattach-plain",
             Arm::NginxFile => "nginx-file",
+            Arm::ReattachStore => "mcp-reattach-store",
         }
     }
 
@@ -148,7 +162,7 @@ const PROXIES: [Arm; 3] = [Arm::Naive, Arm::Nginx, Arm::Reattach];
 /// The TLS arms, run in the json and saturating SSE scenarios.
 const TLS_ARMS: [Arm; 2] = [Arm::NginxTls, Arm::ReattachTls];
 /// Every arm, for summaries and for reading results back (the storm-only and TLS ones too).
-const EVERY: [Arm; 9] = [
+const EVERY: [Arm; 10] = [
     Arm::Direct,
     Arm::Naive,
     Arm::Nginx,
@@ -158,6 +172,15 @@ const EVERY: [Arm; 9] = [
     Arm::ReattachTls,
     Arm::ReattachPlain,
     Arm::NginxFile,
+    Arm::ReattachStore,
+];
+/// The short-call scenarios users run unpinned, with the store arm beside the others.
+const WITH_STORE: [Arm; 5] = [
+    Arm::Direct,
+    Arm::Naive,
+    Arm::Nginx,
+    Arm::Reattach,
+    Arm::ReattachStore,
 ];
 
 #[derive(Clone)]
@@ -277,6 +300,13 @@ fn main() {
             a.ts_eventstore.display()
         );
     }
+    let redis = redis_server(&a);
+    if redis.is_none() {
+        eprintln!(
+            "warning: {} not found (apt-get install redis-server); the mcp-reattach-store arm is skipped",
+            a.redis_server.display()
+        );
+    }
     let certs = match make_certs(&tmp.0) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -289,6 +319,11 @@ fn main() {
     let machine = machine_info(&a);
     let started = Instant::now();
     let mut records: Vec<Record> = Vec::new();
+    let tools = Tools {
+        nginx: nginx.as_deref(),
+        certs: certs.as_ref(),
+        redis: redis.as_deref(),
+    };
     for round in 0..rounds {
         for (si, sc) in scenarios.iter().enumerate() {
             let memory = sc.group == "memory";
@@ -302,6 +337,7 @@ fn main() {
                 .filter(|&arm| !arm.is_nginx() || nginx.is_some())
                 .filter(|&arm| !arm.tls() || certs.is_some())
                 .filter(|&arm| arm != Arm::TsEventStore || ts_ok)
+                .filter(|&arm| arm != Arm::ReattachStore || redis.is_some())
                 .filter(|&arm| {
                     a.arms
                         .as_deref()
@@ -312,9 +348,9 @@ fn main() {
             arms.rotate_left((round + si) % n);
             for arm in arms {
                 let t = Instant::now();
-                let rec = run_one(&a, &tmp, sc, arm, round, nginx.as_deref(), certs.as_ref());
+                let rec = run_one(&a, &tmp, sc, arm, round, &tools);
                 eprintln!(
-                    "[{:>5.0}s] round {} {:<16} {:<13} {:>5.1}s {} {}",
+                    "[{:>5.0}s] round {} {:<18} {:<18} {:>5.1}s {} {}",
                     started.elapsed().as_secs_f64(),
                     round + 1,
                     sc.key,
@@ -375,7 +411,12 @@ fn brief(r: &Record) -> String {
         "req_per_s",
         "cpu_us_per_event",
         "cpu_us_per_req",
+        "store_us_per_event",
+        "store_us_per_req",
+        "store_dropped_mb",
         "p99_us",
+        "to_resumed_p99_us",
+        "store_bytes_per_event",
         "kb_per_session",
         "bytes_per_event",
         "time_to_last_ms",
@@ -444,7 +485,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: "calls-unpinned".into(),
             group: "json",
             title: "Short tool calls as `calls`, unpinned: no process pinned, each with its default threading (the gateway's scheduler for 2 CPUs), as a sidecar is deployed".into(),
-            arms: ALL.to_vec(),
+            arms: WITH_STORE.to_vec(),
             load: s(&["json", "--conns", "16", "--tool-events", "2", "--duration-ms", &dur]),
             kind: Kind::Run,
             gateway_flags: vec![],
@@ -457,7 +498,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: "calls-streamed".into(),
             group: "json",
             title: "Short tool calls streamed as SDK servers stream them, unpinned (16 sessions back to back; the upstream writes the head, each of 2 progress events of 200 B and the result as its own write, 100 µs apart, so no answer comes whole with its head; no process pinned, default threading)".into(),
-            arms: ALL.to_vec(),
+            arms: WITH_STORE.to_vec(),
             load: s(&["json", "--conns", "16", "--tool-events", "2", "--tool-gap-us", "100", "--duration-ms", &dur]),
             kind: Kind::Run,
             gateway_flags: vec![],
@@ -546,6 +587,36 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             }
         }
     }
+    // The 200 B burst scenarios unpinned, as a fleet's replica is deployed: the gateway
+    // without and with the store (whose redis-server then shares the two cores too).
+    for streams in [1, 8] {
+        let burst = sse_burst(200);
+        out.push(Scenario {
+            key: format!("sse-200-{streams}-unpinned"),
+            group: "sse",
+            title: format!("SSE saturating, 200 B events, {streams} stream(s), {burst} events per upstream write, unpinned (no process pinned, default threading; the store arm's redis-server too)"),
+            arms: vec![Arm::Direct, Arm::Reattach, Arm::ReattachStore],
+            load: s(&[
+                "sse",
+                "--streams",
+                &streams.to_string(),
+                "--size",
+                "200",
+                "--duration-ms",
+                &sse_dur,
+                "--warmup-ms",
+                "0",
+                "--burst",
+                &burst.to_string(),
+            ]),
+            kind: Kind::Run,
+            gateway_flags: vec![],
+            unpinned: true,
+            sessions: 0,
+            window_events: 0,
+            timeout: Duration::from_secs(120),
+        });
+    }
     out.push(Scenario {
         key: "paced-1".into(),
         group: "paced",
@@ -613,7 +684,8 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: format!("window-{we}"),
             group: "memory",
             title: format!("Memory: {wn} sessions, each with a full {we}-event window of 200 B events (600 sent)"),
-            arms: vec![Arm::Reattach],
+            // The store arm at 256: what the store holds per retained event (`INFO memory`).
+            arms: if we == 256 { vec![Arm::Reattach, Arm::ReattachStore] } else { vec![Arm::Reattach] },
             load: s(&["window", "--sessions", &wn.to_string(), "--events", "600", "--size", "200", "--concurrency", "8"]),
             kind: Kind::Hold,
             gateway_flags: s(&["--window-events", &we.to_string()]),
@@ -651,6 +723,35 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         // The TS server's setup (200 notifications per session through the SDK) is slow.
         timeout: Duration::from_secs(300),
     });
+    let rn = if q { 100 } else { 500 };
+    out.push(Scenario {
+        key: "resume-other".into(),
+        group: "resume",
+        title: format!("Resume on a replica that does not own the stream: two gateways on one store, {rn} sessions, each a call through A (20 events of 200 B, 500 µs apart) cut after its first event and resumed on B 2 ms later, 4 at a time, unpinned"),
+        // Two gateways (A and B) on one redis-server; `--other` is added with B's address.
+        arms: vec![Arm::ReattachStore],
+        load: s(&[
+            "resume",
+            "--sessions",
+            &rn.to_string(),
+            "--events",
+            "20",
+            "--gap-us",
+            "500",
+            "--wait-ms",
+            "2",
+            "--concurrency",
+            "4",
+            "--max-ms",
+            if q { "10000" } else { "30000" },
+        ]),
+        kind: Kind::Run,
+        gateway_flags: vec![],
+        unpinned: true,
+        sessions: rn,
+        window_events: 0,
+        timeout: Duration::from_secs(120),
+    });
     if let Some(only) = &a.only {
         let keys: Vec<&str> = only.split(',').collect();
         out.retain(|s| {
@@ -661,6 +762,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
                     || (*k == "sse-single" && s.group == "sse" && s.key.ends_with("-single"))
                     || (*k == "idle" && s.key.starts_with("idle"))
                     || (*k == "window" && s.key.starts_with("window"))
+                    || (*k == "store" && s.arms.contains(&Arm::ReattachStore))
             })
         });
     }
@@ -936,6 +1038,320 @@ http {{
     conf
 }
 
+/// The `redis-server` binary the store arm runs: `--redis-server` as a path, or found on PATH.
+fn redis_server(a: &Args) -> Option<PathBuf> {
+    let p = &a.redis_server;
+    if p.components().count() > 1 {
+        p.exists().then(|| p.clone())
+    } else {
+        which(p.to_str()?)
+    }
+}
+
+/// The mcp-reattach-store arm's `redis-server`: one per arm-run on a free loopback port,
+/// persisting nothing and evicting nothing (`noeviction`, as docs/design.md asks of the
+/// store), killed after the run.
+struct StoreProc {
+    proc: Proc,
+    url: String,
+    /// The fleet's shared secret (`--store-key-file`): 32 random bytes, one file per job.
+    key: PathBuf,
+    /// `used_memory` of the empty server, before a gateway wrote to it.
+    base_used: u64,
+}
+
+/// Starts the store arm's `redis-server`, placed as the proxy under test is (its core when
+/// pinned, SCHED_FIFO unless `--no-rt`): the store is part of the tier measured.
+fn start_store(a: &Args, tmp: &Tmp, redis: &Path, pin: bool) -> Result<StoreProc, String> {
+    use std::io::Read;
+    let key = tmp.0.join("store.key");
+    if !key.exists() {
+        let mut secret = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut secret))
+            .and_then(|()| std::fs::write(&key, secret))
+            .map_err(|e| format!("the store's key file: {e}"))?;
+    }
+    let port = free_port();
+    let dir = tmp.0.join(format!("redis-{port}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut c = pinned_rt(a, pin, !a.no_rt, 1, redis);
+    c.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--maxmemory-policy", "noeviction", "--dir"])
+        .arg(&dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = c
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", redis.display()))?;
+    let proc = Proc {
+        child,
+        graceful: false,
+    };
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    if !wait_port(addr, Duration::from_secs(10)) {
+        return Err(format!("redis-server did not listen on {addr}"));
+    }
+    let url = format!("redis://{addr}");
+    let base_used =
+        store_stats::used_memory(&url).map_err(|e| format!("redis-server on {addr}: {e}"))?;
+    Ok(StoreProc {
+        proc,
+        url,
+        key,
+        base_used,
+    })
+}
+
+/// The gateway's own counts of its store (`/metrics` on its admin listener): bytes its
+/// writer dropped (queue full), requests that failed, resumes served from the store and those
+/// that ended in the explicit gap.
+fn gateway_store_metrics(admin: SocketAddr) -> Vec<(String, f64)> {
+    use std::io::{Read, Write};
+    let text = (|| -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&admin, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })()
+    .unwrap_or_default();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.split([' ', '{']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    vec![
+        (
+            "store_dropped_mb".into(),
+            value("mcp_reattach_store_dropped_bytes_total") / 1e6,
+        ),
+        (
+            "store_errors".into(),
+            value("mcp_reattach_store_errors_total"),
+        ),
+        (
+            "store_follows".into(),
+            value("mcp_reattach_store_follows_total"),
+        ),
+        (
+            "store_follow_gaps".into(),
+            value("mcp_reattach_store_follow_gaps_total"),
+        ),
+    ]
+}
+
+/// What the store holds after a run (the mcp-reattach-store arm), read with redis-rs's
+/// blocking client: `INFO memory`'s `used_memory`, and every stream key's entries and events
+/// (an entry packs one upstream read's events of one stream, src/store/wire.rs).
+mod store_stats {
+    use std::time::Duration;
+
+    pub struct Stats {
+        pub used: u64,
+        pub keys: u64,
+        pub streams: u64,
+        pub entries: u64,
+        pub events: u64,
+        /// The events of the stream that holds the most.
+        pub max_stream_events: u64,
+        /// `MEMORY USAGE` of the stream keys, summed.
+        pub stream_bytes: u64,
+        /// `INFO commandstats` before the inspection's own commands: per command, its calls
+        /// and the µs the server spent in them.
+        pub commands: Vec<(String, u64, f64)>,
+    }
+
+    fn connect(url: &str) -> Result<redis::Connection, String> {
+        let con = redis::Client::open(url)
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        con.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| e.to_string())?;
+        Ok(con)
+    }
+
+    fn used(con: &mut redis::Connection) -> Result<u64, String> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(con)
+            .map_err(|e| e.to_string())?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| "INFO memory without used_memory".to_owned())
+    }
+
+    pub fn used_memory(url: &str) -> Result<u64, String> {
+        used(&mut connect(url)?)
+    }
+
+    /// The events packed in an entry's `e` field, each `<seq u64> <flag u8> <len u32> <body>`.
+    fn packed_events(mut b: &[u8]) -> u64 {
+        let mut n = 0;
+        while b.len() >= 13 {
+            let len = u32::from_le_bytes([b[9], b[10], b[11], b[12]]) as usize;
+            b = b.get(13 + len..).unwrap_or(&[]);
+            n += 1;
+        }
+        n
+    }
+
+    /// `cmdstat_<name>:calls=N,usec=U,…` lines.
+    fn commandstats(info: &str) -> Vec<(String, u64, f64)> {
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let field = |k: &str| {
+                    rest.split(',')
+                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                        .and_then(|v| v.parse::<f64>().ok())
+                };
+                Some((name.to_owned(), field("calls")? as u64, field("usec")?))
+            })
+            .collect()
+    }
+
+    pub fn inspect(url: &str) -> Result<Stats, String> {
+        let mut con = connect(url)?;
+        let e = |e: redis::RedisError| e.to_string();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut con)
+            .map_err(e)?;
+        let commands = commandstats(&info);
+        let used = used(&mut con)?;
+        let keys: u64 = redis::cmd("DBSIZE").query(&mut con).map_err(e)?;
+        let mut st = Stats {
+            used,
+            keys,
+            streams: 0,
+            entries: 0,
+            events: 0,
+            max_stream_events: 0,
+            stream_bytes: 0,
+            commands,
+        };
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("mra:*:ev:*")
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut con)
+                .map_err(e)?;
+            if !batch.is_empty() {
+                let mut pipe = redis::pipe();
+                for k in &batch {
+                    pipe.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
+                    pipe.cmd("XRANGE").arg(k).arg("-").arg("+");
+                }
+                let replies: Vec<redis::Value> = pipe.query(&mut con).map_err(e)?;
+                for pair in replies.chunks(2) {
+                    if let redis::Value::Int(b) = pair[0] {
+                        st.stream_bytes += b.max(0) as u64;
+                    }
+                    let Some(redis::Value::Array(entries)) = pair.get(1) else {
+                        continue;
+                    };
+                    st.streams += 1;
+                    let before = st.events;
+                    for entry in entries {
+                        // [id, [field, value, …]]
+                        let redis::Value::Array(parts) = entry else {
+                            continue;
+                        };
+                        let Some(redis::Value::Array(fields)) = parts.get(1) else {
+                            continue;
+                        };
+                        st.entries += 1;
+                        for fv in fields.chunks(2) {
+                            if let [redis::Value::BulkString(f), redis::Value::BulkString(v)] = fv {
+                                if f == b"e" {
+                                    st.events += packed_events(v);
+                                }
+                            }
+                        }
+                    }
+                    st.max_stream_events = st.max_stream_events.max(st.events - before);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        Ok(st)
+    }
+
+    impl Stats {
+        /// `{command: {calls, usec}}`, for the run's raw record.
+        pub fn commandstats_json(&self) -> serde_json::Value {
+            self.commands
+                .iter()
+                .map(|(name, calls, usec)| {
+                    (
+                        name.clone(),
+                        serde_json::json!({"calls": calls, "usec": usec}),
+                    )
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        }
+
+        /// The run's metrics, `used_memory` taken relative to the empty server's (`base`).
+        pub fn metrics(&self, base: u64) -> Vec<(String, f64)> {
+            let delta = self.used.saturating_sub(base) as f64;
+            let mut m = vec![
+                ("store_used_mib".to_owned(), delta / 1048576.0),
+                ("store_keys".to_owned(), self.keys as f64),
+                ("store_streams".to_owned(), self.streams as f64),
+                ("store_entries".to_owned(), self.entries as f64),
+                ("store_events".to_owned(), self.events as f64),
+                (
+                    "store_events_max_stream".to_owned(),
+                    self.max_stream_events as f64,
+                ),
+            ];
+            if self.events > 0 {
+                let n = self.events as f64;
+                m.push(("store_bytes_per_event".to_owned(), delta / n));
+                m.push((
+                    "store_stream_bytes_per_event".to_owned(),
+                    self.stream_bytes as f64 / n,
+                ));
+            }
+            m.push((
+                "store_commands".to_owned(),
+                self.commands.iter().map(|c| c.1 as f64).sum(),
+            ));
+            m.push((
+                "store_command_us".to_owned(),
+                self.commands.iter().map(|c| c.2).sum(),
+            ));
+            if self.streams > 0 {
+                m.push((
+                    "store_events_per_stream".to_owned(),
+                    self.events as f64 / self.streams as f64,
+                ));
+            }
+            m
+        }
+    }
+}
+
 /// A CA and a server certificate for 127.0.0.1 (ECDSA P-256), made with openssl.
 struct Certs {
     ca: PathBuf,
@@ -1028,6 +1444,10 @@ fn make_certs(dir: &Path) -> Result<Certs, String> {
     })
 }
 
+/// A started proxy: the process (None for direct), the address the client targets and, for
+/// the gateway, its admin listener (`/metrics`).
+type Started = (Option<Proc>, SocketAddr, Option<SocketAddr>);
+
 /// Starts the arm's proxy (None for direct); returns it and the address the client targets.
 // One parameter per thing an arm may need; a struct for them would only move the list.
 #[allow(clippy::too_many_arguments)]
@@ -1040,12 +1460,13 @@ fn start_proxy(
     nginx: Option<&Path>,
     pin: bool,
     certs: Option<&Certs>,
-) -> Result<(Option<Proc>, SocketAddr), String> {
+) -> Result<Started, String> {
     if arm == Arm::Direct {
-        return Ok((None, upstream));
+        return Ok((None, upstream, None));
     }
     let port = free_port();
     let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut admin = None;
     let mut c = match arm {
         Arm::Naive => {
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, &a.bin.join("naive-proxy"));
@@ -1073,14 +1494,16 @@ fn start_proxy(
             c.arg("-p").arg(&dir).arg("-c").arg(conf);
             c
         }
-        Arm::Reattach | Arm::ReattachTls | Arm::ReattachPlain => {
+        Arm::Reattach | Arm::ReattachTls | Arm::ReattachPlain | Arm::ReattachStore => {
             let mut c = pinned_rt(a, pin, !a.no_rt, 1, &a.gateway);
+            let admin_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            admin = Some(admin_addr);
             c.arg("--upstream")
                 .arg(format!("http://{upstream}"))
                 .arg("--listen")
                 .arg(listen.to_string())
                 .arg("--admin-listen")
-                .arg(format!("127.0.0.1:{}", free_port()))
+                .arg(admin_addr.to_string())
                 .args(extra);
             if arm == Arm::ReattachPlain {
                 c.arg("--json-upgrade").arg("false");
@@ -1110,18 +1533,18 @@ fn start_proxy(
     if !wait_port(listen, Duration::from_secs(10)) {
         return Err(format!("{} did not listen on {listen}", arm.name()));
     }
-    Ok((Some(p), listen))
+    Ok((Some(p), listen, admin))
 }
 
-fn run_one(
-    a: &Args,
-    tmp: &Tmp,
-    sc: &Scenario,
-    arm: Arm,
-    round: usize,
-    nginx: Option<&Path>,
-    certs: Option<&Certs>,
-) -> Record {
+/// What the arms need beyond the harness's own binaries, found once per job.
+struct Tools<'a> {
+    nginx: Option<&'a Path>,
+    certs: Option<&'a Certs>,
+    redis: Option<&'a Path>,
+}
+
+fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, tools: &Tools) -> Record {
+    let (nginx, certs) = (tools.nginx, tools.certs);
     let mut rec = Record {
         scenario: sc.key.clone(),
         arm,
@@ -1138,6 +1561,35 @@ fn run_one(
     } else {
         vec![]
     };
+    // The store arm: a fresh redis-server for this run, started first (killed after).
+    let store = if arm == Arm::ReattachStore {
+        match tools
+            .redis
+            .ok_or_else(|| "no redis-server".to_owned())
+            .and_then(|r| start_store(a, tmp, r, pin))
+        {
+            Ok(st) => Some(st),
+            Err(e) => {
+                rec.failures.push(format!("error: {e}"));
+                return rec;
+            }
+        }
+    } else {
+        None
+    };
+    let mut gateway_flags = sc.gateway_flags.clone();
+    if let Some(st) = &store {
+        gateway_flags.extend([
+            "--store".to_owned(),
+            st.url.clone(),
+            "--store-key-file".to_owned(),
+            st.key.display().to_string(),
+        ]);
+    }
+    // The resume scenario's second replica (B): the same gateway on the same store, where the
+    // calls made through the first (A) are resumed.
+    let mut other: Option<(Proc, SocketAddr, Option<SocketAddr>)> = None;
+    let mut admin = None;
     // The ts-eventstore arm has no upstream: its server is the serving process.
     let (mock, proxy, target) = if arm == Arm::TsEventStore {
         match start_ts_eventstore(a, pin) {
@@ -1149,7 +1601,17 @@ fn run_one(
         }
     } else {
         let (mock, upstream) = start_mock(a, pin, &mock_flags);
-        match start_proxy(a, tmp, arm, upstream, &sc.gateway_flags, nginx, pin, certs) {
+        let started = start_proxy(a, tmp, arm, upstream, &gateway_flags, nginx, pin, certs);
+        let started = started.and_then(|(p, t, adm)| {
+            admin = adm;
+            if sc.group == "resume" {
+                let (b, bt, badm) =
+                    start_proxy(a, tmp, arm, upstream, &gateway_flags, nginx, pin, certs)?;
+                other = b.map(|b| (b, bt, badm));
+            }
+            Ok((p, t))
+        });
+        match started {
             Ok((p, t)) => (Some(mock), p, t),
             Err(e) => {
                 rec.failures.push(format!("error: {e}"));
@@ -1163,8 +1625,20 @@ fn run_one(
         .as_ref()
         .map(|p| procfs::tree(p.pid()))
         .unwrap_or_default();
+    let other_pids = other
+        .as_ref()
+        .map(|(p, ..)| procfs::tree(p.pid()))
+        .unwrap_or_default();
+    let store_pids = store
+        .as_ref()
+        .map(|st| procfs::tree(st.proc.pid()))
+        .unwrap_or_default();
     let rss0 = procfs::rss_kib(&pids);
     let split0 = procfs::cpu_split(&pids);
+    let store0 = procfs::cpu_split(&store_pids);
+    // On-CPU ns of A, B and the store (schedstat): the resume scenario is too short for
+    // clock ticks (10 ms).
+    let ns0 = [&pids, &other_pids, &store_pids].map(|p| procfs::cpu_ns(p));
     let mut load = pinned_if(a, pin, 0, &a.bin.join("load"));
     load.arg("--target").arg(target.to_string());
     if arm.tls() {
@@ -1173,6 +1647,9 @@ fn run_one(
         }
     }
     load.args(&sc.load);
+    if let Some((_, b, _)) = &other {
+        load.arg("--other").arg(b.to_string());
+    }
     if arm.plain_store() {
         load.arg("--plain-store");
     }
@@ -1206,6 +1683,7 @@ fn run_one(
     });
     let mut rss_held = None;
     let mut cpu_held = None;
+    let mut store_held = None;
     // The serving process's CPU (ns) when the storm's setup was done.
     let mut cpu_setup_done: Option<u64> = None;
     let mut ready_json = Value::Null;
@@ -1223,6 +1701,7 @@ fn run_one(
                         .as_ref()
                         .map(|p| procfs::rss_kib(&procfs::tree(p.pid())));
                     cpu_held = Some(procfs::cpu_split(&pids));
+                    store_held = Some(procfs::cpu_split(&store_pids));
                     drop(stdin.take());
                 } else if line == "SETUP-DONE" {
                     cpu_setup_done = Some(procfs::cpu_ns(&pids));
@@ -1247,15 +1726,45 @@ fn run_one(
     let _ = err_fwd.join();
     let wall = t0.elapsed().as_secs_f64();
     let split1 = cpu_held.unwrap_or_else(|| procfs::cpu_split(&pids));
+    let ns1 = [&pids, &other_pids, &store_pids].map(|p| procfs::cpu_ns(p));
+    // µs of on-CPU time over the run: A (the proxy), B (the resume scenario's other replica),
+    // the store.
+    let ns_us = |i: usize| ns1[i].saturating_sub(ns0[i]) as f64 / 1e3;
+    let store1 = store_held.unwrap_or_else(|| procfs::cpu_split(&store_pids));
     let cpu1_ns = procfs::cpu_ns(&pids);
     let rss1 = rss_held.unwrap_or_else(|| procfs::rss_kib(&pids));
+    // What the store holds once the run is over, and what the gateway says of it, before
+    // anything is stopped.
+    let store_seen = store.as_ref().map(|st| {
+        // The gateways' own counts of the store (both replicas' in the resume scenario).
+        let mut seen: BTreeMap<String, f64> = BTreeMap::new();
+        for adm in [admin, other.as_ref().and_then(|o| o.2)]
+            .into_iter()
+            .flatten()
+        {
+            for (k, v) in gateway_store_metrics(adm) {
+                *seen.entry(k).or_default() += v;
+            }
+        }
+        let mut commandstats = Value::Null;
+        match store_stats::inspect(&st.url) {
+            Ok(x) => {
+                seen.extend(x.metrics(st.base_used));
+                commandstats = x.commandstats_json();
+            }
+            Err(e) => eprintln!("        the store could not be inspected: {e}"),
+        }
+        (seen, commandstats)
+    });
+    drop(other);
     drop(proxy);
     drop(mock);
+    drop(store);
     let raw: Value = last_line
         .as_deref()
         .and_then(|l| serde_json::from_str(l).ok())
         .unwrap_or(Value::Null);
-    let raw = if raw.is_null() { ready_json } else { raw };
+    let mut raw = if raw.is_null() { ready_json } else { raw };
     if raw.is_null() {
         if rec.failures.is_empty() {
             rec.failures
@@ -1354,7 +1863,82 @@ fn run_one(
                 m.insert("cpu_us_per_resume".into(), ns / 1e3 / resumes);
             }
         }
+        "resume" => {
+            for (from, to) in [
+                ("to_resumed", "to_resumed"),
+                ("to_first_replayed", "to_first"),
+                ("tail_age", "tail_age"),
+            ] {
+                for k in ["p50_us", "p99_us", "max_us"] {
+                    if let Some(x) = raw[from][k]
+                        .as_f64()
+                        .filter(|_| raw[from]["count"].as_u64() > Some(0))
+                    {
+                        m.insert(format!("{to}_{k}"), x);
+                    }
+                }
+            }
+            let resumes = raw["resumes"].as_f64().unwrap_or(0.0);
+            if resumes > 0.0 {
+                // B, the replica that does not own the calls: all its work is the resumes'.
+                m.insert("cpu_us_per_resume".into(), ns_us(1) / resumes);
+                // A: the session, the call read upstream and published, the cut.
+                m.insert("owner_cpu_us_per_call".into(), ns_us(0) / resumes);
+                m.insert(
+                    "replayed_per_resume".into(),
+                    raw["replayed_events"].as_f64().unwrap_or(0.0) / resumes,
+                );
+            }
+        }
         _ => {}
+    }
+    if let Some((seen, commandstats)) = store_seen {
+        // The store's CPU beside the gateway's, per unit of the scenario's work, and summed.
+        let scpu = (store1.0 - store0.0) + (store1.1 - store0.1);
+        m.insert("store_cpu_s".into(), scpu);
+        let (units, unit) = match sc.group {
+            "json" => (raw["requests"].as_f64(), "req"),
+            "sse" | "paced" => (raw["events"].as_f64(), "event"),
+            "resume" => (raw["resumes"].as_f64(), "resume"),
+            _ => (None, ""),
+        };
+        if let Some(n) = units.filter(|&n| n > 0.0) {
+            if sc.group == "resume" {
+                // In ns (schedstat), and both replicas' in the sum: A's calls, B's resumes.
+                m.insert("store_us_per_resume".into(), ns_us(2) / n);
+                m.insert(
+                    "total_us_per_resume".into(),
+                    (ns_us(0) + ns_us(1) + ns_us(2)) / n,
+                );
+            } else {
+                m.insert(format!("store_us_per_{unit}"), scpu * 1e6 / n);
+                m.insert(format!("total_us_per_{unit}"), (cpu + scpu) * 1e6 / n);
+            }
+            // The commands the store ran, and its own time in them (`INFO commandstats`):
+            // the rest of its CPU is reading and writing its connections.
+            for (k, name) in [
+                ("store_commands", "store_cmds_per"),
+                ("store_command_us", "store_cmd_us_per"),
+            ] {
+                if let Some(v) = seen.get(k) {
+                    m.insert(format!("{name}_{unit}"), v / n);
+                }
+            }
+        }
+        if sc.group == "sse" {
+            let secs = raw["seconds"].as_f64().unwrap_or(wall);
+            m.insert("store_cpu_util".into(), scpu / secs.max(1e-3));
+        }
+        raw["store_commandstats"] = commandstats;
+        let dropped = seen.get("store_dropped_mb").copied().unwrap_or(0.0);
+        let errors = seen.get("store_errors").copied().unwrap_or(0.0);
+        if dropped > 0.0 || errors > 0.0 {
+            // Not a failed check (the clients got every event), but the store has holes: a
+            // resume elsewhere would get the explicit gap.
+            rec.note =
+                format!("the store dropped {dropped:.1} MB of events, {errors:.0} store errors");
+        }
+        m.extend(seen);
     }
     rec.raw = raw;
     rec
@@ -1476,15 +2060,21 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
     }
     // Runs whose checks failed are left out of the medians; say so next to the goal.
     let failed_note = |sc: &str| {
-        let rs: Vec<&Record> = recs
-            .iter()
-            .filter(|r| r.scenario == sc && r.arm == Arm::Reattach)
-            .collect();
-        let f = rs.iter().filter(|r| !r.ok).count();
-        if f > 0 {
-            format!(" (mcp-reattach: {f} of {} runs failed, left out)", rs.len())
-        } else {
+        let mut notes = Vec::new();
+        for arm in [Arm::Reattach, Arm::ReattachStore] {
+            let rs: Vec<&Record> = recs
+                .iter()
+                .filter(|r| r.scenario == sc && r.arm == arm)
+                .collect();
+            let f = rs.iter().filter(|r| !r.ok).count();
+            if f > 0 {
+                notes.push(format!("{}: {f} of {} runs failed", arm.name(), rs.len()));
+            }
+        }
+        if notes.is_empty() {
             String::new()
+        } else {
+            format!(" ({}, left out)", notes.join("; "))
         }
     };
     let mut push = |name: String, value: Option<f64>, target: String, met: Option<bool>| {
@@ -1648,6 +2238,71 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
             );
         }
     }
+    // Issue 48: the fleet's store, measured unpinned as a replica is deployed, against the
+    // same gateway without it in the same job; the CPU rows sum the gateway's and
+    // redis-server's.
+    for (sc, label) in [
+        ("calls-unpinned", "calls (unpinned)"),
+        ("calls-streamed", "streamed calls (unpinned)"),
+    ] {
+        let v = ratio(
+            med(s, sc, Arm::ReattachStore, "req_per_s"),
+            med(s, sc, Arm::Reattach, "req_per_s"),
+        );
+        push(
+            format!("{label}: calls/s mcp-reattach-store / mcp-reattach"),
+            v,
+            "≥ 0.60".into(),
+            v.map(|v| v >= 0.6),
+        );
+        let v = ratio(
+            med(s, sc, Arm::ReattachStore, "total_us_per_req"),
+            med(s, sc, Arm::Reattach, "cpu_us_per_req"),
+        );
+        push(
+            format!("{label}: CPU per call (gateway + store) mcp-reattach-store / mcp-reattach"),
+            v,
+            "–".into(),
+            None,
+        );
+    }
+    for sc in ["sse-200-1-unpinned", "sse-200-8-unpinned"] {
+        let v = ratio(
+            med(s, sc, Arm::ReattachStore, "events_per_s"),
+            med(s, sc, Arm::Reattach, "events_per_s"),
+        );
+        push(
+            format!("{sc}: events/s mcp-reattach-store / mcp-reattach"),
+            v,
+            "≥ 0.50".into(),
+            v.map(|v| v >= 0.5),
+        );
+        let v = ratio(
+            med(s, sc, Arm::ReattachStore, "total_us_per_event"),
+            med(s, sc, Arm::Reattach, "cpu_us_per_event"),
+        );
+        push(
+            format!("{sc}: CPU per event (gateway + store) mcp-reattach-store / mcp-reattach"),
+            v,
+            "–".into(),
+            None,
+        );
+    }
+    let p99 = med(s, "resume-other", Arm::ReattachStore, "to_resumed_p99_us").map(|v| v / 1e3);
+    push(
+        "resume-other: p99 from the GET to `resumed` on a replica that does not own the call (ms)"
+            .into(),
+        p99,
+        "< 5.00".into(),
+        p99.map(|v| v < 5.0),
+    );
+    let b = med(s, "window-256", Arm::ReattachStore, "store_bytes_per_event");
+    push(
+        "window-256: store memory per retained event, used_memory (bytes)".into(),
+        b,
+        "–".into(),
+        None,
+    );
     let v = ratio(
         med(s, "json", Arm::ReattachPlain, "cpu_us_per_req"),
         med(s, "json", Arm::Naive, "cpu_us_per_req"),
@@ -1981,7 +2636,7 @@ fn markdown(
     o.push_str("## Results per scenario\n\n");
     for sc in scs {
         o.push_str(&format!("### {} (`{}`)\n\n", sc.title, sc.key));
-        let cols: Vec<(&str, &str)> = match sc.group {
+        let mut cols: Vec<(&str, &str)> = match sc.group {
             "json" if sc.key == "json" || sc.key.starts_with("calls") => vec![
                 ("req_per_s", "req/s"),
                 ("cpu_us_per_req", "proxy CPU µs/req"),
@@ -2027,6 +2682,18 @@ fn markdown(
                 ("proxy_rss_kib", "RSS KiB held"),
                 ("kb_per_session", "KB per held session"),
             ],
+            "resume" => vec![
+                ("to_resumed_p50_us", "to `resumed` p50 µs"),
+                ("to_resumed_p99_us", "to `resumed` p99 µs"),
+                ("to_resumed_max_us", "to `resumed` max µs"),
+                ("to_first_p50_us", "to first replayed p50 µs"),
+                ("to_first_p99_us", "to first replayed p99 µs"),
+                ("replayed_per_resume", "replayed events per resume"),
+                ("tail_age_p50_us", "live tail's event age p50 µs"),
+                ("tail_age_p99_us", "live tail's event age p99 µs"),
+                ("cpu_us_per_resume", "B CPU µs/resume"),
+                ("owner_cpu_us_per_call", "A CPU µs/call"),
+            ],
             _ => vec![
                 (
                     "time_to_last_ms",
@@ -2038,6 +2705,52 @@ fn markdown(
                 ("cpu_us_per_resume", "CPU µs per resume (serving process)"),
             ],
         };
+        // The store arm: redis-server's CPU beside the gateway's, and what the store holds.
+        if sc.arms.contains(&Arm::ReattachStore) {
+            cols.extend(match sc.group {
+                "json" => vec![
+                    ("store_us_per_req", "store CPU µs/req"),
+                    ("total_us_per_req", "gateway + store µs/req"),
+                    ("store_cmds_per_req", "store commands/req"),
+                    ("store_cmd_us_per_req", "of its CPU in commands µs/req"),
+                    ("store_used_mib", "store MiB at end"),
+                ],
+                "sse" => vec![
+                    ("store_us_per_event", "store CPU µs/event"),
+                    ("total_us_per_event", "gateway + store µs/event"),
+                    ("store_cmd_us_per_event", "of its CPU in commands µs/event"),
+                    ("store_cpu_util", "store CPU util"),
+                    (
+                        "store_events_max_stream",
+                        "store events retained, longest stream",
+                    ),
+                ],
+                "memory" => vec![
+                    (
+                        "store_bytes_per_event",
+                        "store bytes/retained event (used_memory)",
+                    ),
+                    (
+                        "store_stream_bytes_per_event",
+                        "the streams' keys alone (MEMORY USAGE)",
+                    ),
+                    (
+                        "store_events_max_stream",
+                        "store events retained, longest stream",
+                    ),
+                ],
+                "resume" => vec![
+                    ("store_us_per_resume", "store CPU µs/resume"),
+                    (
+                        "store_cmds_per_resume",
+                        "store commands/session (A's + B's)",
+                    ),
+                    ("total_us_per_resume", "A + B + store µs/resume"),
+                ],
+                _ => vec![],
+            });
+            cols.push(("store_dropped_mb", "store dropped MB"));
+        }
         o.push_str(&arm_table(s, sc, &cols));
         o.push('\n');
     }
@@ -2070,7 +2783,38 @@ const METHOD: &str = r#"## Method
   and the bytes).  In the `json` and saturating SSE scenarios
   also `nginx-tls` and `mcp-reattach-tls`: the same two terminating TLS (ECDSA P-256
   certificate made with openssl per job; the load client speaks TLS 1.3 with rustls and ring,
-  HTTP/1.1 by ALPN; the upstream hop stays plain).
+  HTTP/1.1 by ALPN; the upstream hop stays plain). `mcp-reattach-store` is the same gateway
+  with the fleet's store (below).
+- **The fleet's store (issue 48).** The `mcp-reattach-store` arm runs the gateway with
+  `--store redis://127.0.0.1:<port>` and `--store-key-file` (32 random bytes, one file per
+  job) against a `redis-server` (Debian's) started fresh for each arm-run on a free loopback
+  port (`--save "" --appendonly no --maxmemory-policy noeviction`) and killed after it. The
+  store is part of the tier measured: redis-server is placed as the proxy under test is
+  (SCHED_FIFO 1 unless `--no-rt`; the proxy's core when pinned). Its scenarios run unpinned,
+  as a fleet's replica is deployed: `calls-unpinned`, `calls-streamed`, `sse-200-1-unpinned`
+  and `sse-200-8-unpinned` (the burst scenarios unpinned, beside the gateway without the
+  store), and `window-256` (memory). *Store CPU* = utime + stime of redis-server from
+  `/proc/PID/stat` over the load run, per call or event, beside the gateway's and summed with
+  it. After each run, before anything stops: `INFO memory`'s `used_memory` less the empty
+  server's, and every stream key (`mra:*:ev:*`) read back (`XRANGE`, each entry's packed
+  events counted; `MEMORY USAGE … SAMPLES 0` summed), so *store bytes per retained event* =
+  used_memory's growth / the events the streams hold (records, request ids and leases
+  included); `INFO commandstats` (the commands per call, and the part of the store's CPU
+  spent executing them rather than on its connections; per command in `results.json`); and
+  the gateway's own counts (`/metrics`: the bytes its store writer dropped with
+  its queue full, failed store requests). A run whose store dropped events is noted, not
+  failed: its clients got every event, but a resume elsewhere would get the explicit gap.
+- **Resume on another replica** (`resume-other`, `load resume`). Two gateways, A and B, on one
+  store in front of one mock, unpinned. Per session: `initialize` through A, a tool call
+  through A whose upstream writes 20 events of 200 B 500 µs apart (the mock's `gap_us`), the
+  first event read and the connection dropped (the call goes on upstream, A publishing it),
+  2 ms later a `GET` on B (which never saw the session: it adopts it from the store, then
+  serves the stream from it) with `Last-Event-ID` = that event's id. Timed from sending the GET
+  (on a connection already made) to the `mcp-reattach/resumed` event and to the first replayed
+  event; *live tail's event age* = receive time − the mock's send stamp of the events the mock
+  wrote after the GET was sent (B polls the store for them). Checks: every event after the
+  cursor once, in order, then the result. CPU per resume is on-CPU ns (schedstat) of B, of A
+  per call, and of the store.
 - **Placement.** Two cores: the proxy under test is pinned to core 1; the mock upstream and the
   load client share core 0 in every arm, direct included. Each arm-run starts fresh processes.
   The paced-latency scenarios run unpinned (`--pin-paced` pins them too): on this VM a wake-up

@@ -15,6 +15,11 @@
 //!   storm   N sessions read E events on the standalone stream and detach; then all resume
 //!           B events back at once; time from connect to the last replayed event. Through
 //!           the gateway, or (`--plain-store`) against a server with its own event store
+//!   resume  a fleet of two replicas on one store (`--target` A, `--other` B): per session, a
+//!           call through A whose upstream writes its events `--gap-us` apart, cut after its
+//!           first event, resumed on B (which never saw the session) with that event's id;
+//!           time from the GET to the `mcp-reattach/resumed` event and to the first replayed
+//!           event, and the age of the live tail's events as B serves them from the store
 
 use std::cell::RefCell;
 use std::io::{BufRead, Read, Write};
@@ -137,6 +142,27 @@ enum Mode {
         /// order) and a resume has no `mcp-reattach/resumed` event, just the replay.
         #[arg(long)]
         plain_store: bool,
+    },
+    Resume {
+        /// The replica the calls are resumed on (B); `--target` is the one they run through (A).
+        #[arg(long)]
+        other: SocketAddr,
+        #[arg(long, default_value_t = 300)]
+        sessions: usize,
+        /// Progress events per call (200 B, each its own upstream write, `--gap-us` apart).
+        #[arg(long, default_value_t = 20)]
+        events: u64,
+        #[arg(long, default_value_t = 500)]
+        gap_us: u64,
+        /// Pause between the cut on A and the GET on B, in ms: the call goes on upstream
+        /// meanwhile, so the events after the cursor are in the store to replay.
+        #[arg(long, default_value_t = 2)]
+        wait_ms: u64,
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// No session starts after this many ms (the run is bounded in time as in count).
+        #[arg(long, default_value_t = 30_000)]
+        max_ms: u64,
     },
 }
 
@@ -261,6 +287,30 @@ async fn run(cli: Cli) -> Value {
             )
             .await
         }
+        Mode::Resume {
+            other,
+            sessions,
+            events,
+            gap_us,
+            wait_ms,
+            concurrency,
+            max_ms,
+        } => {
+            resume_mode(
+                t,
+                other,
+                p,
+                ResumeOpts {
+                    sessions,
+                    events,
+                    gap_us,
+                    wait_ms,
+                    concurrency,
+                    max_ms,
+                },
+            )
+            .await
+        }
     }
 }
 
@@ -328,6 +378,8 @@ struct StreamStats {
     kept_ids: Option<Vec<String>>,
     /// `replay` of a resumed event.
     replay: Option<u64>,
+    /// When the resumed event was read (0: none came).
+    resumed_ns: u64,
 }
 
 struct ReadOpts<'a> {
@@ -418,6 +470,7 @@ impl Reader<'_> {
         if kind != b"message" {
             let k = String::from_utf8_lossy(kind).into_owned();
             if k == "mcp-reattach/resumed" {
+                st.resumed_ns = now;
                 if let Some(v) = ev
                     .data
                     .and_then(|d| serde_json::from_slice::<Value>(d).ok())
@@ -1208,4 +1261,180 @@ async fn storm_mode(
     json!({"mode":"storm","sessions":sessions,"resumes":resumes,"back":back,"plain_store":plain_store,"replayed_events":agg.events,
         "time_to_last_ms": if last > first { (last - first) as f64 / 1e6 } else { 0.0 },
         "per_session": pct_us(&h), "checks": checks})
+}
+
+struct ResumeOpts {
+    sessions: usize,
+    events: u64,
+    gap_us: u64,
+    wait_ms: u64,
+    concurrency: usize,
+    max_ms: u64,
+}
+
+/// One session's resume on the other replica.
+struct Resumed {
+    /// ns from the GET's send to the `resumed` event (`None`: it never came).
+    to_resumed: Option<u64>,
+    /// ns from the GET's send to the first replayed event (`None`: nothing was replayed).
+    to_first: Option<u64>,
+    st: StreamStats,
+    /// Age (receive − the mock's send stamp) of the events the mock wrote after the GET was
+    /// sent: the live tail, as the other replica serves it from the store.
+    tail: Histogram<u64>,
+}
+
+/// A call through A, cut after its first event and resumed on B (`--target` A, `--other`
+/// B): per session, time to the resumed event and to the first replayed event.
+async fn resume_mode(a: SocketAddr, b: SocketAddr, path: String, o: ResumeOpts) -> Value {
+    let ResumeOpts {
+        sessions,
+        events,
+        gap_us,
+        wait_ms,
+        concurrency,
+        max_ms,
+    } = o;
+    let path = Rc::new(path);
+    let t_start = now_ns();
+    let deadline = t_start + max_ms * 1_000_000;
+    let res = bounded(sessions, concurrency, move |_| {
+        let path = path.clone();
+        async move {
+            if now_ns() >= deadline {
+                return Ok(None);
+            }
+            // The call through A, cut after its first event (seq 0); it goes on upstream.
+            let (mut c, sid) = initialize(a, &path).await?;
+            let body = rpc(
+                "tools/call",
+                json!({"name":"stream","arguments":{"events":events,"size":200,"gap_us":gap_us}}),
+            );
+            c.send(&http::request("POST", &path, &a, Some(&sid), &[], &body))
+                .await?;
+            let head = c.read_head().await?;
+            if head.status != 200 {
+                return Err(std::io::Error::other(format!(
+                    "call status {}",
+                    head.status
+                )));
+            }
+            let first = read_sse(
+                &mut c,
+                &head,
+                0,
+                ReadOpts {
+                    record_from: u64::MAX,
+                    hist: None,
+                    stop_after: Some(1),
+                    keep_ids: true,
+                    opaque_ids: false,
+                },
+            )
+            .await?;
+            let cursor = first
+                .kept_ids
+                .and_then(|ids| ids.into_iter().next())
+                .ok_or_else(|| std::io::Error::other("the call's first event had no id"))?;
+            drop(c);
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+            // The resume on B, which never saw the session: adopted, then followed from the
+            // store. Timed from the GET's send (the connection is made before).
+            let req = http::request(
+                "GET",
+                &path,
+                &b,
+                Some(&sid),
+                &[("Last-Event-ID", &cursor)],
+                b"",
+            );
+            let mut c = Conn::connect(b).await?;
+            let mut tail = hist();
+            let t0 = now_ns();
+            c.send(&req).await?;
+            let head = c.read_head().await?;
+            if head.status != 200 {
+                return Err(std::io::Error::other(format!(
+                    "resume status {}",
+                    head.status
+                )));
+            }
+            let st = read_sse(
+                &mut c,
+                &head,
+                1,
+                ReadOpts {
+                    record_from: t0,
+                    hist: Some(&mut tail),
+                    stop_after: None,
+                    keep_ids: false,
+                    opaque_ids: false,
+                },
+            )
+            .await?;
+            let to_resumed = (st.resumed_ns > 0).then(|| st.resumed_ns.saturating_sub(t0));
+            let to_first = (st.replay.unwrap_or(0) > 0 && st.first_ns > 0)
+                .then(|| st.first_ns.saturating_sub(t0));
+            Ok::<_, std::io::Error>(Some(Resumed {
+                to_resumed,
+                to_first,
+                st,
+                tail,
+            }))
+        }
+    })
+    .await;
+    let (mut to_resumed, mut to_first, mut tail) = (hist(), hist(), hist());
+    let mut agg = Agg::default();
+    let (mut resumes, mut skipped, mut no_resumed, mut no_replay, mut replayed) = (0, 0, 0, 0, 0);
+    let mut short = 0;
+    for r in res {
+        match r {
+            Ok(None) => skipped += 1,
+            Ok(Some(mut r)) => {
+                resumes += 1;
+                match r.to_resumed {
+                    Some(ns) => {
+                        let _ = to_resumed.record(ns.max(1));
+                    }
+                    None => no_resumed += 1,
+                }
+                match r.to_first {
+                    Some(ns) => {
+                        let _ = to_first.record(ns.max(1));
+                    }
+                    None => no_replay += 1,
+                }
+                replayed += r.st.replay.unwrap_or(0);
+                tail.add(&r.tail).ok();
+                // Every event after the cursor (seq 1 on), once each, then the result.
+                if r.st.events != events.saturating_sub(1) {
+                    short += 1;
+                }
+                r.st.control.retain(|c| c != "mcp-reattach/resumed");
+                agg.add(&r.st);
+            }
+            Err(e) => agg.errors.push(e.to_string()),
+        }
+    }
+    let mut checks = agg.checks(resumes);
+    checks["short_streams"] = json!(short);
+    if short > 0 {
+        fail(
+            &mut checks,
+            format!("short stream: {short} resumed call(s) without every event after the cursor"),
+        );
+    }
+    if no_resumed > 0 {
+        fail(
+            &mut checks,
+            format!("bad replay: {no_resumed} resume(s) without the resumed event"),
+        );
+    }
+    json!({"mode":"resume","sessions":sessions,"resumes":resumes,"skipped":skipped,
+        "events":events,"gap_us":gap_us,"wait_ms":wait_ms,"concurrency":concurrency,
+        "replayed_events":replayed,"no_replay":no_replay,
+        "seconds": (now_ns() - t_start) as f64 / 1e9,
+        "to_resumed": pct_us(&to_resumed), "to_first_replayed": pct_us(&to_first),
+        "tail_age": pct_us(&tail), "checks": checks})
 }

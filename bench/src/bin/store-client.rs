@@ -89,7 +89,9 @@ impl Store {
                     .set_response_timeout(Some(TIMEOUT))
                     .set_connection_timeout(Some(TIMEOUT))
                     .set_number_of_retries(3);
-                Ok(Store::Redis(client.get_connection_manager_with_config(cfg).await?))
+                Ok(Store::Redis(
+                    client.get_connection_manager_with_config(cfg).await?,
+                ))
             }
             "fred" => {
                 use fred::prelude::*;
@@ -212,7 +214,10 @@ impl Store {
                 use fred::types::{ClusterHash, CustomCommand};
                 let args: Vec<Value> = args.iter().map(|a| Value::from(*a)).collect();
                 let v: Value = client
-                    .custom(CustomCommand::new_static(cmd, ClusterHash::Random, false), args)
+                    .custom(
+                        CustomCommand::new_static(cmd, ClusterHash::Random, false),
+                        args,
+                    )
                     .await?;
                 Ok(v.as_string().unwrap_or_default())
             }
@@ -242,7 +247,11 @@ impl Cpu {
     fn start(server: &Option<u32>) -> Cpu {
         let server = server.map(|p| p.to_string());
         let srv = server.as_deref().map(cpu_secs).unwrap_or(0.0);
-        Cpu { own: cpu_secs("self"), srv, server }
+        Cpu {
+            own: cpu_secs("self"),
+            srv,
+            server,
+        }
     }
     /// (client µs, server µs) per unit.
     fn per(&self, units: u64) -> (f64, Option<f64>) {
@@ -321,7 +330,9 @@ async fn xrange_arm(store: &Store, args: &Args) -> Res<()> {
     let total = 10_000u64;
     let mut n = 1;
     while n <= total {
-        store.xadd_batch(key, n, 64.min(total - n + 1), &payload).await?;
+        store
+            .xadd_batch(key, n, 64.min(total - n + 1), &payload)
+            .await?;
         n += 64;
     }
     // MINID ~ trimmed below total - KEEP: read after cursors within what is kept.
@@ -333,7 +344,9 @@ async fn xrange_arm(store: &Store, args: &Args) -> Res<()> {
     let mut reads = 0u64;
     let mut short = 0u64;
     while Instant::now() < deadline {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let after = low + (x >> 33) % (KEEP - 100);
         let t = Instant::now();
         let got = store.xrange_after(key, after, 100).await?;
@@ -374,7 +387,9 @@ async fn memory_arm(store: &Store) -> Res<()> {
         let key = format!("mra:{{mem{s}}}:ev:1");
         let mut n = 1;
         while n <= entries {
-            store.xadd_batch(&key, n, 64.min(entries - n + 1), &payload).await?;
+            store
+                .xadd_batch(&key, n, 64.min(entries - n + 1), &payload)
+                .await?;
             n += 64;
         }
     }
@@ -395,7 +410,10 @@ fn list(s: &str) -> Vec<u64> {
 fn aead_arm(secs: f64) -> Res<()> {
     use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, CHACHA20_POLY1305};
     let event = payload();
-    for (name, alg) in [("aes-256-gcm", &AES_256_GCM), ("chacha20-poly1305", &CHACHA20_POLY1305)] {
+    for (name, alg) in [
+        ("aes-256-gcm", &AES_256_GCM),
+        ("chacha20-poly1305", &CHACHA20_POLY1305),
+    ] {
         // A per-session key (derived once from the key file's key and the session), cached.
         let key = LessSafeKey::new(UnboundKey::new(alg, &[7u8; 32]).map_err(|_| "key")?);
         let session = b"0123456789abcdefghij"; // the hashed id: 20 bytes
@@ -446,7 +464,9 @@ fn main() -> Res<()> {
         }
     }
     // One thread: the client's CPU per event is that thread's (and the driver tasks' it spawns).
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let store = Store::connect(&args.client, &args.url).await?;
         for conc in list(&args.conc) {
