@@ -254,16 +254,18 @@ async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
             .await
             .unwrap();
         let meta: Vec<String> = ::redis::cmd("KEYS")
-            .arg("mra:*:rec")
+            .arg(format!("mra:*:m:{}", stream(&cursor)))
             .query_async(&mut conn)
             .await
             .unwrap();
-        let ended: Option<String> = ::redis::cmd("HGET")
-            .arg(&meta[0])
-            .arg(format!("s{}", stream(&cursor)))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let ended: Option<String> = match meta.first() {
+            Some(k) => ::redis::cmd("GET")
+                .arg(k)
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+            None => None,
+        };
         if !keys.is_empty() && ended.is_some_and(|m| m.contains("\"end\"")) {
             break keys;
         }

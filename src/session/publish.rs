@@ -24,6 +24,8 @@ pub(crate) struct Published {
     pub prev: u64,
     /// The last position of this publication's events (`prev` when it has none).
     pub last: u64,
+    /// The stream's lowest position the window may still hold: the store keeps no less.
+    pub low: u64,
     /// How many events it has.
     pub events: usize,
     /// The request ids the stream's POST carried, each with the position of the event that
@@ -103,6 +105,7 @@ impl State {
             opened,
             prev,
             last,
+            low: s.lost_upto.max(s.first_seq) + 1,
             events,
             requests: s
                 .requests

@@ -19,7 +19,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use redis::streams::StreamRangeReply;
 use tokio::sync::mpsc;
 
-use super::wire::{self, meta_field, Meta, Tag};
+use super::wire::{self, Meta, Tag};
 use super::writer::Write;
 use super::{Shared, Store};
 use crate::cursor::Cursor;
@@ -158,7 +158,7 @@ impl Shared {
     async fn read(&self, tag: &Tag, stream: u32, after: u64) -> Option<Read> {
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .hget(tag.record(), meta_field(stream))
+            .get(tag.meta(stream))
             .cmd("XRANGE")
             .arg(tag.events(stream))
             .arg(format!("({}", wire::entry_id(after)))
@@ -307,6 +307,7 @@ impl Follower {
             tag: self.tag.clone(),
             stream: self.cursor.stream,
             at: Some(wire::progress_value(self.at, wire::unix_ms())),
+            ttl: self.shared.progress_ttl,
         });
     }
 
@@ -317,6 +318,7 @@ impl Follower {
             tag: self.tag.clone(),
             stream: self.cursor.stream,
             at: None,
+            ttl: self.shared.progress_ttl,
         });
     }
 

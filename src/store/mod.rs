@@ -122,7 +122,11 @@ pub(crate) struct Shared {
     /// The longest a request waits for the store (`--store-timeout`).
     timeout: Duration,
     session_ttl: Duration,
-    window_events: usize,
+    /// How long an ended stream's keys stay (ms): its `--stall-timeout`, at least 30 s, at most
+    /// `--session-ttl`: long enough for a client cut at the end to come back for it.
+    ended_ttl: i64,
+    /// How long a follower's report of its progress counts (ms): the stall budget.
+    progress_ttl: i64,
     keepalive: Option<Duration>,
     queue: Queue,
     metrics: Arc<Metrics>,
@@ -260,7 +264,12 @@ impl Store {
             replica: replica.into(),
             timeout: settings.timeout,
             session_ttl: cfg.session_ttl,
-            window_events: cfg.window_events,
+            ended_ttl: ttl_ms(
+                cfg.stall_timeout
+                    .max(Duration::from_secs(30))
+                    .min(cfg.session_ttl),
+            ),
+            progress_ttl: ttl_ms(cfg.stall_timeout),
             keepalive: cfg.keepalive,
             queue,
             metrics: metrics.clone(),
@@ -471,8 +480,8 @@ impl Store {
             wire::seal(&s.keys, &tag, stream, p.last, &mut packed);
         }
         // The stream carries its requests from its opening on: a retransmission on any
-        // replica finds it.
-        let carries = if p.opened {
+        // replica finds it (until its keys' TTL, shortened at its end).
+        let carries = if p.opened || p.end.is_some() {
             p.requests
                 .iter()
                 .map(|(id, _)| tag.request(&s.keys, p.principal, id))
@@ -487,8 +496,8 @@ impl Store {
             owner: s.replica.clone(),
             published: p,
             packed,
-            keep: s.window_events,
             ttl: ttl_ms(s.session_ttl),
+            ended_ttl: s.ended_ttl,
         });
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::wire::{parse_progress, progress_field, unix_ms};
+use super::wire::{parse_progress, unix_ms};
 use super::{lock, Shared};
 use crate::session::Registry;
 
@@ -39,7 +39,7 @@ async fn round(s: &Shared, registry: &Registry) {
         if session.attached_here(stream) {
             continue;
         }
-        pipe.hget(s.keys.tag(&id).record(), progress_field(stream));
+        pipe.get(s.keys.tag(&id).progress(stream));
         asked.push((id, stream, session));
     }
     if asked.is_empty() {

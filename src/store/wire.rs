@@ -66,16 +66,20 @@ impl Tag {
         )
     }
 
+    /// Stream `stream`'s facts ([`Meta`]).
+    pub(super) fn meta(&self, stream: u32) -> String {
+        format!("mra:{{{}}}:m:{stream}", self.0)
+    }
+
+    /// Where a client following stream `stream` from the store is: `<position>:<unix ms>`.
+    pub(super) fn progress(&self, stream: u32) -> String {
+        format!("mra:{{{}}}:a:{stream}", self.0)
+    }
+
     /// The events of the session's stream `stream`.
     pub(super) fn events(&self, stream: u32) -> String {
         format!("mra:{{{}}}:ev:{stream}", self.0)
     }
-}
-
-/// The field of the record where a client following stream `stream` from the store says how
-/// far it is: `<position>:<unix ms>`.
-pub(super) fn progress_field(stream: u32) -> String {
-    format!("a{stream}")
 }
 
 /// A follower's progress as its field holds it.
@@ -100,11 +104,6 @@ pub(super) fn unix_ms() -> u64 {
 /// The lease of the replica named `replica` (its own hash tag: one key per replica).
 pub(super) fn lease_key(replica: &str) -> String {
     format!("mra:{{r:{replica}}}:alive")
-}
-
-/// The field of the record holding stream `stream`'s meta.
-pub(super) fn meta_field(stream: u32) -> String {
-    format!("s{stream}")
 }
 
 fn hex(b: &[u8]) -> String {

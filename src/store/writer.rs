@@ -13,7 +13,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 
-use super::wire::{self, entry_id, meta_field, Meta, MetaEnd, Record, Tag};
+use super::wire::{self, entry_id, Meta, MetaEnd, Record, Tag};
 use super::Breaker;
 use crate::metrics::Metrics;
 use crate::session::{End, Published, StreamKind};
@@ -28,16 +28,18 @@ const TOMBSTONE_MS: i64 = 60_000;
 pub(super) enum Write {
     Publish {
         tag: Tag,
-        /// The keys of the requests the stream carries (on its opening): each set to it.
+        /// The keys of the requests the stream carries (on its opening and its end): set to
+        /// it at the opening, their TTL shortened at the end.
         carries: Vec<String>,
         stream: u32,
         owner: Arc<str>,
         published: Published,
         /// The events, packed (`wire::pack_event`); empty when dropped for the queue's bound.
         packed: Vec<u8>,
-        /// Entries the stream keeps in the store (about what a window holds).
-        keep: usize,
+        /// The TTL of the stream's keys while it runs (`--session-ttl`), and once it ended
+        /// (long enough for its client to come back for its end).
         ttl: i64,
+        ended_ttl: i64,
     },
     /// A session's record, written unless one is there already, stream numbers handed out
     /// up to `sn`.
@@ -56,6 +58,8 @@ pub(super) enum Write {
         tag: Tag,
         stream: u32,
         at: Option<String>,
+        /// A report is worth nothing after the stall budget.
+        ttl: i64,
     },
     /// A POST's claimed request ids given back, unless a stream took them meanwhile.
     Release {
@@ -107,17 +111,22 @@ impl Write {
                 owner,
                 published: p,
                 packed,
-                keep,
                 ttl,
+                ended_ttl,
             } => {
                 let record = tag.record();
+                let ttl = if p.end.is_some() { *ended_ttl } else { *ttl };
                 for k in carries {
-                    pipe.cmd("SET")
-                        .arg(k)
-                        .arg(format!("s:{stream}"))
-                        .arg("PX")
-                        .arg(*ttl)
-                        .ignore();
+                    if p.opened {
+                        pipe.cmd("SET")
+                            .arg(k)
+                            .arg(format!("s:{stream}"))
+                            .arg("PX")
+                            .arg(ttl)
+                            .ignore();
+                    } else {
+                        pipe.pexpire(k, ttl).ignore();
+                    }
                 }
                 let meta = |end: Option<MetaEnd>| Meta {
                     o: owner.to_string(),
@@ -131,20 +140,24 @@ impl Write {
                         .map(|(id, at)| (id.clone(), at.unwrap_or(0)))
                         .collect(),
                 };
+                let events = tag.events(*stream);
                 if !packed.is_empty() {
-                    let key = tag.events(*stream);
+                    // Trimmed to what the owner's window still holds of the stream (entries
+                    // wholly before it go; `~`: whole nodes, so a little more stays).
                     pipe.cmd("XADD")
-                        .arg(&key)
-                        .arg("MAXLEN")
+                        .arg(&events)
+                        .arg("MINID")
                         .arg("~")
-                        .arg(*keep)
+                        .arg(entry_id(p.low))
                         .arg(entry_id(p.last))
                         .arg("p")
                         .arg(p.prev)
                         .arg("e")
                         .arg(packed.as_slice())
                         .ignore();
-                    pipe.pexpire(&key, *ttl).ignore();
+                }
+                if !packed.is_empty() || p.end.is_some() {
+                    pipe.pexpire(&events, ttl).ignore();
                 }
                 // The session's standalone stream is held here: a replica whose client wants it
                 // follows it from the store instead of asking the upstream for another.
@@ -169,7 +182,12 @@ impl Write {
                         },
                     });
                     let m = serde_json::to_string(&meta(end)).unwrap_or_default();
-                    pipe.hset(&record, meta_field(*stream), m).ignore();
+                    pipe.cmd("SET")
+                        .arg(tag.meta(*stream))
+                        .arg(m)
+                        .arg("PX")
+                        .arg(ttl)
+                        .ignore();
                 }
             }
             Write::Record {
@@ -178,11 +196,22 @@ impl Write {
                 sn,
                 ttl,
             } => record(pipe, tag, r, *sn, *ttl),
-            Write::Progress { tag, stream, at } => {
-                let field = wire::progress_field(*stream);
+            Write::Progress {
+                tag,
+                stream,
+                at,
+                ttl,
+            } => {
+                let key = tag.progress(*stream);
                 match at {
-                    Some(at) => pipe.hset(tag.record(), field, at).ignore(),
-                    None => pipe.hdel(tag.record(), field).ignore(),
+                    Some(at) => pipe
+                        .cmd("SET")
+                        .arg(key)
+                        .arg(at)
+                        .arg("PX")
+                        .arg(*ttl)
+                        .ignore(),
+                    None => pipe.del(key).ignore(),
                 };
             }
             Write::Release { keys, token } => {
