@@ -169,10 +169,22 @@ pub(crate) struct IdsHeld {
     shared: Arc<Shared>,
     keys: Vec<String>,
     token: String,
+    /// Whose ids: when a stream of this replica carries them by the time the guard drops, the
+    /// stream's publication took them in the store, and nothing is given back.
+    session: std::sync::Weak<Session>,
+    principal: Principal,
+    ids: Vec<String>,
 }
 
 impl Drop for IdsHeld {
     fn drop(&mut self) {
+        if self
+            .session
+            .upgrade()
+            .is_some_and(|s| s.carries_any(self.principal, &self.ids))
+        {
+            return;
+        }
         self.shared.queue.push(Write::Release {
             keys: std::mem::take(&mut self.keys),
             token: std::mem::take(&mut self.token),
@@ -234,9 +246,12 @@ impl Store {
             .set_connection_timeout(Some(settings.timeout.max(Duration::from_millis(500))))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_secs(1));
-        let conn = match ConnectionManager::new_lazy_with_config(client, manager) {
-            Ok(c) => c,
-            Err(e) => {
+        // Two connections: the requests' own (adoptions, claims, follows' reads), so an
+        // awaited request never queues behind the writer's pipelines of events on the other.
+        let connect = || ConnectionManager::new_lazy_with_config(client.clone(), manager.clone());
+        let (conn, writes) = match (connect(), connect()) {
+            (Ok(c), Ok(w)) => (c, w),
+            (Err(e), _) | (_, Err(e)) => {
                 tracing::error!(error = %e, "--store: cannot make its connection; running without the store");
                 return Store::Off;
             }
@@ -246,17 +261,13 @@ impl Store {
         let replica: String = replica.iter().map(|b| format!("{b:02x}")).collect();
         let breaker = Arc::new(Breaker::new(metrics.clone()));
         let queue = writer::spawn(
-            conn.clone(),
+            writes.clone(),
             BACKGROUND_TIMEOUT,
             cfg.memory_budget / 16,
             breaker.clone(),
             metrics.clone(),
         );
-        tokio::spawn(keep_lease(
-            conn.clone(),
-            wire::lease_key(&replica),
-            OWNER_CHECK,
-        ));
+        tokio::spawn(keep_lease(writes, wire::lease_key(&replica), OWNER_CHECK));
         let shared = Arc::new(Shared {
             conn,
             keys: Keys::derive(&settings.secret),
@@ -327,7 +338,9 @@ impl Store {
         };
         let key = s.keys.tag(id).record();
         let who = principal.map_or_else(|| "*".to_owned(), wire::principal_text);
-        let script = redis::Script::new(ADOPT);
+        static SCRIPT: std::sync::LazyLock<redis::Script> =
+            std::sync::LazyLock::new(|| redis::Script::new(ADOPT));
+        let script = &*SCRIPT;
         let mut invocation = script.key(&key);
         invocation
             .arg(who)
@@ -361,7 +374,7 @@ impl Store {
     /// waits (at most `limit`) for it to open one or give them back.
     pub(crate) async fn claim(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         principal: Principal,
         ids: &[String],
         limit: Duration,
@@ -380,7 +393,9 @@ impl Store {
         let mut nonce = [0u8; 8];
         let _ = getrandom::getrandom(&mut nonce);
         let token = format!("p:{}:{:016x}", s.replica, u64::from_le_bytes(nonce));
-        let script = redis::Script::new(CLAIM);
+        static SCRIPT: std::sync::LazyLock<redis::Script> =
+            std::sync::LazyLock::new(|| redis::Script::new(CLAIM));
+        let script = &*SCRIPT;
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let mut invocation = script.prepare_invoke();
@@ -400,6 +415,9 @@ impl Store {
                         shared: s.clone(),
                         keys,
                         token,
+                        session: Arc::downgrade(session),
+                        principal,
+                        ids: ids.to_vec(),
                     })
                 }
                 Some(("s:", stream)) => match stream.parse() {
