@@ -401,7 +401,26 @@ async fn a_call_whose_replica_died_ends_explicitly_and_the_session_goes_on() {
         first = on_a.next().await.unwrap();
     }
     let cursor = first.id.clone().unwrap();
-    // A dies mid-call (SIGKILL: no drain, no goodbye); its client comes back on B.
+    // What A read is in the store (its writer sends within a few milliseconds)...
+    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg(format!("mra:*:ev:{}", stream(&cursor)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // ...then A dies mid-call (SIGKILL: no drain, no goodbye); its client comes back on B.
     a.proc.kill();
     drop(on_a);
     let started = tokio::time::Instant::now();
@@ -659,6 +678,36 @@ async fn a_live_get_on_another_replica_follows_the_standalone_stream_held_elsewh
         format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{n}}}}}"#)
     };
     standalone.message(&note(1)).await;
+    // The store names A's stream as held (A's writer sends it within a few milliseconds; a
+    // GET on B before that would try to hold one of its own, which a stateful server refuses,
+    // and then follow A's: tests/scale_out.rs's gateway tier covers that race).
+    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let recs: Vec<String> = ::redis::cmd("KEYS")
+            .arg("mra:*:rec")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let hold: Option<String> = match recs.first() {
+            Some(r) => ::redis::cmd("HGET")
+                .arg(r)
+                .arg("hold")
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+            None => None,
+        };
+        if hold.is_some() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hold reached the store"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // The client's GET lands on B: B follows A's stream, it asks the upstream for none (a
     // stateful server would refuse a second one with 409).
     let resp = send(b.addr, as_(ALICE, get(SID, None))).await;

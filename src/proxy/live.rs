@@ -34,20 +34,11 @@ impl Gateway {
         // it opens one now (the client's own GET is forwarded only when that fails, so the
         // upstream's answer reaches the client).
         s.hold_settled(self.cfg.upstream_connect_timeout).await;
-        if self.store.is_on() && !s.has_standalone() && self.authorized(&mut inb, &s).await {
-            if let Some(stream) = self.store.held_elsewhere(&s).await {
-                // Another replica holds it: followed from the store, from its opening.
-                let from = crate::cursor::Cursor {
-                    epoch: s.epoch(),
-                    stream,
-                    seq: 0,
-                };
-                let charge = self.registry.budget().charge();
-                if let Ok((body, _)) = self.store.follow(&s, from, None, charge).await {
-                    tracing::debug!(mcp.session = %s.hashed_id(), mcp.stream = stream, "attached live to the standalone stream another replica holds");
-                    return Ok(self.followed_response(s.id(), body));
-                }
-            }
+        if let Some(followed) = self
+            .follow_held_elsewhere(&mut inb, &s, reattach.as_ref())
+            .await
+        {
+            return Ok(followed);
         }
         // A minted session's upstream is stateless: it has no standalone stream to hold.
         if self.cfg.hold_standalone
@@ -58,6 +49,16 @@ impl Gateway {
             feed::hold(&self.registry, &s, || inb.source(&self.upstream));
             s.hold_attempts_settled(feed::hold_settle_limit(self.cfg.upstream_header_timeout))
                 .await;
+            if !s.has_standalone() {
+                // The upstream refused a stream to this replica: another may have opened one
+                // meanwhile (the fleet learns of it just after), which the client follows.
+                if let Some(followed) = self
+                    .follow_held_elsewhere(&mut inb, &s, reattach.as_ref())
+                    .await
+                {
+                    return Ok(followed);
+                }
+            }
         }
         if s.has_standalone() && self.authorized(&mut inb, &s).await {
             let version = inb.header_version.clone().or_else(|| s.protocol_version());
@@ -74,5 +75,35 @@ impl Gateway {
             }
         }
         self.forward(inb, Some(s), reattach).await
+    }
+
+    /// With the fleet's store: the client follows the session's standalone stream another
+    /// replica holds, from its opening, when this replica holds none and the store names one.
+    async fn follow_held_elsewhere(
+        &self,
+        inb: &mut Inbound,
+        s: &Arc<Session>,
+        reattach: Option<&Reattach>,
+    ) -> Option<Response<ResBody>> {
+        if !self.store.is_on() || s.has_standalone() || !self.authorized(inb, s).await {
+            return None;
+        }
+        let stream = self.store.held_elsewhere(s).await?;
+        let from = crate::cursor::Cursor {
+            epoch: s.epoch(),
+            stream,
+            seq: 0,
+        };
+        let charge = self.registry.budget().charge();
+        let (body, _) = self
+            .store
+            .follow(s, from, None, reattach, charge)
+            .await
+            .ok()?;
+        if reattach.is_some() {
+            self.registry.metrics().resume(ResumeOutcome::Reattached);
+        }
+        tracing::debug!(mcp.session = %s.hashed_id(), mcp.stream = stream, "attached live to the standalone stream another replica holds");
+        Some(self.followed_response(s.id(), body))
     }
 }

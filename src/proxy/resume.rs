@@ -53,7 +53,7 @@ impl Gateway {
             // Another replica's stream, perhaps: served from the fleet's store if it is there.
             let who = (self.cfg.resume_auth != ResumeAuth::None).then_some(inb.principal);
             let charge = self.registry.budget().charge();
-            match self.store.follow(&session, cursor, who, charge).await {
+            match self.store.follow(&session, cursor, who, None, charge).await {
                 Ok((body, replay)) => {
                     self.registry.metrics().resume(ResumeOutcome::Resumed);
                     tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = cursor.stream, replay, "resumed from the fleet's store");
@@ -65,6 +65,20 @@ impl Gateway {
                 }
                 Err(FollowError::Foreign) => {
                     return Err(ProxyError::Resume(ResumeError::ForeignCursor).into());
+                }
+                Err(FollowError::StandaloneOver { lost }) => {
+                    // As for a standalone stream of its own that ended: the client
+                    // re-attaches to the session (wherever its standalone stream is held now).
+                    let r = crate::session::Reattach {
+                        previous: cursor.to_string(),
+                        lost,
+                        reason: if lost {
+                            "stream-expired"
+                        } else {
+                            "stream-ended"
+                        },
+                    };
+                    return Box::pin(self.attach(inb, Some(session), Some(r))).await;
                 }
                 Err(FollowError::NotInStore) => {}
             }
@@ -139,7 +153,7 @@ impl Gateway {
         let charge = self.registry.budget().charge();
         match self
             .store
-            .follow(&session, from, Some(inb.principal), charge)
+            .follow(&session, from, Some(inb.principal), None, charge)
             .await
         {
             Ok((body, replay)) => {

@@ -28,7 +28,7 @@ fn millis(d: Duration) -> u64 {
 /// The first event of a stream `stream` a client attaches to at `here`: the priming event
 /// (if `prime`), or, for a standalone re-attach, the control event saying so; `retry` is
 /// `--retry-hint`.
-pub(super) fn opening(
+pub(crate) fn opening(
     here: &str,
     stream: u32,
     prime: bool,

@@ -179,6 +179,11 @@ impl Session {
     /// meanwhile or a client's own standalone stream got there first (the holder then ends).
     pub fn open_held_standalone(&self) -> Option<u32> {
         let opened = lock(&self.state).open_held_standalone();
+        if let Some(stream) = opened {
+            // The fleet learns at once that the stream is held here (a quiet server may send
+            // nothing on it for long).
+            self.published(stream);
+        }
         self.hold_settled.notify_waiters();
         opened
     }

@@ -58,7 +58,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 pub(crate) use self::control::{
-    gap as gap_frames, resumed as resumed_frame, upstream_ended as upstream_ended_frames,
+    gap as gap_frames, opening as opening_frame, resumed as resumed_frame,
+    upstream_ended as upstream_ended_frames,
 };
 pub(crate) use self::deliver::Step;
 #[cfg(test)]
@@ -130,6 +131,8 @@ pub struct Session {
     stirred: Arc<Stirred>,
     /// Told of each change to a stream's content (the fleet's store); `None` without one.
     publisher: Option<Arc<Publisher>>,
+    /// The fleet's store's name for the session (a keyed hash of its id), made once.
+    store_tag: std::sync::OnceLock<Arc<str>>,
 }
 
 /// A forwarded POST's request ids, in flight until this drops (see [`Session::begin_forward`]).
@@ -246,7 +249,13 @@ impl Session {
             closed_signal: Notify::new(),
             stirred: Arc::default(),
             publisher: None,
+            store_tag: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The fleet's store's name for the session, made by `make` the first time.
+    pub(crate) fn store_tag(&self, make: impl FnOnce() -> Arc<str>) -> Arc<str> {
+        self.store_tag.get_or_init(make).clone()
     }
 
     /// The session, telling `publisher` of each change to a stream's content.

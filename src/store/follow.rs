@@ -23,8 +23,15 @@ use super::wire::{self, Meta, Tag};
 use super::writer::Write;
 use super::{Shared, Store};
 use crate::cursor::Cursor;
-use crate::session::{gap_frames, resumed_frame, upstream_ended_frames, Principal, Session};
+use crate::session::{
+    gap_frames, opening_frame, resumed_frame, upstream_ended_frames, Principal, Reattach, Session,
+};
 use crate::session::{Charge, End, StreamKind};
+
+/// A stream the store does not know is looked for again this many times, this far apart: its
+/// owner's first write may be on its way.
+const UNKNOWN_TRIES: u32 = 10;
+const UNKNOWN_WAIT: Duration = Duration::from_millis(5);
 
 /// How often a follower says where its client is (coalesced), for its owner's flow control.
 const REPORT_EVERY: Duration = Duration::from_millis(100);
@@ -50,6 +57,10 @@ pub(crate) enum FollowError {
     NotTheCallers,
     /// The cursor is before the stream's opening: not one of its positions.
     Foreign,
+    /// A standalone stream that will carry nothing more (it ended, or its owner is gone): the
+    /// client re-attaches to the session instead, told whether events after its cursor are
+    /// lost to it.
+    StandaloneOver { lost: bool },
 }
 
 /// The body of a follower: frames from its task.
@@ -91,17 +102,28 @@ impl Store {
         session: &Arc<Session>,
         cursor: Cursor,
         principal: Option<Principal>,
+        reattach: Option<&Reattach>,
         mut charge: Charge,
     ) -> Result<(FollowBody, usize), FollowError> {
         let Store::Redis(s) = self else {
             return Err(FollowError::NotInStore);
         };
-        let tag = s.keys.tag(session.id());
+        let tag = s.tag_of(session);
         charge.room_for(READ_ROOM).await;
-        let first = s
-            .read(&tag, cursor.stream, cursor.seq)
-            .await
-            .ok_or(FollowError::NotInStore)?;
+        // A stream the store does not know yet may be one whose owner's first write is on its
+        // way (the client came back within milliseconds): looked at again, briefly.
+        let mut tries = 0;
+        let first = loop {
+            let read = s
+                .read(&tag, cursor.stream, cursor.seq)
+                .await
+                .ok_or(FollowError::NotInStore)?;
+            if read.meta.is_some() || tries == UNKNOWN_TRIES {
+                break read;
+            }
+            tries += 1;
+            tokio::time::sleep(UNKNOWN_WAIT).await;
+        };
         let meta = first.meta.clone().ok_or(FollowError::NotInStore)?;
         if principal.is_some_and(|p| meta.kind() == StreamKind::Post && !meta.opened_by(p)) {
             return Err(FollowError::NotTheCallers);
@@ -118,6 +140,16 @@ impl Store {
         if cursor.seq < meta.f {
             return Err(FollowError::Foreign);
         }
+        if meta.kind() == StreamKind::Standalone && cursor.seq > 0 {
+            let over = match &meta.end {
+                Some(end) => Some(cursor.seq < end.last),
+                None if s.alive(&meta.o).await == Some(false) => Some(true),
+                None => None,
+            };
+            if let Some(lost) = over {
+                return Err(FollowError::StandaloneOver { lost });
+            }
+        }
         let mut follower = Follower {
             shared: s.clone(),
             tag,
@@ -131,9 +163,15 @@ impl Store {
         let (replay, done) = follower.take(first, &mut out);
         let ended = done.is_some();
         let here = cursor.text();
-        let mut opening = BytesMut::from(
-            &resumed_frame(&here, cursor.stream, follower.meta.kind(), replay, ended)[..],
-        );
+        // A client re-attaching to the session (its own standalone cursor could not be
+        // resumed) is told so, and whether it lost events, as a local re-attach tells it.
+        let first = match reattach
+            .and_then(|r| opening_frame(&here, cursor.stream, false, Some(r), None))
+        {
+            Some(frame) => frame,
+            None => resumed_frame(&here, cursor.stream, follower.meta.kind(), replay, ended),
+        };
+        let mut opening = BytesMut::from(&first[..]);
         opening.put_slice(&out);
         if let Some(last) = done {
             opening.put_slice(&last);

@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::session::{Principal, Registry, Session};
 
 pub(crate) use self::follow::{FollowBody, FollowError};
-use self::wire::{Keys, Record, STREAM_BLOCK};
+use self::wire::{Keys, Record, Tag, STREAM_BLOCK};
 
 use self::writer::{Queue, Write};
 
@@ -316,7 +316,7 @@ impl Store {
         let mut pipe = redis::pipe();
         writer::record(
             &mut pipe,
-            &s.keys.tag(session.id()),
+            &s.tag_of(session),
             &record,
             STREAM_BLOCK,
             ttl_ms(s.session_ttl),
@@ -385,7 +385,7 @@ impl Store {
         if ids.is_empty() {
             return IdClaim::Unknown;
         }
-        let tag = s.keys.tag(session.id());
+        let tag = s.tag_of(session);
         let keys: Vec<String> = ids
             .iter()
             .map(|id| tag.request(&s.keys, principal, id))
@@ -439,10 +439,20 @@ impl Store {
     /// bounded; `None` when there is none, or the store did not say.
     pub(crate) async fn held_elsewhere(&self, session: &Session) -> Option<u32> {
         let Store::Redis(s) = self else { return None };
+        let tag = s.tag_of(session);
         let mut pipe = redis::pipe();
-        pipe.hget(s.keys.tag(session.id()).record(), "hold");
+        pipe.hget(tag.record(), "hold");
         let (hold,): (Option<u32>,) = s.run(&pipe, "hold").await?;
-        hold.filter(|&n| !session.holds_stream(n))
+        let stream = hold.filter(|&n| !session.holds_stream(n))?;
+        // Held by a replica that is gone: nobody holds it (this replica may).
+        let mut pipe = redis::pipe();
+        pipe.get(tag.meta(stream));
+        let (meta,): (Option<String>,) = s.run(&pipe, "hold").await?;
+        let meta: wire::Meta = serde_json::from_str(&meta?).ok()?;
+        if meta.end.is_some() || s.alive(&meta.o).await != Some(true) {
+            return None;
+        }
+        Some(stream)
     }
 
     /// A request of `session` came: its record lives on in the store, refreshed at most once
@@ -460,7 +470,7 @@ impl Store {
         // The record written unless it is there (it may have been lost with a restarted
         // store), and its TTL renewed.
         s.queue.push(Write::Record {
-            tag: s.keys.tag(session.id()),
+            tag: s.tag_of(session),
             record: record_of(session),
             sn: rewritten_block(),
             ttl: ttl_ms(s.session_ttl),
@@ -474,7 +484,7 @@ impl Store {
         lock(&s.touched).remove(session.hashed_id());
         lock(&s.unrecorded).remove(session.hashed_id());
         s.queue.push(Write::Gone {
-            tag: s.keys.tag(session.id()),
+            tag: s.tag_of(session),
         });
     }
 
@@ -493,7 +503,7 @@ impl Store {
         } else if p.opened {
             lock(&s.running).insert((session.id().into(), stream));
         }
-        let tag = s.keys.tag(session.id());
+        let tag = s.tag_of(session);
         if s.seal && !packed.is_empty() {
             wire::seal(&s.keys, &tag, stream, p.last, &mut packed);
         }
@@ -549,6 +559,11 @@ async fn keep_lease(mut conn: ConnectionManager, key: String, timeout: Duration)
 }
 
 impl Shared {
+    /// `session`'s hash tag, made once per session.
+    fn tag_of(&self, session: &Session) -> Tag {
+        Tag::from_text(session.store_tag(|| self.keys.tag(session.id()).text().clone()))
+    }
+
     /// Whether the replica named `owner` holds its lease: `None` when the store did not say.
     async fn alive(&self, owner: &str) -> Option<bool> {
         let mut pipe = redis::pipe();

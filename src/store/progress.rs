@@ -39,7 +39,7 @@ async fn round(s: &Shared, registry: &Registry) {
         if session.attached_here(stream) {
             continue;
         }
-        pipe.get(s.keys.tag(&id).progress(stream));
+        pipe.get(s.tag_of(&session).progress(stream));
         asked.push((id, stream, session));
     }
     if asked.is_empty() {

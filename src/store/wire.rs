@@ -2,6 +2,8 @@
 //! hash tag per session), the session's record, a stream's facts (its meta) and its entries
 //! (one publication's events, packed). No I/O: `store` sends what this writes.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::session::{Principal, StreamKind};
@@ -13,6 +15,9 @@ pub(super) const RECORD_VERSION: &str = "1";
 /// numbers from 0, each adoption claims the next block (`sn` in the record), so two replicas
 /// never give one number to two streams of a session.
 pub(super) const STREAM_BLOCK: u32 = 1 << 16;
+
+/// Request ids longer than this are named by their keyed hash in the store's keys.
+const MAX_PLAIN_ID: usize = 32;
 
 /// The keys the fleet derives from its shared secret (`--store-key-file`), each for one use.
 #[derive(Clone)]
@@ -39,13 +44,24 @@ impl Keys {
     /// keeps a session on one slot.
     pub(crate) fn tag(&self, id: &str) -> Tag {
         let h = blake3::keyed_hash(&self.names, id.as_bytes());
-        Tag(hex(&h.as_bytes()[..16]))
+        Tag(hex(&h.as_bytes()[..16]).into())
     }
 }
 
 /// A session's hash tag (32 hex digits).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Tag(String);
+pub(crate) struct Tag(Arc<str>);
+
+impl Tag {
+    /// A tag made before (a session keeps its own: [`Tag::text`]).
+    pub(crate) fn from_text(text: Arc<str>) -> Tag {
+        Tag(text)
+    }
+
+    pub(crate) fn text(&self) -> &Arc<str> {
+        &self.0
+    }
+}
 
 impl Tag {
     /// The session's record.
@@ -56,14 +72,23 @@ impl Tag {
     /// Who carries request `id` of `principal` in the session: `p:<replica>` while a replica
     /// forwards it, `s:<stream>` once its stream opened.
     pub(super) fn request(&self, keys: &Keys, principal: Principal, id: &str) -> String {
-        let mut h = blake3::Hasher::new_keyed(&keys.names);
-        h.update(&principal.0);
-        h.update(id.as_bytes());
-        format!(
-            "mra:{{{}}}:id:{}",
-            self.0,
-            hex(&h.finalize().as_bytes()[..16])
-        )
+        // The principal's MAC and the id's JSON text as they are (no secret in either; a key
+        // per caller and id): hashed only when the id is long, so a key stays short.
+        let mut key = String::with_capacity(8 + self.0.len() + 6 + 32 + 1 + id.len().min(34));
+        key.push_str("mra:{");
+        key.push_str(&self.0);
+        key.push_str("}:id:");
+        key.push_str(&hex(&principal.0));
+        key.push(':');
+        if id.len() <= MAX_PLAIN_ID {
+            key.push_str(id);
+        } else {
+            key.push('#');
+            key.push_str(&hex(
+                &blake3::keyed_hash(&keys.names, id.as_bytes()).as_bytes()[..16]
+            ));
+        }
+        key
     }
 
     /// Stream `stream`'s facts ([`Meta`]).
@@ -398,9 +423,34 @@ mod tests {
                 .and_then(|r| r.split('}').next())
                 .map(str::to_owned)
         };
-        assert_eq!(braces(t.record()), Some(t.0.clone()));
-        assert_eq!(braces(t.events(3)), Some(t.0.clone()));
+        assert_eq!(braces(t.record()).as_deref(), Some(&*t.0));
+        assert_eq!(braces(t.events(3)).as_deref(), Some(&*t.0));
+        assert_eq!(hex(&[0, 0x9f, 0xa0, 0xff]), "009fa0ff");
         assert_ne!(a.bind, Keys::derive(&[1; 32]).names, "one key per use");
+    }
+
+    #[test]
+    fn a_request_key_is_its_callers_and_short_whatever_its_id() {
+        let keys = Keys::derive(&[5; 32]);
+        let t = keys.tag("s");
+        let (a, b) = (Principal([1; 16]), Principal([2; 16]));
+        assert_ne!(
+            t.request(&keys, a, "7"),
+            t.request(&keys, b, "7"),
+            "per caller"
+        );
+        assert_ne!(
+            t.request(&keys, a, "7"),
+            t.request(&keys, a, "\"7\""),
+            "per id as sent"
+        );
+        let long = "x".repeat(10_000);
+        let k = t.request(&keys, a, &long);
+        assert!(k.len() < 120, "{k}");
+        assert_ne!(k, t.request(&keys, a, &"x".repeat(10_001)));
+        assert!(t
+            .request(&keys, a, "7")
+            .starts_with(&format!("mra:{{{}}}:id:", t.0)));
     }
 
     #[test]
