@@ -36,19 +36,13 @@
 //! the server's for the stateful server and one the gateway minted (`mra-<32 hex>`) for the
 //! stateless ones. Each case prints one `SUMMARY` line with its numbers.
 //!
-//! **Known gateway bug (the two stateful-server cases are `#[ignore]`d for it).** The
-//! standalone stream a replica holds for a session (`--hold-standalone`, opened upstream when
-//! `notifications/initialized` or the client's `GET` reaches it) is not published to the store
-//! when it opens (`Session::open_held_standalone` tells no publisher; `open_stream` does), only
-//! with its first upstream event, which a quiet server never sends. So the record never names a
-//! `hold`, and another replica (1) answers the client's live `GET` by trying to hold a second
-//! stream itself (the server answers 409, four attempts over ~1.8 s) and then forwarding the
-//! `GET`, whose 409 reaches the client (every run with the TypeScript client, whose `GET`
-//! follows `notifications/initialized` onto the next replica), or (2) answers a resume of the
-//! standalone stream with a cursor it issued (`<epoch>.<stream>.1`) with 409 `cursor-ahead` or
-//! `stream-expired`, since the store has nothing of that stream and `standalone_reattach` does
-//! not re-attach those (about half the runs with the Python client, whose `GET` races its
-//! `notifications/initialized`; (1) in some others). Run them with `-- --ignored`.
+//! **The stateful server's standalone stream.** A replica holds it (`--hold-standalone`,
+//! opened upstream when `notifications/initialized` reaches it) and names it in the store when
+//! it opens; the client's live `GET` on another replica follows it from the store (a second
+//! `GET` upstream would be refused 409 by the stateful server), and a resume of it on another
+//! replica is served from the store. These two cases failed with 409s before the held stream
+//! was published at its opening (it was published with its first event, which a quiet server
+//! never sends).
 //!
 //! Without HAProxy (or `redis-server`) the cases say so on stderr and pass, unless
 //! `CI_REQUIRE_HAPROXY` (or `CI_REQUIRE_REDIS`) is set. The cases run one at a time (a lock),
@@ -671,24 +665,16 @@ fn report(run: &Run, access: &[Access], gw_log: &[String], lb_log: &[Forwarded])
 // The cases
 // ---------------------------------------------------------------------------------------------
 
-/// Fails on every run: the client's live `GET` lands on a replica that does not hold the
-/// session's standalone stream, and is answered 409 after ~1.8 s (see the `ignore` reason and
-/// the module's note on the held standalone stream).
+/// The client's live `GET` lands on a replica that does not hold the session's standalone
+/// stream: it follows the one held elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "gateway bug: a held standalone stream is not published to the store until its \
-            first event, so a live GET on another replica finds no `hold`, tries its own \
-            (409 x4), then forwards the GET and the stateful server's 409 reaches the client"]
 async fn ts_client_through_a_non_sticky_fleet_in_front_of_a_stateful_ts_server() {
     case(Server::Ts1Stateful, Cl::Ts).await;
 }
 
-/// Fails on about half the runs: the client's resume of its standalone stream
-/// (`Last-Event-ID` of the stream another replica holds) is answered 409 `cursor-ahead` or
-/// `stream-expired`, or its live `GET` hits the TypeScript client's case.
+/// The client's resume of its standalone stream lands on another replica than the one
+/// holding it: served from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "gateway bug: a held standalone stream is not published to the store until its \
-            first event, so a standalone cursor resumed on another replica is not found there \
-            and is refused 409 (cursor-ahead / stream-expired) instead of followed"]
 async fn py_client_through_a_non_sticky_fleet_in_front_of_a_stateful_ts_server() {
     case(Server::Ts1Stateful, Cl::Py).await;
 }
