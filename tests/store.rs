@@ -1019,6 +1019,60 @@ async fn the_owner_waits_for_a_slow_client_following_on_another_replica() {
 }
 
 #[tokio::test]
+async fn a_session_ended_on_one_replica_is_ended_on_every_one() {
+    let Some(redis) = Redis::start("delete").await else {
+        return;
+    };
+    let key = key_file("delete", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    // A stateless upstream: the gateway mints the session, the upstream never knows it.
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_json(
+        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
+    );
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let sid = resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(sid.starts_with("mra-"), "{sid}");
+    // B adopts it for a call.
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(&sid)))));
+    let upstream = mock.next().await.respond_sse(None);
+    upstream.message(&result(1)).await;
+    drop(upstream);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert_eq!(metric(&b, "mcp_reattach_store_adoptions_total").await, 1.0);
+    // Its client ends it through A.
+    let mut delete = as_(ALICE, get(&sid, None));
+    *delete.method_mut() = http::Method::DELETE;
+    assert_eq!(send(a.addr, delete).await.status(), 200);
+    // B learns it: the session is gone there too, and nothing reaches the upstream for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = send(b.addr, as_(ALICE, post(&call(2), Some(&sid))))
+            .await
+            .status();
+        if status == 404 {
+            break;
+        }
+        // Not yet known on B: its call went upstream; answer it.
+        mock.next().await.respond_json(result(2));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B learns the session ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(mock.nothing_within(Duration::from_millis(100)).await);
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

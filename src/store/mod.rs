@@ -19,6 +19,7 @@
 //! Knows the session API and the configuration; nothing of HTTP routes.
 
 mod follow;
+mod gone;
 mod progress;
 mod wire;
 mod writer;
@@ -136,6 +137,9 @@ pub(crate) struct Shared {
     /// session every quarter TTL.
     touched: Mutex<std::collections::HashMap<Arc<str>, u64>>,
     breaker: Arc<Breaker>,
+    /// The sessions whose tag this replica made, by tag: which one an end announced on the
+    /// store's channel is ([`gone`]).
+    tags: Mutex<std::collections::HashMap<Arc<str>, Arc<str>>>,
     /// The streams this replica reads upstream (by session id and number): whose followers'
     /// progress it polls ([`progress`]).
     running: Mutex<std::collections::HashSet<(Arc<str>, u32)>>,
@@ -289,8 +293,14 @@ impl Store {
             breaker,
             unrecorded: Default::default(),
             running: Default::default(),
+            tags: Default::default(),
         });
         tokio::spawn(progress::poll(Arc::downgrade(&shared), registry.clone()));
+        tokio::spawn(gone::listen(
+            client,
+            Arc::downgrade(&shared),
+            registry.clone(),
+        ));
         Store::Redis(shared)
     }
 
@@ -561,7 +571,11 @@ async fn keep_lease(mut conn: ConnectionManager, key: String, timeout: Duration)
 impl Shared {
     /// `session`'s hash tag, made once per session.
     fn tag_of(&self, session: &Session) -> Tag {
-        Tag::from_text(session.store_tag(|| self.keys.tag(session.id()).text().clone()))
+        Tag::from_text(session.store_tag(|| {
+            let tag = self.keys.tag(session.id()).text().clone();
+            lock(&self.tags).insert(tag.clone(), session.id().into());
+            tag
+        }))
     }
 
     /// Whether the replica named `owner` holds its lease: `None` when the store did not say.

@@ -14,14 +14,22 @@ use crate::session::Registry;
 /// How often the owner looks at its followers' progress.
 pub(super) const POLL: Duration = Duration::from_millis(100);
 
-/// Polls while the store lives.
+/// Rounds between two prunings of the tags of sessions no longer held (a minute).
+const PRUNE_EVERY: u32 = 600;
+
+/// Polls while the store lives (and prunes the tags now and then).
 pub(super) async fn poll(shared: Weak<Shared>, registry: Arc<Registry>) {
     let mut every = tokio::time::interval(POLL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rounds: u32 = 0;
     loop {
         every.tick().await;
         let Some(s) = shared.upgrade() else { return };
         round(&s, &registry).await;
+        rounds = rounds.wrapping_add(1);
+        if rounds.is_multiple_of(PRUNE_EVERY) {
+            super::gone::prune(&s, &registry);
+        }
     }
 }
 

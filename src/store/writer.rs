@@ -225,6 +225,7 @@ impl Write {
                 }
             }
             Write::Gone { tag } => {
+                pipe.publish(super::gone::CHANNEL, &**tag.text()).ignore();
                 let record = tag.record();
                 pipe.hset(&record, "state", "gone").ignore();
                 pipe.pexpire(&record, TOMBSTONE_MS).ignore();

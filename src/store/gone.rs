@@ -1,0 +1,66 @@
+//! A session that ends anywhere ends everywhere: the replica that ends it (a `DELETE`, the
+//! upstream's 404) tombstones its record and announces its hash tag on one channel; every
+//! replica listens on one connection of its own and drops the session if it holds it (without
+//! ending it upstream again).
+
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_core::Stream;
+
+use super::{lock, Shared};
+use crate::session::{Eviction, Registry};
+
+/// The channel the ended sessions' tags are announced on.
+pub(super) const CHANNEL: &str = "mra:gone";
+
+/// How long the listener waits before it subscribes again after losing its connection.
+const RESUBSCRIBE: Duration = Duration::from_secs(1);
+
+/// Listens while the store lives.
+pub(super) async fn listen(client: redis::Client, shared: Weak<Shared>, registry: Arc<Registry>) {
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(CHANNEL).await {
+                Ok(()) => {
+                    let mut messages = pubsub.into_on_message();
+                    while let Some(msg) =
+                        std::future::poll_fn(|cx| Pin::new(&mut messages).poll_next(cx)).await
+                    {
+                        let Some(s) = shared.upgrade() else { return };
+                        if let Ok(tag) = msg.get_payload::<String>() {
+                            ended(&s, &registry, &tag);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the store's channel of ended sessions: not subscribed")
+                }
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "the store's channel of ended sessions: no connection")
+            }
+        }
+        if shared.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(RESUBSCRIBE).await;
+    }
+}
+
+/// The session tagged `tag` ended elsewhere: dropped here if held.
+fn ended(s: &Shared, registry: &Registry, tag: &str) {
+    let Some(id) = lock(&s.tags).remove(tag) else {
+        return;
+    };
+    if registry.get(&id).is_some() {
+        tracing::debug!("a session ended on another replica: dropped here");
+        registry.remove(&id, Eviction::Delete);
+    }
+}
+
+/// Forgets the tags of sessions this replica no longer holds (the map only serves `ended`).
+pub(super) fn prune(s: &Shared, registry: &Registry) {
+    lock(&s.tags).retain(|_, id| registry.get(id).is_some());
+}
