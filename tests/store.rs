@@ -1073,6 +1073,59 @@ async fn a_session_ended_on_one_replica_is_ended_on_every_one() {
 }
 
 #[tokio::test]
+async fn a_draining_replicas_followers_resume_elsewhere_at_once() {
+    let Some(redis) = Redis::start("drain-followers").await else {
+        return;
+    };
+    let key = key_file("drain-followers", 32);
+    let mut mock = Mock::start().await;
+    let a = replica(&mock, &redis, &key).await;
+    let b = replica_with(
+        &mock,
+        &redis,
+        &key,
+        &["--drain-delay", "0s", "--hold-standalone", "false"],
+    )
+    .await;
+    const SID: &str = "drain-followers-session";
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(SID);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(3), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut on_a = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = on_a.next().await.unwrap();
+    while first.data.is_none() {
+        first = on_a.next().await.unwrap();
+    }
+    drop(on_a);
+    // The client follows A's call on B; then B is drained.
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&first.id.unwrap())))).await;
+    assert_eq!(resp.status(), 200);
+    let mut on_b = SseReader::new(resp);
+    upstream.message(&progress(2)).await;
+    let started = tokio::time::Instant::now();
+    b.proc.sigterm();
+    let (got, last, told) = read_call(&mut on_b).await;
+    let took = started.elapsed();
+    assert!(told, "told to resume: {got:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "at once, not at --drain-timeout: {took:?}"
+    );
+    // It resumes on A, which reads the call: the rest, once.
+    let resp = send(a.addr, as_(ALICE, get(SID, Some(&last.unwrap())))).await;
+    let mut on_a = SseReader::new(resp);
+    upstream.message(&result(3)).await;
+    drop(upstream);
+    let (rest, _, _) = read_call(&mut on_a).await;
+    let mut all = got;
+    all.extend(rest);
+    assert_eq!(all, vec![progress(2), result(3)], "every event once");
+}
+
+#[tokio::test]
 async fn a_store_needs_the_fleets_secret() {
     let mock = Mock::start().await;
     let missing = Binary::try_start(

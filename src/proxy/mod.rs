@@ -410,6 +410,12 @@ impl Gateway {
         }
     }
 
+    /// The replica stops accepting: the clients it serves from the fleet's store resume
+    /// elsewhere at once.
+    pub(crate) fn drain_followers(&self) {
+        self.store.drain_followers();
+    }
+
     /// Ends `session` here and in the fleet (DELETE, the upstream's 404).
     pub(super) fn end_session(&self, session: &Session, why: crate::session::Eviction) {
         self.registry.remove(session.id(), why);

@@ -238,6 +238,7 @@ pub async fn serve_gateway(
     // Every HTTP/1.1 connection finishes the response in flight and closes (hyper's are told
     // by the drain's graceful shutdown).
     let _ = stop_tx.send(true);
+    gateway.drain_followers();
     let hand_over = gateway.hand_over();
     shutdown::drain_then(
         gateway.registry(),

@@ -368,7 +368,12 @@ impl Follower {
         let mut quiet = Duration::ZERO;
         // Looked at first at once: an owner may be gone before its client came back.
         let mut owner_checked: Option<tokio::time::Instant> = None;
+        let mut draining = self.shared.draining.subscribe();
         loop {
+            if *draining.borrow_and_update() {
+                let _ = tx.send(self.resume_elsewhere()).await;
+                return;
+            }
             if owner_checked.is_none_or(|t| t.elapsed() >= super::OWNER_CHECK)
                 && self.meta.end.is_none()
             {
@@ -383,6 +388,7 @@ impl Follower {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = tx.closed() => return,
+                _ = draining.changed() => continue,
             }
             // The frame sent last may still wait in the channel: counted until the next one.
             charge.room_for(READ_ROOM).await;
@@ -458,7 +464,8 @@ impl Follower {
         )
     }
 
-    /// The client's last frame when the store stops answering: resume from where it is.
+    /// The client's last frame when the store stops answering, or this replica drains: resume
+    /// from where it is (elsewhere).
     fn resume_elsewhere(&self) -> Bytes {
         crate::session::resumption_required_frame(&self.here())
     }

@@ -137,6 +137,8 @@ pub(crate) struct Shared {
     /// session every quarter TTL.
     touched: Mutex<std::collections::HashMap<Arc<str>, u64>>,
     breaker: Arc<Breaker>,
+    /// Set when the replica drains: its followers tell their clients to resume elsewhere.
+    draining: tokio::sync::watch::Sender<bool>,
     /// The sessions whose tag this replica made, by tag: which one an end announced on the
     /// store's channel is ([`gone`]).
     tags: Mutex<std::collections::HashMap<Arc<str>, Arc<str>>>,
@@ -294,6 +296,7 @@ impl Store {
             unrecorded: Default::default(),
             running: Default::default(),
             tags: Default::default(),
+            draining: tokio::sync::watch::Sender::new(false),
         });
         tokio::spawn(progress::poll(Arc::downgrade(&shared), registry.clone()));
         tokio::spawn(gone::listen(
@@ -315,6 +318,14 @@ impl Store {
 
     pub(crate) fn is_on(&self) -> bool {
         matches!(self, Store::Redis(_))
+    }
+
+    /// The replica stops accepting (a drain): the clients it serves from the store (followers)
+    /// are told at once to resume, elsewhere: they read nothing this replica holds.
+    pub(crate) fn drain_followers(&self) {
+        if let Store::Redis(s) = self {
+            s.draining.send_replace(true);
+        }
     }
 
     /// Records a session this replica just created, before its creator hears of it (so its
