@@ -959,12 +959,12 @@ async fn the_owner_waits_for_a_slow_client_following_on_another_replica() {
     let key = key_file("flow", 32);
     let mut mock = Mock::start().await;
     // A small window and a short stall budget on the owner: without the follower's progress,
-    // it would drop what the slow client on B has not read within 300 ms.
+    // it would drop what the slow client on B has not read within 1 s.
     let owner = [
         "--window-events",
         "8",
         "--stall-timeout",
-        "300ms",
+        "1s",
         "--hold-standalone",
         "false",
     ];
