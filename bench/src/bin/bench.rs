@@ -595,7 +595,7 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
             key: format!("sse-200-{streams}-unpinned"),
             group: "sse",
             title: format!("SSE saturating, 200 B events, {streams} stream(s), {burst} events per upstream write, unpinned (no process pinned, default threading; the store arm's redis-server too)"),
-            arms: vec![Arm::Direct, Arm::Reattach, Arm::ReattachStore],
+            arms: vec![Arm::Direct, Arm::Nginx, Arm::Reattach, Arm::ReattachStore],
             load: s(&[
                 "sse",
                 "--streams",
@@ -2267,6 +2267,27 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         );
     }
     for sc in ["sse-200-1-unpinned", "sse-200-8-unpinned"] {
+        // Issue 49: saturating events unpinned, as deployed, against nginx.
+        let v = ratio(
+            med(s, sc, Arm::Reattach, "events_per_s"),
+            med(s, sc, Arm::Nginx, "events_per_s"),
+        );
+        push(
+            format!("{sc}: events/s mcp-reattach / nginx"),
+            v,
+            "≥ 1.00".into(),
+            v.map(|v| v >= 1.0),
+        );
+        let v = ratio(
+            med(s, sc, Arm::Reattach, "cpu_us_per_event"),
+            med(s, sc, Arm::Nginx, "cpu_us_per_event"),
+        );
+        push(
+            format!("{sc}: proxy CPU per event mcp-reattach / nginx"),
+            v,
+            "≤ 1.00".into(),
+            v.map(|v| v <= 1.0),
+        );
         let v = ratio(
             med(s, sc, Arm::ReattachStore, "events_per_s"),
             med(s, sc, Arm::Reattach, "events_per_s"),
