@@ -50,6 +50,36 @@ async fn metric(b: &Binary, series: &str) -> f64 {
     metric_sum(&text, series).unwrap_or(0.0)
 }
 
+/// Creates session `sid` through `gw` (the mock answers `initialize` with it), for ALICE.
+async fn initialize(gw: &Binary, mock: &mut Mock, sid: &str) {
+    let pending = tokio::spawn(send(gw.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_initialized(sid);
+    assert_eq!(pending.await.unwrap().status(), 200);
+}
+
+/// ALICE's call `id` through `gw`: the upstream's stream (returned, still open) sends its first
+/// progress event, the client reads it and is cut. Returns the client's cursor.
+async fn cut_after_first(gw: &Binary, mock: &mut Mock, sid: &str, id: u64) -> (String, SseWriter) {
+    let pending = tokio::spawn(send(gw.addr, as_(ALICE, post(&call(id), Some(sid)))));
+    let upstream = mock.next().await.respond_sse(Some(sid));
+    let mut reader = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = reader.next().await.unwrap();
+    while first.data.is_none() {
+        first = reader.next().await.unwrap();
+    }
+    (first.id.unwrap(), upstream)
+}
+
+/// A connection of the test's own to the store.
+async fn store_conn(redis: &Redis) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 /// Every byte string in a Redis reply, concatenated.
 fn flatten(v: &::redis::Value, out: &mut Vec<u8>) {
     match v {
@@ -83,10 +113,7 @@ async fn a_call_cut_on_one_replica_is_resumed_on_another_for_its_caller_only() {
     const SID: &str = "fleet-session";
 
     // Created through A (the creator's first stream is numbered in A's block: 0…).
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    let resp = pending.await.unwrap();
-    assert_eq!(resp.status(), 200);
+    initialize(&a, &mut mock, SID).await;
 
     // A call through B: B never saw the session and adopts it for its creator.
     let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(SID)))));
@@ -181,19 +208,8 @@ async fn the_live_tail_of_another_replicas_call_follows_as_it_is_read() {
         replica(&mock, &redis, &key).await,
     );
     const SID: &str = "tail-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(7), Some(SID)))));
-    let upstream = mock.next().await.respond_sse(Some(SID));
-    let mut on_a = SseReader::new(pending.await.unwrap());
-    upstream.message(&progress(1)).await;
-    let mut first = on_a.next().await.unwrap();
-    while first.data.is_none() {
-        first = on_a.next().await.unwrap();
-    }
-    let cursor = first.id.clone().unwrap();
-    drop(on_a);
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 7).await;
     // Resumed on B while the call runs on A: B follows the tail as A publishes it.
     let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
     assert_eq!(resp.status(), 200);
@@ -227,25 +243,13 @@ async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
         replica(&mock, &redis, &key).await,
     );
     const SID: &str = "gap-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(3), Some(SID)))));
-    let upstream = mock.next().await.respond_sse(Some(SID));
-    let mut on_a = SseReader::new(pending.await.unwrap());
-    upstream.message(&progress(1)).await;
-    let mut first = on_a.next().await.unwrap();
-    while first.data.is_none() {
-        first = on_a.next().await.unwrap();
-    }
-    let cursor = first.id.clone().unwrap();
-    drop(on_a);
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 3).await;
     upstream.message(&progress(2)).await;
     upstream.message(&result(3)).await;
     drop(upstream);
     // The store loses the call's events (a flush, an eviction by a misconfigured policy).
-    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = store_conn(&redis).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let keys = loop {
         let keys: Vec<String> = ::redis::cmd("KEYS")
@@ -320,9 +324,7 @@ async fn a_retransmission_on_another_replica_is_a_resume_never_a_second_run() {
         replica(&mock, &redis, &key).await,
     );
     const SID: &str = "retransmitted-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
+    initialize(&a, &mut mock, SID).await;
 
     // The call reaches the upstream through A, which has not answered yet.
     let first = tokio::spawn(send(a.addr, as_(ALICE, post(&call(5), Some(SID)))));
@@ -389,21 +391,10 @@ async fn a_call_whose_replica_died_ends_explicitly_and_the_session_goes_on() {
         replica(&mock, &redis, &key).await,
     );
     const SID: &str = "crash-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(4), Some(SID)))));
-    let upstream = mock.next().await.respond_sse(Some(SID));
-    let mut on_a = SseReader::new(pending.await.unwrap());
-    upstream.message(&progress(1)).await;
-    let mut first = on_a.next().await.unwrap();
-    while first.data.is_none() {
-        first = on_a.next().await.unwrap();
-    }
-    let cursor = first.id.clone().unwrap();
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 4).await;
     // What A read is in the store (its writer sends within a few milliseconds)...
-    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = store_conn(&redis).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let keys: Vec<String> = ::redis::cmd("KEYS")
@@ -422,7 +413,6 @@ async fn a_call_whose_replica_died_ends_explicitly_and_the_session_goes_on() {
     }
     // ...then A dies mid-call (SIGKILL: no drain, no goodbye); its client comes back on B.
     a.proc.kill();
-    drop(on_a);
     let started = tokio::time::Instant::now();
     let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
     assert_eq!(resp.status(), 200);
@@ -484,9 +474,7 @@ async fn a_drained_replica_hands_its_call_over_every_event_once() {
     let mut a = replica_with(&mock, &redis, &key, &drain).await;
     let b = replica(&mock, &redis, &key).await;
     const SID: &str = "drain-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
+    initialize(&a, &mut mock, SID).await;
     let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(6), Some(SID)))));
     let upstream = mock.next().await.respond_sse(Some(SID));
     let mut on_a = SseReader::new(pending.await.unwrap());
@@ -562,9 +550,7 @@ async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
     );
     const SID: &str = "outage-session";
     const LATE: &str = "created-during-the-outage";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
+    initialize(&a, &mut mock, SID).await;
 
     redis.stop().await;
     // The store is gone: A serves what it holds, at its usual pace, and creates sessions.
@@ -643,9 +629,7 @@ async fn a_live_get_on_another_replica_follows_the_standalone_stream_held_elsewh
         replica_with(&mock, &redis, &key, &[]).await,
     );
     const SID: &str = "standalone-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
+    initialize(&a, &mut mock, SID).await;
     // Initialized through A: A holds the session's standalone GET upstream.
     let pending = tokio::spawn(send(
         a.addr,
@@ -681,8 +665,7 @@ async fn a_live_get_on_another_replica_follows_the_standalone_stream_held_elsewh
     // The store names A's stream as held (A's writer sends it within a few milliseconds; a
     // GET on B before that would try to hold one of its own, which a stateful server refuses,
     // and then follow A's: tests/scale_out.rs's gateway tier covers that race).
-    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = store_conn(&redis).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let recs: Vec<String> = ::redis::cmd("KEYS")
@@ -755,27 +738,15 @@ async fn sealed_events_are_nothing_in_the_store_and_whole_to_the_client() {
     let d = replica_with(&mock, &redis, &stranger_key, &sealed).await;
     const SID: &str = "sealed-session";
     const SECRET: &str = "the-tool-result-nobody-may-read";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(8), Some(SID)))));
-    let upstream = mock.next().await.respond_sse(Some(SID));
-    let mut on_a = SseReader::new(pending.await.unwrap());
-    upstream.message(&progress(1)).await;
-    let mut first = on_a.next().await.unwrap();
-    while first.data.is_none() {
-        first = on_a.next().await.unwrap();
-    }
-    let cursor = first.id.clone().unwrap();
-    drop(on_a);
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 8).await;
     let answer = format!(
         r#"{{"jsonrpc":"2.0","id":8,"result":{{"content":[{{"type":"text","text":"{SECRET}"}}]}}}}"#
     );
     upstream.message(&answer).await;
     drop(upstream);
     // In the store: entries, and nowhere the result's text.
-    let client = ::redis::Client::open(redis.url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = store_conn(&redis).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let keys: Vec<String> = ::redis::cmd("KEYS")
@@ -880,9 +851,7 @@ async fn a_fleet_replaced_one_replica_at_a_time_loses_no_call() {
         fleet.push(replica_with(&mock, &redis, &key, &flags).await);
     }
     const SID: &str = "rolling-session";
-    let pending = tokio::spawn(send(fleet[0].addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
+    initialize(&fleet[0], &mut mock, SID).await;
     let mut id = 100;
     for round in 0..3 {
         // A call in flight on the replica about to be replaced.
@@ -972,19 +941,8 @@ async fn the_owner_waits_for_a_slow_client_following_on_another_replica() {
     let b = replica(&mock, &redis, &key).await;
     const SID: &str = "flow-session";
     const EVENTS: u64 = 300;
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(2), Some(SID)))));
-    let upstream = mock.next().await.respond_sse(Some(SID));
-    let mut on_a = SseReader::new(pending.await.unwrap());
-    upstream.message(&progress(1)).await;
-    let mut first = on_a.next().await.unwrap();
-    while first.data.is_none() {
-        first = on_a.next().await.unwrap();
-    }
-    let cursor = first.id.clone().unwrap();
-    drop(on_a);
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 2).await;
     let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
     assert_eq!(resp.status(), 200);
     let mut on_b = SseReader::new(resp);
@@ -1088,20 +1046,10 @@ async fn a_draining_replicas_followers_resume_elsewhere_at_once() {
     )
     .await;
     const SID: &str = "drain-followers-session";
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_initialized(SID);
-    assert_eq!(pending.await.unwrap().status(), 200);
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(3), Some(SID)))));
-    let upstream = mock.next().await.respond_sse(Some(SID));
-    let mut on_a = SseReader::new(pending.await.unwrap());
-    upstream.message(&progress(1)).await;
-    let mut first = on_a.next().await.unwrap();
-    while first.data.is_none() {
-        first = on_a.next().await.unwrap();
-    }
-    drop(on_a);
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 3).await;
     // The client follows A's call on B; then B is drained.
-    let resp = send(b.addr, as_(ALICE, get(SID, Some(&first.id.unwrap())))).await;
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
     assert_eq!(resp.status(), 200);
     let mut on_b = SseReader::new(resp);
     upstream.message(&progress(2)).await;
