@@ -53,27 +53,19 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    complete, cut_on_progress, free_port, http_client, install_shape_deps, key_file, metric_sum,
-    repo_dir, run_client, Binary, ChildProc, Cl, Driver, Faults, NextLine, Redis, Relay, Run,
-    Upstream,
+    complete, control_config, cut_on_progress, haproxy_or_skip, install_shape_deps, key_file,
+    metric_sum, run_client, Binary, ChildProc, Cl, Driver, Faults, Haproxy, NextLine, Redis, Relay,
+    Run, Upstream, PODS,
 };
 use tokio::time::Instant;
 
 /// The cases share the machine's two cores with other test binaries: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-const CONFIG: &str = "deploy/loadbalancers/haproxy/haproxy.cfg";
-const PODS: [&str; 3] = ["pod1", "pod2", "pod3"];
-/// HAProxy's health-check interval in these tests (the shipped default is 2 s).
-const CHECK_INTERVAL: &str = "200ms";
 
 /// Calls each client runs at once, and the steps of each (`INTERVAL_MS` apart). Not a multiple
 /// of 3: the calls' POSTs take `CALLS` consecutive turns of the round robin over the 3
@@ -86,140 +78,10 @@ const STEPS: u32 = 12;
 const INTERVAL_MS: u32 = 200;
 
 // ---------------------------------------------------------------------------------------------
-// HAProxy (as in tests/scale_out.rs, whose helpers are private to it)
+// HAProxy (tests/support/haproxy.rs), and what its log says
 // ---------------------------------------------------------------------------------------------
 
-/// The HAProxy executable, or None (after saying so) when it is not installed and
-/// `CI_REQUIRE_HAPROXY` is not set.
-fn haproxy_or_skip(case: &str) -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("HAPROXY") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => vec![PathBuf::from("haproxy"), PathBuf::from("/usr/sbin/haproxy")],
-    };
-    for bin in candidates {
-        if Command::new(&bin)
-            .arg("-v")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Some(bin);
-        }
-    }
-    assert!(
-        std::env::var_os("CI_REQUIRE_HAPROXY").is_none(),
-        "HAProxy is required (CI_REQUIRE_HAPROXY is set) but `haproxy -v` did not run: \
-         install the Debian package `haproxy` (.ci/run does) or set HAPROXY=/path/to/haproxy"
-    );
-    eprintln!(
-        "\n*** SKIPPED fleet_interop {case}: HAProxy is not installed (apt-get install -y haproxy; \
-         CI installs it and sets CI_REQUIRE_HAPROXY=1) ***\n"
-    );
-    None
-}
-
-/// The shipped config without its `stick` directives: plain round robin of every request.
-fn round_robin_config() -> PathBuf {
-    let shipped = std::fs::read_to_string(repo_dir().join(CONFIG)).expect("reading the config");
-    let kept: Vec<&str> = shipped
-        .lines()
-        .filter(|l| {
-            let t = l.trim_start();
-            !(t.starts_with("stick ") || t.starts_with("stick-table "))
-        })
-        .collect();
-    assert_eq!(
-        shipped.lines().count() - kept.len(),
-        3,
-        "exactly stick-table, stick store-response and stick match are removed"
-    );
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("haproxy-fleet-interop.cfg");
-    std::fs::write(&path, kept.join("\n") + "\n").expect("writing the round-robin config");
-    path
-}
-
-struct Haproxy {
-    proc: ChildProc,
-    addr: SocketAddr,
-    stats: SocketAddr,
-}
-
 impl Haproxy {
-    /// Runs `haproxy -db -f <config>` in front of `gateways` (pod1..pod3), and waits (at most
-    /// 10 s) until its health checks see every pod UP.
-    async fn start(bin: &Path, config: &Path, gateways: &[Binary]) -> Haproxy {
-        let (addr, stats) = (free_port(), free_port());
-        let mut env: Vec<(String, String)> = vec![
-            ("MCP_LB_BIND".into(), addr.to_string()),
-            ("MCP_LB_STATS_BIND".into(), stats.to_string()),
-            ("MCP_CHECK_INTERVAL".into(), CHECK_INTERVAL.into()),
-        ];
-        for (i, g) in gateways.iter().enumerate() {
-            env.push((format!("MCP_POD{}", i + 1), g.addr.to_string()));
-            env.push((
-                format!("MCP_POD{}_ADMIN_PORT", i + 1),
-                g.admin.port().to_string(),
-            ));
-        }
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
-        let proc = ChildProc::spawn_env(
-            "haproxy",
-            bin.to_str().expect("UTF-8 path"),
-            &["-db", "-f", config.to_str().expect("UTF-8 path")],
-            &repo_dir(),
-            &env,
-        );
-        let mut lb = Haproxy { proc, addr, stats };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let status = lb.status().await;
-            if PODS
-                .iter()
-                .all(|p| status.get(*p).is_some_and(|s| s == "UP"))
-            {
-                break;
-            }
-            if Instant::now() >= deadline || lb.proc.wait_exit(Duration::ZERO).await.is_some() {
-                panic!(
-                    "HAProxy did not see every pod UP (last: {status:?}); stderr:\n{}",
-                    lb.proc.stderr_lines().join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        lb
-    }
-
-    /// Each pod's status in the `mcp_reattach` backend, from the stats page's CSV export.
-    async fn status(&self) -> BTreeMap<String, String> {
-        let Ok(resp) = http_client()
-            .get(format!("http://{}/stats;csv", self.stats))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-        else {
-            return BTreeMap::new();
-        };
-        let text = resp.text().await.unwrap_or_default();
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines
-            .next()
-            .unwrap_or("")
-            .trim_start_matches("# ")
-            .split(',')
-            .collect();
-        let col = |name: &str| header.iter().position(|h| *h == name);
-        let (Some(px), Some(sv), Some(st)) = (col("pxname"), col("svname"), col("status")) else {
-            return BTreeMap::new();
-        };
-        lines
-            .map(|l| l.split(',').collect::<Vec<_>>())
-            .filter(|f| {
-                f.get(px) == Some(&"mcp_reattach") && PODS.contains(f.get(sv).unwrap_or(&""))
-            })
-            .map(|f| (f[sv].to_string(), f[st].to_string()))
-            .collect()
-    }
-
     /// The requests HAProxy logged so far (its `option httplog` lines on stdout) that went to
     /// the `mcp_reattach` backend.
     async fn requests(&mut self) -> Vec<Forwarded> {
@@ -319,7 +181,7 @@ impl Fleet {
     /// The fleet in front of `server`, or None (after saying why) when HAProxy or
     /// `redis-server` is missing and not required.
     async fn start(server: Server, case: &str) -> Option<Fleet> {
-        let haproxy = haproxy_or_skip(case)?;
+        let haproxy = haproxy_or_skip("fleet_interop", case)?;
         let redis = Redis::start(&format!("fleet_interop {case}")).await?;
         // A clean clone installs the npm packages and the virtualenvs here, before any clock.
         install_shape_deps().await;
@@ -343,7 +205,8 @@ impl Fleet {
                     .unwrap_or_else(|e| panic!("{pod}'s gateway did not start: {e}")),
             );
         }
-        let lb = Haproxy::start(&haproxy, &round_robin_config(), &gateways).await;
+        let pods: Vec<&Binary> = gateways.iter().collect();
+        let lb = Haproxy::start(&haproxy, &control_config(), &pods).await;
         Some(Fleet {
             _redis: redis,
             upstream,

@@ -33,177 +33,22 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    ensure_npm_deps, free_port, http_client, interop_dir, key_file, metric_sum, node_bin, repo_dir,
-    wait_listening, Binary, ChildProc, NextLine, Redis, Relay,
+    control_config, ensure_npm_deps, haproxy_or_skip, interop_dir, key_file, metric_sum, node_bin,
+    repo_dir, wait_listening, Binary, ChildProc, Haproxy, NextLine, Redis, Relay, CONFIG, PODS,
 };
 use tokio::time::Instant;
 
 /// The cases share the machine's two cores with other test binaries: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-const CONFIG: &str = "deploy/loadbalancers/haproxy/haproxy.cfg";
-const PODS: [&str; 3] = ["pod1", "pod2", "pod3"];
-/// HAProxy's health-check interval in these tests (the shipped default is 2 s).
-const CHECK_INTERVAL: &str = "200ms";
-
 // ---------------------------------------------------------------------------------------------
 // HAProxy
 // ---------------------------------------------------------------------------------------------
-
-/// The HAProxy executable, or None (after saying so) when it is not installed and
-/// `CI_REQUIRE_HAPROXY` is not set.
-fn haproxy_or_skip(case: &str) -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("HAPROXY") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => vec![PathBuf::from("haproxy"), PathBuf::from("/usr/sbin/haproxy")],
-    };
-    for bin in candidates {
-        if Command::new(&bin)
-            .arg("-v")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Some(bin);
-        }
-    }
-    assert!(
-        std::env::var_os("CI_REQUIRE_HAPROXY").is_none(),
-        "HAProxy is required (CI_REQUIRE_HAPROXY is set) but `haproxy -v` did not run: \
-         install the Debian package `haproxy` (.ci/run does) or set HAPROXY=/path/to/haproxy"
-    );
-    eprintln!(
-        "\n*** SKIPPED scale_out {case}: HAProxy is not installed (apt-get install -y haproxy; \
-         CI installs it and sets CI_REQUIRE_HAPROXY=1) ***\n"
-    );
-    None
-}
-
-/// The shipped config without its `stick` directives: plain round robin, the control.
-fn control_config() -> PathBuf {
-    let shipped = std::fs::read_to_string(repo_dir().join(CONFIG)).expect("reading the config");
-    let kept: Vec<&str> = shipped
-        .lines()
-        .filter(|l| {
-            let t = l.trim_start();
-            !(t.starts_with("stick ") || t.starts_with("stick-table "))
-        })
-        .collect();
-    assert_eq!(
-        shipped.lines().count() - kept.len(),
-        3,
-        "the control removes exactly stick-table, stick store-response and stick match"
-    );
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("haproxy-control.cfg");
-    std::fs::write(&path, kept.join("\n") + "\n").expect("writing the control config");
-    path
-}
-
-struct Haproxy {
-    proc: ChildProc,
-    addr: SocketAddr,
-    stats: SocketAddr,
-}
-
-impl Haproxy {
-    /// Runs `haproxy -db -f <config>` in front of `replicas`, and waits (at most 10 s) until
-    /// its health checks see every pod UP.
-    async fn start(bin: &Path, config: &Path, replicas: &[Replica]) -> Haproxy {
-        let (addr, stats) = (free_port(), free_port());
-        let mut env: Vec<(String, String)> = vec![
-            ("MCP_LB_BIND".into(), addr.to_string()),
-            ("MCP_LB_STATS_BIND".into(), stats.to_string()),
-            ("MCP_CHECK_INTERVAL".into(), CHECK_INTERVAL.into()),
-        ];
-        for (i, r) in replicas.iter().enumerate() {
-            env.push((format!("MCP_POD{}", i + 1), r.gateway.addr.to_string()));
-            env.push((
-                format!("MCP_POD{}_ADMIN_PORT", i + 1),
-                r.gateway.admin.port().to_string(),
-            ));
-        }
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
-        let proc = ChildProc::spawn_env(
-            "haproxy",
-            bin.to_str().expect("UTF-8 path"),
-            &["-db", "-f", config.to_str().expect("UTF-8 path")],
-            &repo_dir(),
-            &env,
-        );
-        let mut lb = Haproxy { proc, addr, stats };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let status = lb.status().await;
-            if PODS
-                .iter()
-                .all(|p| status.get(*p).is_some_and(|s| s == "UP"))
-            {
-                break;
-            }
-            if Instant::now() >= deadline || lb.proc.wait_exit(Duration::ZERO).await.is_some() {
-                panic!(
-                    "HAProxy did not see every pod UP (last: {status:?}); stderr:\n{}",
-                    lb.proc.stderr_lines().join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        lb
-    }
-
-    /// Each pod's status in the `mcp_reattach` backend (`UP`, `DOWN`, `UP 1/2`, …), from the
-    /// stats page's CSV export; empty if HAProxy does not answer yet.
-    async fn status(&self) -> BTreeMap<String, String> {
-        let Ok(resp) = http_client()
-            .get(format!("http://{}/stats;csv", self.stats))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-        else {
-            return BTreeMap::new();
-        };
-        let text = resp.text().await.unwrap_or_default();
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines
-            .next()
-            .unwrap_or("")
-            .trim_start_matches("# ")
-            .split(',')
-            .collect();
-        let col = |name: &str| header.iter().position(|h| *h == name);
-        let (Some(px), Some(sv), Some(st)) = (col("pxname"), col("svname"), col("status")) else {
-            return BTreeMap::new();
-        };
-        lines
-            .map(|l| l.split(',').collect::<Vec<_>>())
-            .filter(|f| {
-                f.get(px) == Some(&"mcp_reattach") && PODS.contains(f.get(sv).unwrap_or(&""))
-            })
-            .map(|f| (f[sv].to_string(), f[st].to_string()))
-            .collect()
-    }
-
-    /// Waits (at most `limit`) until `pod`'s status starts with `want`; returns how long it took.
-    async fn wait_status(&self, pod: &str, want: &str, limit: Duration) -> Duration {
-        let t0 = Instant::now();
-        loop {
-            let status = self.status().await;
-            if status.get(pod).is_some_and(|s| s.starts_with(want)) {
-                return t0.elapsed();
-            }
-            assert!(
-                t0.elapsed() < limit,
-                "HAProxy did not mark {pod} {want} within {limit:?}: {status:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Replicas: a TypeScript-SDK MCP server with mcp-reattach in front
@@ -493,7 +338,8 @@ impl Cluster {
         gateway_flags: &[&str],
     ) -> Cluster {
         let replicas = start_replicas(shape, gateway_flags).await;
-        let lb = Haproxy::start(haproxy, config, &replicas).await;
+        let gateways: Vec<&Binary> = replicas.iter().map(|r| &r.gateway).collect();
+        let lb = Haproxy::start(haproxy, config, &gateways).await;
         let relay = Relay::start(lb.addr);
         let clients = Clients::start(&relay.url("/mcp")).await;
         Cluster {
@@ -549,7 +395,7 @@ fn server_log_lines(replicas: &[Replica], what: &str) -> Vec<String> {
 
 async fn sticky_case(shape: Shape) {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip(&format!("sticky ({})", shape.label)) else {
+    let Some(haproxy) = haproxy_or_skip("scale_out", &format!("sticky ({})", shape.label)) else {
         return;
     };
     let mut c = Cluster::start_shape(&haproxy, &repo_dir().join(CONFIG), shape, &[]).await;
@@ -711,7 +557,10 @@ async fn stateless_upstream_non_sticky_control_breaks_sessions() {
 
 async fn non_sticky_case(shape: Shape) {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip(&format!("non-sticky control ({})", shape.label)) else {
+    let Some(haproxy) = haproxy_or_skip(
+        "scale_out",
+        &format!("non-sticky control ({})", shape.label),
+    ) else {
         return;
     };
     let mut c = Cluster::start_shape(&haproxy, &control_config(), shape, &[]).await;
@@ -785,7 +634,7 @@ async fn non_sticky_case(shape: Shape) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateless_upstream_non_sticky_fleet_with_a_store_resumes_every_call() {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("non-sticky fleet with --store") else {
+    let Some(haproxy) = haproxy_or_skip("scale_out", "non-sticky fleet with --store") else {
         return;
     };
     let Some(redis) = Redis::start("scale_out non-sticky fleet").await else {
@@ -892,7 +741,7 @@ async fn stateless_upstream_non_sticky_fleet_with_a_store_resumes_every_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateful_gateway_tier_non_sticky_with_a_store_resumes_every_call() {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("stateful gateway tier with --store") else {
+    let Some(haproxy) = haproxy_or_skip("scale_out", "stateful gateway tier with --store") else {
         return;
     };
     let Some(redis) = Redis::start("scale_out gateway tier").await else {
@@ -918,7 +767,8 @@ async fn stateful_gateway_tier_non_sticky_with_a_store_resumes_every_call() {
     for name in PODS {
         replicas.push(Replica::in_tier(name, port, &flags).await);
     }
-    let lb = Haproxy::start(&haproxy, &control_config(), &replicas).await;
+    let gateways: Vec<&Binary> = replicas.iter().map(|r| &r.gateway).collect();
+    let lb = Haproxy::start(&haproxy, &control_config(), &gateways).await;
     let relay = Relay::start(lb.addr);
     let mut clients = Clients::start(&relay.url("/mcp")).await;
     const SESSIONS: usize = 12;
@@ -993,7 +843,7 @@ async fn stateful_gateway_tier_non_sticky_with_a_store_resumes_every_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("drain") else {
+    let Some(haproxy) = haproxy_or_skip("scale_out", "drain") else {
         return;
     };
     // Drain budget 2 s + 2 s: the short calls below finish inside it, the long ones do not.
@@ -1179,7 +1029,7 @@ async fn drained_replica_finishes_its_calls_and_gets_no_new_sessions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_replica_sessions_end_with_404_and_move_elsewhere() {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("kill") else {
+    let Some(haproxy) = haproxy_or_skip("scale_out", "kill") else {
         return;
     };
     let mut c = Cluster::start(&haproxy, &repo_dir().join(CONFIG), &[]).await;

@@ -30,6 +30,9 @@
 //!   the test's flags on free loopback ports, ready once its admin listener answers (or
 //!   [`NotStarted`], with its exit code and stderr), killed on drop; [`metric_sum`] reads its
 //!   `/metrics`.
+//! - [`haproxy`]: [`Haproxy`], real HAProxy with the shipped config (or [`control_config`]:
+//!   it without its stick lines) in front of a test's three gateways; [`redis`]: [`Redis`], a
+//!   `redis-server` of a test's own for the fleet's store, and [`key_file`].
 //! - [`clients`]: the real MCP clients' drivers ([`Driver`]: the TypeScript and Python SDK
 //!   clients, or an in-process one), a run of one ([`run_client`] → [`Run`], faults injected by
 //!   a hook through [`Faults`]), several at once each through its own gateway ([`run_pairs`]),
@@ -50,6 +53,7 @@
 pub mod binary;
 pub mod clients;
 pub mod gateway;
+pub mod haproxy;
 pub mod mock;
 pub mod process;
 pub mod redis;
@@ -61,6 +65,7 @@ pub mod upstream;
 pub use binary::*;
 pub use clients::*;
 pub use gateway::*;
+pub use haproxy::{control_config, haproxy_or_skip, Haproxy, CONFIG, PODS};
 pub use mock::*;
 pub use process::*;
 pub use redis::{key_file, Redis};
