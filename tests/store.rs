@@ -583,37 +583,57 @@ async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
     // It comes back (empty): A's next request of each session records it again, after which
     // B adopts it for its creator.
     redis.restart().await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    for sid in [SID, LATE] {
-        let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(20), Some(sid)))));
-        let upstream = mock.next().await.respond_sse(Some(sid));
-        upstream.message(&result(20)).await;
-        drop(upstream);
-        assert_eq!(pending.await.unwrap().status(), 200);
-    }
-    assert_eq!(metric(&a, "mcp_reattach_store_up").await, 1.0);
+    // A's requests go on; its breaker tries the store again within a second and finds it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut id = 20;
     loop {
-        // The late session's record is written by A's writer: B finds it shortly.
-        let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(21), Some(LATE)))));
-        let seen = mock.next().await;
-        let upstream = seen.respond_sse(Some(LATE));
-        upstream.message(&result(21)).await;
-        drop(upstream);
-        let resp = pending.await.unwrap();
-        if resp
-            .headers()
-            .get("content-type")
-            .is_some_and(|v| v == "text/event-stream")
-            && metric(&b, "mcp_reattach_store_adoptions_total").await >= 1.0
-        {
+        for sid in [SID, LATE] {
+            // A new call each time (the same id again would be a retransmission).
+            id += 1;
+            let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(id), Some(sid)))));
+            let upstream = mock.next().await.respond_sse(Some(sid));
+            upstream.message(&result(id)).await;
+            drop(upstream);
+            assert_eq!(pending.await.unwrap().status(), 200);
+        }
+        if metric(&a, "mcp_reattach_store_up").await == 1.0 {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "B adopts the late session"
+            "A finds the store again"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Each session's next request through A writes its record again (the late one was never
+    // recorded; the other was lost with the store).
+    for sid in [SID, LATE] {
+        id += 1;
+        let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(id), Some(sid)))));
+        let upstream = mock.next().await.respond_sse(Some(sid));
+        upstream.message(&result(id)).await;
+        drop(upstream);
+        assert_eq!(pending.await.unwrap().status(), 200);
+    }
+    // A's writer sends them: B finds them shortly, one session after the other.
+    for (n, sid) in [LATE, SID].into_iter().enumerate() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            id += 1;
+            let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(id), Some(sid)))));
+            let upstream = mock.next().await.respond_sse(Some(sid));
+            upstream.message(&result(id)).await;
+            drop(upstream);
+            assert_eq!(pending.await.unwrap().status(), 200);
+            if metric(&b, "mcp_reattach_store_adoptions_total").await >= (n + 1) as f64 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "B adopts {sid} once A recorded it again"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
