@@ -131,6 +131,43 @@ pub struct Cli {
 pub enum Command {
     /// Start an embedded legacy MCP demo server on loopback with the gateway in front of it.
     Demo,
+    /// See and end a running gateway's sessions (with a shared store, the fleet's) through its
+    /// admin listener.
+    Sessions(SessionsArgs),
+}
+
+/// `mcp-reattach sessions`: what to ask the admin listener. The token, if the gateway needs
+/// one, is read from --admin-token-file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SessionsArgs {
+    /// The gateway's admin listener.
+    #[arg(
+        long,
+        env = "MCP_REATTACH_ADMIN_URL",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub admin: String,
+    /// Print the admin listener's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub action: SessionsAction,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SessionsAction {
+    /// Every session: its id (as logs show it), principal, shape, last use, streams, clients.
+    List,
+    /// One session and its streams.
+    Show {
+        /// The session's id as the list shows it (16 hex digits).
+        id: String,
+    },
+    /// End a session as its client's DELETE would (upstream too, on every replica).
+    End {
+        /// The session's id as the list shows it (16 hex digits).
+        id: String,
+    },
 }
 
 /// The gateway's flags.
@@ -430,6 +467,17 @@ pub struct GatewayArgs {
     #[arg(long, global = true, help_heading = headings::ACCESS, env = "MCP_REATTACH_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_net)]
     pub trusted_proxies: Vec<Net>,
 
+    /// A file holding the admin listener's token (at least 16 bytes, whitespace trimmed):
+    /// ending a session (`DELETE /sessions/{id}`) then needs `Authorization: Bearer
+    /// <token>` (or Basic with the token as the password). Without it, sessions can be ended
+    /// only on a loopback admin listener. Probes and /metrics never need it.
+    #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+
+    /// With --admin-token-file: reading the sessions (`/sessions`, `/ui`) needs the token too.
+    #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_ADMIN_TOKEN_FOR_READS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub admin_token_for_reads: bool,
+
     /// `/readyz` also requires the upstream to accept a TCP connection (within 1 s): a pod
     /// whose MCP server is down leaves the load balancer. Off by default: for a sidecar whose
     /// server restarts, or an upstream shared by every replica, it takes replicas out of
@@ -582,6 +630,8 @@ impl GatewayArgs {
             log_level: LOG_LEVEL.to_owned(),
             trusted_proxies: Vec::new(),
             ready_upstream: READY_UPSTREAM,
+            admin_token_file: None,
+            admin_token_for_reads: false,
             otlp_traces: OTLP_TRACES,
             metrics_tool_names: METRICS_TOOL_NAMES,
             store: None,
@@ -847,6 +897,64 @@ impl Config {
             seal: args.store_seal,
         });
         Ok(self)
+    }
+}
+
+/// The least an `--admin-token-file` holds.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// Who may read and end sessions on the admin listener (`--admin-token-file`,
+/// `--admin-token-for-reads`). Its `Debug` never shows the token.
+#[derive(Clone, Default)]
+pub struct AdminAccess {
+    /// The token's hash (compared in constant time), if a token file is given.
+    pub token: Option<blake3::Hash>,
+    pub token_for_reads: bool,
+}
+
+impl std::fmt::Debug for AdminAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminAccess")
+            .field("token", &self.token.map(|_| "<set>"))
+            .field("token_for_reads", &self.token_for_reads)
+            .finish()
+    }
+}
+
+/// Why the admin token cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AdminTokenError(pub String);
+
+impl AdminAccess {
+    /// Reads `--admin-token-file`.
+    pub fn load(args: &GatewayArgs) -> Result<AdminAccess, AdminTokenError> {
+        let Some(path) = &args.admin_token_file else {
+            if args.admin_token_for_reads {
+                return Err(AdminTokenError(
+                    "'--admin-token-for-reads' needs '--admin-token-file'".into(),
+                ));
+            }
+            return Ok(AdminAccess::default());
+        };
+        let token = std::fs::read(path).map_err(|e| {
+            AdminTokenError(format!(
+                "cannot read '--admin-token-file' {}: {e}",
+                path.display()
+            ))
+        })?;
+        let token = token.trim_ascii();
+        if token.len() < MIN_ADMIN_TOKEN_BYTES {
+            return Err(AdminTokenError(format!(
+                "'--admin-token-file' {} holds {} bytes; at least {MIN_ADMIN_TOKEN_BYTES} are needed (e.g. `head -c 24 /dev/urandom | base64`)",
+                path.display(),
+                token.len()
+            )));
+        }
+        Ok(AdminAccess {
+            token: Some(blake3::hash(token)),
+            token_for_reads: args.admin_token_for_reads,
+        })
     }
 }
 

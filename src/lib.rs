@@ -40,7 +40,7 @@
 // targets and the paused-time tests reach inside is behind [`internals`], not an API.
 // Everything else is the crate's own.
 mod access;
-mod admin;
+pub mod admin;
 mod attach;
 pub mod config;
 mod cursor;

@@ -100,6 +100,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Some(Command::Demo) => runtime.block_on(demo(cli.gateway)),
+        Some(Command::Sessions(args)) => return runtime.block_on(sessions(&args, &cli.gateway)),
         None => {
             let Some(upstream) = cli.gateway.upstream.clone() else {
                 eprintln!("error: the argument '--upstream <UPSTREAM>' is required (or MCP_REATTACH_UPSTREAM); try `mcp-reattach demo` to see the gateway in front of a demo server");
@@ -144,6 +145,8 @@ enum StartError {
     #[error("{0}")]
     Store(#[from] mcp_reattach::config::StoreError),
     #[error("{0}")]
+    AdminToken(#[from] mcp_reattach::config::AdminTokenError),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
@@ -154,13 +157,17 @@ impl StartError {
             StartError::Bind { flag, .. } => Some(flag),
             StartError::Tls(e) => Some(e.flag),
             StartError::Store(e) => Some(e.flag),
+            StartError::AdminToken(_) => Some("--admin-token-file"),
             StartError::Io(_) => None,
         }
     }
 
     fn exit_code(&self) -> u8 {
         match self {
-            StartError::Bind { .. } | StartError::Tls(_) | StartError::Store(_) => EX_USAGE,
+            StartError::Bind { .. }
+            | StartError::Tls(_)
+            | StartError::Store(_)
+            | StartError::AdminToken(_) => EX_USAGE,
             StartError::Io(_) => 1,
         }
     }
@@ -212,6 +219,7 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
     }
     let listener = bind("--listen", args.listen).await?;
     let admin = bind("--admin-listen", args.admin_listen).await?;
+    let access = config::AdminAccess::load(args)?;
     let shutdown = Shutdown::new();
     // Before anything is served: a signal with no handler yet takes its default action, which
     // for SIGHUP and SIGINT is to end the process on the spot.
@@ -230,6 +238,7 @@ async fn run(config: Config, args: &GatewayArgs) -> Result<(), StartError> {
         admin,
         health.clone(),
         gateway.clone(),
+        access,
         shutdown.drained(),
     ));
     tokio::spawn(signals);
@@ -330,6 +339,33 @@ fn reload_on_sighup(tls: Option<&ServerTls>) {
         }
         Reload::Refused => {
             tracing::info!("SIGHUP: new TLS certificate refused; still serving the previous one")
+        }
+    }
+}
+
+/// `mcp-reattach sessions list|show|end`: asks the admin listener, prints its answer.
+async fn sessions(args: &config::SessionsArgs, gateway: &GatewayArgs) -> ExitCode {
+    let token = match &gateway.admin_token_file {
+        None => None,
+        Some(path) => match std::fs::read(path) {
+            Ok(t) => Some(t.trim_ascii().to_vec()),
+            Err(e) => {
+                eprintln!(
+                    "error: cannot read '--admin-token-file' {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(EX_USAGE);
+            }
+        },
+    };
+    let mut out = String::new();
+    let result = mcp_reattach::admin::client::run(args, token.as_deref(), &mut out).await;
+    print!("{out}");
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -126,6 +126,8 @@ label_values! {
         Upstream404 => "upstream_404",
         SessionCap => "session_cap",
         MemoryBudget => "memory_budget",
+        /// An operator ended it (the admin listener's `DELETE /sessions/{id}`).
+        Admin => "admin",
     }
 }
 

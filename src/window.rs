@@ -183,6 +183,11 @@ impl Window {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Every retained entry, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter()
+    }
 }
 
 #[cfg(test)]

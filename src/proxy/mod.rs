@@ -25,6 +25,7 @@ mod bodies;
 mod forward;
 mod inbound;
 mod live;
+mod operator;
 mod orphans;
 mod respond;
 mod resume;
@@ -92,6 +93,9 @@ impl Gateway {
         let upstream = Arc::new(Upstream::new(cfg.clone()));
         registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
         let store = Store::new(&cfg, &registry);
+        if let Some(key) = store.label_key() {
+            crate::session::set_label_key(key);
+        }
         if store.is_on() {
             let publishing = store.clone();
             registry.on_publish(crate::session::Publisher(Box::new(move |s, stream| {

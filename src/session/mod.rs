@@ -46,6 +46,7 @@ mod resume;
 mod state;
 mod stream;
 mod tag;
+mod view;
 mod whole;
 
 use std::collections::VecDeque;
@@ -68,12 +69,16 @@ pub(crate) use self::hold::{Attempt, HoldStart};
 use self::life::Swept;
 pub use self::open::OpenStream;
 pub(crate) use self::publish::Published;
+pub(crate) use self::view::unix_ms;
+pub(crate) use self::view::{host_name, merge};
+pub use self::view::{Listing, SessionView, StreamView};
 
 /// The last frame of a client that must resume from `here` elsewhere (the store stopped
 /// answering its follower).
 pub(crate) fn resumption_required_frame(here: &str) -> Bytes {
     control::resumption_required(here, Outcome::Shutdown, None)
 }
+pub(crate) use self::registry::set_label_key;
 pub(crate) use self::registry::Publisher;
 pub use self::registry::{hash_id, Owner, Principal, Registry};
 pub(crate) use self::registry::{
@@ -133,6 +138,8 @@ pub struct Session {
     publisher: Option<Arc<Publisher>>,
     /// The fleet's store's name for the session (a keyed hash of its id), made once.
     store_tag: std::sync::OnceLock<Arc<str>>,
+    /// When this replica made or adopted it (Unix ms), for operators (`view`).
+    created_ms: u64,
 }
 
 /// A forwarded POST's request ids, in flight until this drops (see [`Session::begin_forward`]).
@@ -250,6 +257,7 @@ impl Session {
             stirred: Arc::default(),
             publisher: None,
             store_tag: std::sync::OnceLock::new(),
+            created_ms: unix_ms(std::time::SystemTime::now()),
         }
     }
 

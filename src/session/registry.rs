@@ -593,7 +593,7 @@ impl Registry {
         // ended upstream too, so the upstream keeps no session the gateway no longer holds.
         if matches!(
             why,
-            Eviction::SessionCap | Eviction::MemoryBudget | Eviction::Ttl
+            Eviction::SessionCap | Eviction::MemoryBudget | Eviction::Ttl | Eviction::Admin
         ) && !s.minted()
         {
             if let Some(f) = self.on_shed.get() {
@@ -623,6 +623,21 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Every session as `replica` holds it, the most recently used first.
+    pub fn views(&self, replica: &str) -> Vec<super::SessionView> {
+        let mut v: Vec<_> = self.all().iter().map(|(_, s)| s.view(replica)).collect();
+        v.sort_by(|a, b| b.last_used_ms.cmp(&a.last_used_ms).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// The session labelled `label` ([`hash_id`]), if held here.
+    pub fn find_label(&self, label: &str) -> Option<Arc<Session>> {
+        lock(&self.sessions)
+            .values()
+            .find(|e| &**e.session.hashed_id() == label)
+            .map(|e| e.session.clone())
     }
 
     fn all(&self) -> Vec<(String, Arc<Session>)> {
@@ -774,16 +789,31 @@ pub(crate) fn is_minted_form(id: &str) -> bool {
     })
 }
 
-/// A short label for a session id in logs, stable within the process: SipHash under a key
-/// drawn at random once per process (std's `RandomState`), so a label cannot be turned back
-/// into a guessable session id without the process's key.
+/// The key of session labels ([`hash_id`]): the fleet's (from its shared secret, so every
+/// replica labels a session alike: the admin listener names sessions by their labels across
+/// the fleet), else drawn from the OS at the first label. Set before any session is made.
+static LABEL_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+
+/// Labels sessions with `key` from now on ([`hash_id`]); `false` when labels were already
+/// keyed (a second gateway in one process keeps the first's key).
+pub(crate) fn set_label_key(key: [u8; 32]) -> bool {
+    LABEL_KEY.set(key).is_ok()
+}
+
+/// A short label for a session id in logs, metrics and the admin listener: keyed BLAKE3
+/// under [`LABEL_KEY`], 64 bits, so a label cannot be turned back into a guessable session
+/// id without the key.
 pub fn hash_id(id: impl AsRef<[u8]>) -> String {
-    use std::hash::BuildHasher;
-    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
-        std::sync::OnceLock::new();
-    let key = KEY.get_or_init(std::collections::hash_map::RandomState::new);
+    let key = LABEL_KEY.get_or_init(|| {
+        let mut k = [0u8; 32];
+        getrandom::getrandom(&mut k).expect("the OS random number generator, for the label key");
+        k
+    });
     // The id's bytes as they came (a header value need not be UTF-8: no lossy copy first).
-    hex16(key.hash_one(id.as_ref()))
+    let h = blake3::keyed_hash(key, id.as_ref());
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&h.as_bytes()[..8]);
+    hex16(u64::from_be_bytes(n))
 }
 
 /// `n` as 16 lowercase hex digits (`format!("{n:016x}")` without the formatter, and the

@@ -234,6 +234,11 @@ impl Streams {
         self.0.iter().map(|(n, s)| (n, &**s))
     }
 
+    /// The streams with their numbers, in number order.
+    pub(super) fn numbered(&self) -> impl Iterator<Item = (u32, &Stream)> {
+        self.0.iter().map(|(n, s)| (*n, &**s))
+    }
+
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&u32, &mut Stream)> {
         self.0.iter_mut().map(|(n, s)| (&*n, &mut **s))
     }

@@ -1,7 +1,8 @@
 //! A session that ends anywhere ends everywhere: the replica that ends it (a `DELETE`, the
-//! upstream's 404) tombstones its record and announces its hash tag on one channel; every
-//! replica listens on one connection of its own and drops the session if it holds it (without
-//! ending it upstream again).
+//! upstream's 404, an operator) tombstones its record and announces its hash tag on one
+//! channel; every replica listens on one connection of its own and drops the session if it
+//! holds it (without ending it upstream again). The same connection hears the operators'
+//! questions to the fleet ([`super::ask`]).
 
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -22,15 +23,20 @@ const RESUBSCRIBE: Duration = Duration::from_secs(1);
 pub(super) async fn listen(client: redis::Client, shared: Weak<Shared>, registry: Arc<Registry>) {
     loop {
         match client.get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.subscribe(CHANNEL).await {
+            Ok(mut pubsub) => match pubsub.subscribe(&[CHANNEL, super::ask::CHANNEL]).await {
                 Ok(()) => {
                     let mut messages = pubsub.into_on_message();
                     while let Some(msg) =
                         std::future::poll_fn(|cx| Pin::new(&mut messages).poll_next(cx)).await
                     {
                         let Some(s) = shared.upgrade() else { return };
-                        if let Ok(tag) = msg.get_payload::<String>() {
-                            ended(&s, &registry, &tag);
+                        let Ok(text) = msg.get_payload::<String>() else {
+                            continue;
+                        };
+                        if msg.get_channel_name() == CHANNEL {
+                            ended(&s, &registry, &text);
+                        } else {
+                            super::ask::answer(s, registry.clone(), &text);
                         }
                     }
                 }

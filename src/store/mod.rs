@@ -13,11 +13,15 @@
 //!   that resumes it on another replica (`follow`).
 //!
 //! Inside: `wire` (keys, the record, a stream's meta, packed events: pure), `writer` (the one
-//! task that sends every queued write, pipelined), `follow` (a resume served from the store).
+//! task that sends every queued write, pipelined), `follow` (a resume served from the store),
+//! `progress` (followers' progress, polled by owners), `gone` (ends announced to the fleet,
+//! and the listener of the fleet's channels), `ask` (an operator's questions to every
+//! replica: the sessions each holds, an end).
 //! The design, key by key: docs/design.md, "A fleet: the shared store".
 //!
 //! Knows the session API and the configuration; nothing of HTTP routes.
 
+mod ask;
 mod follow;
 mod gone;
 mod progress;
@@ -316,6 +320,24 @@ impl Store {
         }
     }
 
+    /// The key session labels are made with: the fleet's, so a label names one session on
+    /// every replica; `None` without a store.
+    pub(crate) fn label_key(&self) -> Option<[u8; 32]> {
+        match self {
+            Store::Off => None,
+            Store::Redis(s) => Some(s.keys.labels),
+        }
+    }
+
+    /// This replica as operators see it: its host's name, and with a store its name in the
+    /// fleet.
+    pub(crate) fn display_name(&self) -> String {
+        match self {
+            Store::Off => crate::session::host_name().to_owned(),
+            Store::Redis(s) => s.display_name(),
+        }
+    }
+
     pub(crate) fn is_on(&self) -> bool {
         matches!(self, Store::Redis(_))
     }
@@ -502,11 +524,7 @@ impl Store {
     /// adopts (queued).
     pub(crate) fn ended(&self, session: &Session) {
         let Store::Redis(s) = self else { return };
-        lock(&s.touched).remove(session.hashed_id());
-        lock(&s.unrecorded).remove(session.hashed_id());
-        s.queue.push(Write::Gone {
-            tag: s.tag_of(session),
-        });
+        s.gone(session);
     }
 
     /// Publishes what the store does not have yet of `stream`, which this replica reads
@@ -580,6 +598,20 @@ async fn keep_lease(mut conn: ConnectionManager, key: String, timeout: Duration)
 }
 
 impl Shared {
+    /// `session` ended: its record a tombstone, its end announced (queued).
+    fn gone(&self, session: &Session) {
+        lock(&self.touched).remove(session.hashed_id());
+        lock(&self.unrecorded).remove(session.hashed_id());
+        self.queue.push(Write::Gone {
+            tag: self.tag_of(session),
+        });
+    }
+
+    /// How operators see this replica: its host's name and its name in the store.
+    fn display_name(&self) -> String {
+        format!("{}/{}", crate::session::host_name(), self.replica)
+    }
+
     /// `session`'s hash tag, made once per session.
     fn tag_of(&self, session: &Session) -> Tag {
         Tag::from_text(session.store_tag(|| {

@@ -29,6 +29,8 @@ pub(crate) struct Keys {
     names: [u8; 32],
     /// Events sealed at rest (`--store-seal`): each session's key is derived from it.
     seal: [u8; 32],
+    /// Session labels (logs, metrics, the admin listener): the same on every replica.
+    pub labels: [u8; 32],
 }
 
 impl Keys {
@@ -37,6 +39,7 @@ impl Keys {
             bind: blake3::derive_key("mcp-reattach 2026-12 principal binding", secret),
             names: blake3::derive_key("mcp-reattach 2026-12 store key names", secret),
             seal: blake3::derive_key("mcp-reattach 2026-12 store seal", secret),
+            labels: blake3::derive_key("mcp-reattach 2026-12 session labels", secret),
         }
     }
 

@@ -1,0 +1,263 @@
+//! `mcp-reattach sessions list|show|end`: the admin listener's sessions for a terminal, as a
+//! plain table or (`--json`) as the listener answers them.
+
+use std::fmt::Write;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use crate::config::{SessionsAction, SessionsArgs};
+use crate::session::{Listing, SessionView};
+
+/// Why a `sessions` command failed; its text is the whole message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientError(pub String);
+
+/// Runs the command; what it prints goes to `out`.
+pub async fn run(
+    args: &SessionsArgs,
+    token: Option<&[u8]>,
+    out: &mut String,
+) -> Result<(), ClientError> {
+    let (method, path) = match &args.action {
+        SessionsAction::List => (Method::GET, "/sessions".to_owned()),
+        SessionsAction::Show { id } => (Method::GET, format!("/sessions/{id}")),
+        SessionsAction::End { id } => (Method::DELETE, format!("/sessions/{id}")),
+    };
+    let (status, body) = request(&args.admin, method, &path, token).await?;
+    if !status.is_success() {
+        let why = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+        return Err(ClientError(format!("{status}: {why}")));
+    }
+    if args.json {
+        out.push_str(String::from_utf8_lossy(&body).trim_end());
+        out.push('\n');
+        return Ok(());
+    }
+    let bad = |e: serde_json::Error| ClientError(format!("the admin listener's answer: {e}"));
+    match &args.action {
+        SessionsAction::List => table(&serde_json::from_slice(&body).map_err(bad)?, out),
+        SessionsAction::Show { .. } => {
+            let l: Listing = serde_json::from_slice(&body).map_err(bad)?;
+            if let Some(s) = l.sessions.first() {
+                detail(s, out);
+            }
+        }
+        SessionsAction::End { id } => {
+            let v: serde_json::Value = serde_json::from_slice(&body).map_err(bad)?;
+            let _ = writeln!(out, "ended {id} (by {})", v["by"].as_str().unwrap_or("?"));
+        }
+    }
+    Ok(())
+}
+
+/// One request to the admin listener at `base` (`http://HOST:PORT`).
+async fn request(
+    base: &str,
+    method: Method,
+    path: &str,
+    token: Option<&[u8]>,
+) -> Result<(StatusCode, Bytes), ClientError> {
+    let uri: http::Uri = base
+        .parse()
+        .map_err(|e| ClientError(format!("--admin {base}: {e}")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(ClientError(format!(
+            "--admin {base}: the admin listener speaks http://"
+        )));
+    }
+    let Some(authority) = uri.authority().cloned() else {
+        return Err(ClientError(format!("--admin {base}: no host")));
+    };
+    let port = authority.port_u16().unwrap_or(80);
+    let tcp = tokio::net::TcpStream::connect((authority.host(), port))
+        .await
+        .map_err(|e| ClientError(format!("cannot reach the admin listener at {base}: {e}")))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .map_err(|e| ClientError(format!("{base}: {e}")))?;
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, authority.as_str())
+        .header(http::header::ACCEPT, "application/json");
+    if let Some(t) = token {
+        let mut v = b"Bearer ".to_vec();
+        v.extend_from_slice(t);
+        req = req.header(http::header::AUTHORIZATION, v);
+    }
+    let req = req
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| ClientError(format!("{e}")))?;
+    let timeout = std::time::Duration::from_secs(10);
+    let resp = tokio::time::timeout(timeout, send.send_request(req))
+        .await
+        .map_err(|_| ClientError(format!("{base}: no answer within {timeout:?}")))?
+        .map_err(|e| ClientError(format!("{base}: {e}")))?;
+    let status = resp.status();
+    let body = tokio::time::timeout(timeout, resp.into_body().collect())
+        .await
+        .map_err(|_| ClientError(format!("{base}: the answer did not end within {timeout:?}")))?
+        .map_err(|e| ClientError(format!("{base}: {e}")))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+/// The list as a table, one session a line.
+fn table(l: &Listing, out: &mut String) {
+    let now = crate::session::unix_ms(std::time::SystemTime::now());
+    let mut rows = vec![[
+        "ID".to_owned(),
+        "PRINCIPAL".into(),
+        "SHAPE".into(),
+        "PROTOCOL".into(),
+        "IDLE".into(),
+        "STREAMS".into(),
+        "RUNNING".into(),
+        "CLIENTS".into(),
+        "WINDOW".into(),
+        "REPLICAS".into(),
+    ]];
+    for s in &l.sessions {
+        rows.push([
+            s.id.clone(),
+            s.principal.clone(),
+            s.shape.clone(),
+            s.protocol_version.clone().unwrap_or_else(|| "-".into()),
+            ago(now, s.last_used_ms),
+            s.streams.len().to_string(),
+            s.streams
+                .iter()
+                .filter(|x| x.state != "ended")
+                .count()
+                .to_string(),
+            s.attached_clients.to_string(),
+            format!("{}/{}B", s.window_events, s.window_bytes),
+            s.replicas.join(","),
+        ]);
+    }
+    write_rows(&rows, out);
+    let _ = writeln!(
+        out,
+        "{} session{} on {}{}",
+        l.sessions.len(),
+        if l.sessions.len() == 1 { "" } else { "s" },
+        l.replicas.join(", "),
+        if l.fleet && l.replicas.len() < l.replicas_asked {
+            format!(
+                " ({} of {} replicas answered)",
+                l.replicas.len(),
+                l.replicas_asked
+            )
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// One session, field by field, then its streams.
+fn detail(s: &SessionView, out: &mut String) {
+    let now = crate::session::unix_ms(std::time::SystemTime::now());
+    let _ = writeln!(out, "id:               {}", s.id);
+    let _ = writeln!(out, "principal:        {}", s.principal);
+    let _ = writeln!(out, "shape:            {}", s.shape);
+    let _ = writeln!(
+        out,
+        "protocol version: {}",
+        s.protocol_version.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(out, "endpoint:         {}", s.endpoint);
+    let _ = writeln!(out, "created:          {} ago", ago(now, s.created_ms));
+    let _ = writeln!(out, "last used:        {} ago", ago(now, s.last_used_ms));
+    let _ = writeln!(out, "attached clients: {}", s.attached_clients);
+    let _ = writeln!(
+        out,
+        "window:           {} events, {} B",
+        s.window_events, s.window_bytes
+    );
+    let _ = writeln!(out, "replicas:         {}", s.replicas.join(", "));
+    out.push('\n');
+    let mut rows = vec![[
+        "STREAM".to_owned(),
+        "KIND".into(),
+        "STATE".into(),
+        "CLIENT".into(),
+        "POSITIONS".into(),
+        "WINDOW".into(),
+        "PENDING".into(),
+        "REPLICA".into(),
+    ]];
+    for x in &s.streams {
+        rows.push([
+            x.number.to_string(),
+            x.kind.clone(),
+            x.state.clone(),
+            if x.attached { "attached" } else { "-" }.into(),
+            format!("{}-{}", x.first_seq, x.last_seq),
+            format!("{}/{}B", x.window_events, x.window_bytes),
+            x.pending_requests.to_string(),
+            x.replica.clone(),
+        ]);
+    }
+    write_rows(&rows, out);
+}
+
+/// Rows as columns padded to their widest cell.
+fn write_rows<const N: usize>(rows: &[[String; N]], out: &mut String) {
+    let mut widths = [0usize; N];
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for r in rows {
+        let mut line = String::new();
+        for (i, (c, w)) in r.iter().zip(widths).enumerate() {
+            if i + 1 == N {
+                line.push_str(c);
+            } else {
+                let _ = write!(line, "{c:<w$}  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+/// How long ago `then` was, in the largest whole unit.
+fn ago(now: u64, then: u64) -> String {
+    let s = now.saturating_sub(then) / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up_and_ages_round_down() {
+        let mut out = String::new();
+        write_rows(
+            &[
+                ["A".to_owned(), "LONGER".into(), "Z".into()],
+                ["wide cell".into(), "b".into(), "end".into()],
+            ],
+            &mut out,
+        );
+        assert_eq!(out, "A          LONGER  Z\nwide cell  b       end\n");
+        assert_eq!(ago(10_000, 9_500), "0s");
+        assert_eq!(ago(200_000, 0), "3m");
+        assert_eq!(ago(90_000_000, 0), "1d");
+    }
+}
