@@ -1,0 +1,549 @@
+//! Operators see and end sessions on the admin listener (issue 50): real gateway binaries in
+//! front of the scriptable mock upstream, on 127.0.0.1 only.
+//!
+//! - `GET /sessions` lists every session by its label, with its running call's stream, and
+//!   never a session id; `GET /sessions/{id}` shows one; `mcp-reattach sessions list|show`
+//!   print the same.
+//! - `DELETE /sessions/{id}` (or `mcp-reattach sessions end`) ends a session as its client's
+//!   `DELETE` would: upstream too, and its running call's client is told.
+//! - `--admin-token-file` guards ending, and with `--admin-token-for-reads` reading; without
+//!   it, an admin listener off loopback refuses to end anything.
+//! - With a shared store the list covers the fleet, and any replica ends a session another
+//!   one holds (the `/ui` page in a browser: `tests/admin_ui.rs`).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+/// A request to the admin listener of `b`: status, `www-authenticate`, body.
+async fn admin(
+    b: &Binary,
+    method: reqwest::Method,
+    path: &str,
+    auth: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let mut req = http_client()
+        .request(method, format!("http://{}{path}", b.admin))
+        .timeout(Duration::from_secs(5));
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let resp = req.send().await.expect("the admin listener answers");
+    let status = resp.status().as_u16();
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, challenge, resp.text().await.unwrap())
+}
+
+async fn listing(b: &Binary) -> Value {
+    let (status, _, body) = admin(b, reqwest::Method::GET, "/sessions", None).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// `mcp-reattach <args>`: exit code, stdout, stderr.
+async fn cli(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mcp-reattach"))
+            .args(&args)
+            .output()
+            .expect("the CLI runs")
+    });
+    let out = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the CLI ends")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The session whose stream list holds a stream numbered `n`... or the one labelled `id`.
+fn by_id<'a>(l: &'a Value, id: &str) -> &'a Value {
+    l["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("no session {id} in {l}"))
+}
+
+/// Starts call `id` of `sid` through `gw` with a protocol version header, its first progress
+/// event read by the client.
+async fn running_call(gw: &Binary, mock: &mut Mock, sid: &str, id: u64) -> (SseReader, SseWriter) {
+    let mut req = post(&call(id), Some(sid));
+    req.headers_mut()
+        .insert("mcp-protocol-version", "2025-06-18".parse().unwrap());
+    let pending = tokio::spawn(send(gw.addr, req));
+    let upstream = mock.next().await.respond_sse(Some(sid));
+    let mut reader = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    loop {
+        let e = reader.next().await.unwrap();
+        if e.data.is_some() {
+            break;
+        }
+    }
+    (reader, upstream)
+}
+
+/// The label of the one session in `l` that has a running stream.
+fn running_label(l: &Value) -> String {
+    l["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| {
+            s["streams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["state"] == "running")
+        })
+        .unwrap_or_else(|| panic!("no session with a running stream in {l}"))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+const SECRET_1: &str = "session-id-never-shown-to-operators-1";
+const SECRET_2: &str = "session-id-never-shown-to-operators-2";
+
+#[tokio::test]
+async fn an_operator_sees_sessions_and_running_calls_never_their_ids() {
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(mock.addr, &["--hold-standalone", "false"]).await;
+    init_session(&gw.addr, &mut mock, SECRET_1).await;
+    init_session(&gw.addr, &mut mock, SECRET_2).await;
+    let (_reader, upstream) = running_call(&gw, &mut mock, SECRET_1, 7).await;
+
+    let l = listing(&gw).await;
+    assert_eq!(l["fleet"], false);
+    assert_eq!(l["sessions"].as_array().unwrap().len(), 2, "{l}");
+    let label = running_label(&l);
+    assert!(
+        label.len() == 16 && label.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{label}"
+    );
+    let s = by_id(&l, &label);
+    assert_eq!(s["shape"], "upstream");
+    assert_eq!(s["endpoint"], "/mcp");
+    assert_eq!(s["protocol_version"], "2025-06-18");
+    assert_eq!(s["attached_clients"], 1);
+    let stream = &s["streams"].as_array().unwrap()[1];
+    assert_eq!(stream["kind"], "post", "{s}");
+    assert_eq!(stream["state"], "running");
+    assert_eq!(stream["attached"], true);
+    assert_eq!(stream["pending_requests"], 1);
+    assert!(stream["window_events"].as_u64().unwrap() >= 1, "{stream}");
+
+    // One session by its label; a label nobody holds; not a label.
+    let (status, _, one) = admin(
+        &gw,
+        reqwest::Method::GET,
+        &format!("/sessions/{label}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let one: Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(one["sessions"][0]["id"], label.as_str());
+    assert_eq!(one["sessions"].as_array().unwrap().len(), 1);
+    let (status, _, _) = admin(
+        &gw,
+        reqwest::Method::GET,
+        "/sessions/0123456789abcdef",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _, body) = admin(
+        &gw,
+        reqwest::Method::GET,
+        &format!("/sessions/{SECRET_1}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "a raw id is not a label: {body}");
+
+    // The CLI prints the same sessions.
+    let url = format!("http://{}", gw.admin);
+    let (code, table, err) = cli(&["sessions", "--admin", &url, "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(table.starts_with("ID "), "{table}");
+    for s in l["sessions"].as_array().unwrap() {
+        assert!(table.contains(s["id"].as_str().unwrap()), "{table}");
+    }
+    assert!(table.contains("2 sessions on "), "{table}");
+    let (code, shown, err) = cli(&["sessions", "--admin", &url, "show", &label]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        shown.contains(&format!("id:               {label}")),
+        "{shown}"
+    );
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.contains("post") && l.contains("running") && l.contains("attached")),
+        "{shown}"
+    );
+    let (code, json, _) = cli(&["sessions", "--admin", &url, "--json", "show", &label]).await;
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), one);
+
+    // Never a session id, anywhere an operator looks.
+    let ui = gw.admin_get("/ui").await.unwrap();
+    let ui_one = gw
+        .admin_get(&format!("/ui/sessions/{label}"))
+        .await
+        .unwrap();
+    for (what, text) in [
+        ("/sessions", l.to_string()),
+        ("/sessions/{id}", one.to_string()),
+        ("/ui", ui),
+        ("/ui/sessions/{id}", ui_one),
+        ("sessions list", table),
+        ("sessions show", shown),
+    ] {
+        for secret in [SECRET_1, SECRET_2] {
+            assert!(!text.contains(secret), "{what} shows a session id: {text}");
+        }
+    }
+    drop(upstream);
+}
+
+#[tokio::test]
+async fn ending_a_session_ends_it_upstream_and_tells_its_running_call() {
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(mock.addr, &["--hold-standalone", "false"]).await;
+    init_session(&gw.addr, &mut mock, SECRET_1).await;
+    let (mut reader, _upstream) = running_call(&gw, &mut mock, SECRET_1, 7).await;
+    let label = running_label(&listing(&gw).await);
+
+    let url = format!("http://{}", gw.admin);
+    let ending =
+        tokio::spawn(async move { cli(&["sessions", "--admin", &url, "end", &label]).await });
+    // The upstream is told, with the session's id.
+    let seen = mock.next().await;
+    assert_eq!(seen.method, http::Method::DELETE);
+    assert_eq!(seen.headers["mcp-session-id"], SECRET_1);
+    seen.respond_json("");
+    let (code, out, err) = ending.await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("ended "), "{out}");
+
+    // The running call's client learns that it will get no answer.
+    let mut told = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
+        told.push(e);
+        if told
+            .iter()
+            .any(|e| e.data.as_deref().is_some_and(|d| d.contains("\"id\":7")))
+        {
+            break;
+        }
+    }
+    assert!(
+        told.iter().any(|e| e
+            .data
+            .as_deref()
+            .is_some_and(|d| d.contains("session-closed"))),
+        "{told:?}"
+    );
+    assert!(
+        told.iter().any(|e| e
+            .data
+            .as_deref()
+            .is_some_and(|d| d.contains("\"id\":7") && d.contains("\"error\""))),
+        "{told:?}"
+    );
+
+    assert!(listing(&gw).await["sessions"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let text = gw.admin_get("/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(
+            &text,
+            "mcp_reattach_session_evictions_total{reason=\"admin\"}"
+        ),
+        Some(1.0)
+    );
+    // Once ended, it is nobody's to end again.
+    let url = format!("http://{}", gw.admin);
+    let (code, _, err) = cli(&["sessions", "--admin", &url, "end", "0123456789abcdef"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
+}
+
+#[tokio::test]
+async fn the_admin_token_guards_ending_and_reading_when_asked() {
+    let token = "operator-token-0123456789";
+    let file = key_file("admin-token", 0);
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let file = file.to_str().unwrap();
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(
+        mock.addr,
+        &["--hold-standalone", "false", "--admin-token-file", file],
+    )
+    .await;
+    init_session(&gw.addr, &mut mock, SECRET_1).await;
+    let label = listing(&gw).await["sessions"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/sessions/{label}");
+
+    // Reading is open; ending needs the token.
+    let (status, challenge, _) = admin(&gw, reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(status, 401);
+    assert!(challenge.unwrap().starts_with("Basic realm="));
+    let (status, _, _) = admin(
+        &gw,
+        reqwest::Method::DELETE,
+        &path,
+        Some("Bearer not-the-token"),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(listing(&gw).await["sessions"].as_array().unwrap().len(), 1);
+    let url = format!("http://{}", gw.admin);
+    let (code, _, err) = cli(&["sessions", "--admin", &url, "end", &label]).await;
+    assert_eq!(code, 1, "the CLI without the token is refused");
+    assert!(err.contains("401"), "{err}");
+    let ending = tokio::spawn({
+        let url = url.clone();
+        let label = label.clone();
+        let file = file.to_owned();
+        async move {
+            cli(&[
+                "sessions",
+                "--admin",
+                &url,
+                "--admin-token-file",
+                &file,
+                "end",
+                &label,
+            ])
+            .await
+        }
+    });
+    mock.next().await.respond_json("");
+    let (code, _, err) = ending.await.unwrap();
+    assert_eq!(code, 0, "{err}");
+
+    // With --admin-token-for-reads, reading needs it too; probes and metrics never do.
+    let reads = Binary::start(
+        mock.addr,
+        &[
+            "--admin-token-file",
+            file,
+            "--admin-token-for-reads",
+            "true",
+        ],
+    )
+    .await;
+    for p in ["/sessions", "/ui"] {
+        let (status, challenge, _) = admin(&reads, reqwest::Method::GET, p, None).await;
+        assert_eq!(status, 401, "{p}");
+        assert!(challenge.is_some());
+        let (status, _, _) = admin(
+            &reads,
+            reqwest::Method::GET,
+            p,
+            Some(&format!("Bearer {token}")),
+        )
+        .await;
+        assert_eq!(status, 200, "{p}");
+    }
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        assert!(reads.admin_get(p).await.is_ok(), "{p}");
+    }
+
+    // A token too short to be one does not start the gateway.
+    let short = key_file("admin-token-short", 8);
+    let refused = Binary::try_start(
+        "gateway",
+        mock.addr,
+        &["--admin-token-file", short.to_str().unwrap()],
+        "/healthz",
+    )
+    .await
+    .err()
+    .expect("a short token is refused");
+    assert_eq!(refused.code, Some(64), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--admin-token-file"),
+        "{}",
+        refused.stderr
+    );
+}
+
+#[tokio::test]
+async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
+    let mut mock = Mock::start().await;
+    // The launcher binds the admin listener to loopback: this one is spawned by hand.
+    let (listen, port) = (free_port(), free_port().port());
+    let (upstream, listen_s, exposed) = (
+        format!("http://{}", mock.addr),
+        listen.to_string(),
+        format!("0.0.0.0:{port}"),
+    );
+    let _proc = ChildProc::spawn(
+        "gateway",
+        env!("CARGO_BIN_EXE_mcp-reattach"),
+        &[
+            "--upstream",
+            &upstream,
+            "--listen",
+            &listen_s,
+            "--admin-listen",
+            &exposed,
+            "--hold-standalone",
+            "false",
+        ],
+        &repo_dir(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !http_client()
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    init_session(&listen, &mut mock, SECRET_1).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let l: Value = http_client()
+        .get(format!("{base}/sessions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let label = l["sessions"][0]["id"].as_str().unwrap();
+    let resp = http_client()
+        .delete(format!("{base}/sessions/{label}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert!(resp.text().await.unwrap().contains("--admin-token-file"));
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "nothing reached the upstream"
+    );
+}
+
+/// With a shared store: any replica lists the fleet's sessions and ends one another holds.
+#[tokio::test]
+async fn a_fleet_lists_and_ends_its_sessions_from_any_replica() {
+    let Some(redis) = Redis::start("admin").await else {
+        return;
+    };
+    let key = key_file("admin-fleet", 32);
+    let mut mock = Mock::start().await;
+    let store = |b: &Redis| {
+        vec![
+            "--store".to_owned(),
+            b.url.clone(),
+            "--store-key-file".to_owned(),
+            key.to_str().unwrap().to_owned(),
+            "--hold-standalone".to_owned(),
+            "false".to_owned(),
+        ]
+    };
+    let flags = store(&redis);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    let b = Binary::start(mock.addr, &flags).await;
+
+    // One session created on A, its call running on B (which adopts it); one on B alone.
+    init_session(&a.addr, &mut mock, SECRET_1).await;
+    let (_reader, _upstream) = running_call(&b, &mut mock, SECRET_1, 7).await;
+    init_session(&b.addr, &mut mock, SECRET_2).await;
+
+    let from_a = listing(&a).await;
+    let from_b = listing(&b).await;
+    let (name_a, name_b) = (from_a["replica"].clone(), from_b["replica"].clone());
+    assert_ne!(name_a, name_b);
+    assert_eq!(from_a["fleet"], true);
+    assert_eq!(from_a["replicas_asked"], 2, "{from_a}");
+    assert_eq!(from_a["replicas"].as_array().unwrap().len(), 2, "{from_a}");
+    assert_eq!(from_a["sessions"].as_array().unwrap().len(), 2, "{from_a}");
+    // One label names one session on every replica.
+    let shared = running_label(&from_a);
+    assert_eq!(running_label(&from_b), shared);
+    let s = by_id(&from_a, &shared);
+    let mut replicas: Vec<_> = s["replicas"].as_array().unwrap().to_vec();
+    replicas.sort_by_key(|v| v.to_string());
+    let mut both = vec![name_a.clone(), name_b.clone()];
+    both.sort_by_key(|v| v.to_string());
+    assert_eq!(replicas, both, "{s}");
+    let running = s["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["state"] == "running")
+        .unwrap();
+    assert_eq!(running["replica"], name_b, "the call is read by B: {s}");
+
+    // A ends the session only B holds: B ends it upstream, once, and nobody holds it after.
+    let only_b = from_a["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] != shared.as_str())
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/sessions/{only_b}");
+    let ending = tokio::spawn({
+        let a_admin = a.admin;
+        let path = path.clone();
+        async move {
+            let resp = http_client()
+                .delete(format!("http://{a_admin}{path}"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    });
+    let seen = mock.next().await;
+    assert_eq!(seen.method, http::Method::DELETE);
+    assert_eq!(seen.headers["mcp-session-id"], SECRET_2);
+    seen.respond_json("");
+    let (status, ended) = ending.await.unwrap();
+    assert_eq!(status, 200, "{ended}");
+    assert_eq!(ended["by"], name_b);
+    assert!(
+        mock.nothing_within(Duration::from_millis(500)).await,
+        "one DELETE upstream"
+    );
+    for r in [&a, &b] {
+        let (status, _, _) = admin(r, reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 404);
+    }
+    assert_eq!(listing(&a).await["sessions"].as_array().unwrap().len(), 1);
+}
