@@ -1543,6 +1543,33 @@ def check_store(docs: list[dict], values: dict):
             f"--store-drain-timeout {handover}")
 
 
+def check_admin_token(docs: list[dict], values: dict):
+    """admin.tokenSecret: MCP_REATTACH_ADMIN_TOKEN_FILE is tokenSecretKey of that Secret,
+    mounted read-only without subPath in the gateway only, and MCP_REATTACH_ADMIN_TOKEN_FOR_READS
+    is admin.tokenForReads. Without it: neither variable and no token volume."""
+    _, _, pod, containers = pod_parts(docs)
+    gw = containers["mcp-reattach"]
+    env = {e["name"]: e for e in gw.get("env", []) if e["name"].startswith("MCP_REATTACH_ADMIN_TOKEN")}
+    a = values["admin"]
+    if not a["tokenSecret"]:
+        if env or any(v["name"] == "admin-token" for v in pod.get("volumes", [])):
+            raise AssertionError(f"admin token settings without admin.tokenSecret: {sorted(env)}")
+        return "no admin token (ending sessions on the admin port refused)"
+    if "MCP_REATTACH_ADMIN_TOKEN_FILE" not in env:
+        raise AssertionError("admin.tokenSecret but no MCP_REATTACH_ADMIN_TOKEN_FILE")
+    token_file = env["MCP_REATTACH_ADMIN_TOKEN_FILE"].get("value", "")
+    got = secret_file(pod, gw, token_file, "MCP_REATTACH_ADMIN_TOKEN_FILE")
+    if got != (a["tokenSecret"], a["tokenSecretKey"]):
+        raise AssertionError(f"MCP_REATTACH_ADMIN_TOKEN_FILE is {got[0]}/{got[1]}, the values give "
+                             f"{a['tokenSecret']}/{a['tokenSecretKey']}")
+    key_secret_mounted_only_in_gateway(pod, a["tokenSecret"])
+    reads = env.get("MCP_REATTACH_ADMIN_TOKEN_FOR_READS", {}).get("value")
+    if reads != str(a["tokenForReads"]).lower():
+        raise AssertionError(f"MCP_REATTACH_ADMIN_TOKEN_FOR_READS {reads!r}, admin.tokenForReads "
+                             f"is {a['tokenForReads']!r}")
+    return f"--admin-token-file {token_file} from Secret {got[0]}/{got[1]}, for reads too: {reads}"
+
+
 def _env(d, name):
     return [e for e in _container(d, "mcp-reattach")["env"] if e["name"] == name][0]
 
@@ -1553,6 +1580,22 @@ def _store_mount(d):
 
 def _store_volume(d):
     return [v for v in _pod(d)["volumes"] if v["name"] == "store-key"][0]
+
+
+def _admin_token_mount(d):
+    return [m for m in _container(d, "mcp-reattach")["volumeMounts"] if m["name"] == "admin-token"][0]
+
+
+# Renders with the admin token broken in one way each: check_admin_token must fail on every one.
+ADMIN_TOKEN_BREAKS = {
+    "no MCP_REATTACH_ADMIN_TOKEN_FILE": lambda d: _container(d, "mcp-reattach").update(env=[
+        e for e in _container(d, "mcp-reattach")["env"] if e["name"] != "MCP_REATTACH_ADMIN_TOKEN_FILE"]),
+    "the token file outside its mount": lambda d: _env(d, "MCP_REATTACH_ADMIN_TOKEN_FILE").update(
+        value="/etc/mcp-reattach/token"),
+    "the token mount writable": lambda d: _admin_token_mount(d).update(readOnly=False),
+    "reads open though tokenForReads": lambda d: _env(d, "MCP_REATTACH_ADMIN_TOKEN_FOR_READS").update(
+        value="false"),
+}
 
 
 # Renders with the store broken in one way each: check_store (or check_pod) must fail on every one.
@@ -2010,6 +2053,10 @@ def main() -> int:
                            chart_values(chart, values))
             if detail:
                 print(f"       {detail}")
+            detail = check(f"{name}: admin token as the values say", check_admin_token, docs,
+                           chart_values(chart, values))
+            if detail:
+                print(f"       {detail}")
     tls_docs = sets.get("helm tls-values.yaml") or []
     if tls_docs:
         tls_values = chart_values(chart, yaml.safe_load((chart / "ci" / "tls-values.yaml").read_text()))
@@ -2024,6 +2071,9 @@ def main() -> int:
         for what, mutate in STORE_BREAKS.items():
             check(f"store check rejects a render with {what}", render_rejects, store_and_pod,
                   store_docs, mutate, store_values)
+        for what, mutate in ADMIN_TOKEN_BREAKS.items():
+            check(f"admin token check rejects a render with {what}", render_rejects,
+                  check_admin_token, store_docs, mutate, store_values)
     detail = check("helm store.url (a plain value): store and pod as the values say",
                    plain_store_url, chart)
     if detail:
