@@ -200,6 +200,17 @@ async fn an_operator_sees_sessions_and_running_calls_never_their_ids() {
     assert_eq!(code, 0);
     assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), one);
 
+    // The page runs no script and is framed nowhere, whatever it shows.
+    let page = http_client()
+        .get(format!("http://{}/ui", gw.admin))
+        .send()
+        .await
+        .unwrap();
+    let csp = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(page.headers()["x-content-type-options"], "nosniff");
+
     // Never a session id, anywhere an operator looks.
     let ui = gw.admin_get("/ui").await.unwrap();
     let ui_one = gw

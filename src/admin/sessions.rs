@@ -20,6 +20,21 @@ const JSON: &str = "application/json";
 const HTML: &str = "text/html; charset=utf-8";
 
 pub(super) async fn route<B>(admin: &Admin, req: &Request<B>) -> Answer {
+    let mut a = answer(admin, req).await;
+    // No script, no frame, no guessing of types, no cache: the page only shows, and what a
+    // client sent stays text even if escaping ever broke.
+    a.headers.extend([
+        (
+            http::header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+        (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (http::header::CACHE_CONTROL, "no-store"),
+    ]);
+    a
+}
+
+async fn answer<B>(admin: &Admin, req: &Request<B>) -> Answer {
     let path = req.uri().path();
     let method = req.method();
     let read = matches!(*method, Method::GET | Method::HEAD);
