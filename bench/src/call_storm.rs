@@ -1116,6 +1116,7 @@ fn report(
     let (mut refused_connects, mut conn_errors, mut gets, mut max_gets) = (0, 0, 0, 0);
     let (mut live_not_delivered, mut killed_delivered, mut killed_errors) = (0, 0, 0);
     let (mut last_resumed, mut last_first_resumed, mut last_done) = (None, None, None);
+    let mut last_error = None;
     let mut not_resumed = 0;
     for s in results {
         progress += s.progress;
@@ -1161,6 +1162,7 @@ fn report(
                     ""
                 };
                 *errors.entry(format!("{code} {reason}{cause}")).or_default() += 1;
+                last_error = last_error.max(s.done_at);
                 if on_killed {
                     killed_errors += 1;
                 } else {
@@ -1252,20 +1254,24 @@ fn report(
             ));
         }
     }
-    failures.extend(examples.into_iter().map(|e| format!("example: {e}")));
+    if !failures.is_empty() {
+        failures.extend(examples.iter().map(|e| format!("example: {e}")));
+    }
     let gateways: Vec<Value> = samples
         .iter()
         .zip(&cfg.watch)
         .map(|(s, &(pid, target))| {
+            let killed = target.is_some() && target == cfg.killed;
             json!({
                 "pid": pid,
                 "target": target.map(|t| cfg.targets[t].to_string()),
-                "killed": target.is_some() && target == cfg.killed,
+                "killed": killed,
                 "rss_kib_at_cut": s.rss_cut,
                 "rss_kib_peak": s.rss_peak,
                 "rss_kib_end": s.rss_end,
+                // A killed process's threads are gone: nothing to tell.
                 "cpu_ms_cut_to_end": match (s.cpu_cut, s.cpu_end) {
-                    (Some(a), Some(b)) => Some((b.saturating_sub(a)) as f64 / 1e6),
+                    (Some(a), Some(b)) if !killed => Some((b.saturating_sub(a)) as f64 / 1e6),
                     _ => None,
                 },
             })
@@ -1310,7 +1316,9 @@ fn report(
         "cut_to_last_resumed_ms": last_resumed_ms,
         "cut_to_every_session_resumed_ms": since_cut(last_first_resumed),
         "cut_to_last_outcome_ms": since_cut(last_done),
+        "cut_to_last_explicit_error_ms": since_cut(last_error),
         "gateways": gateways,
+        "examples": examples,
         "checks": {"ok": failures.is_empty(), "failures": failures},
     })
 }
