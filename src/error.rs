@@ -74,6 +74,8 @@ pub(crate) enum ProxyError {
     DuplicateRequest(String),
     #[error("request id {0} is in flight in this session for another caller; use another id")]
     RequestInFlight(String),
+    #[error("the fleet's store did not answer in time for this resume (--store-timeout, or this replica's requests to it are queued); retry shortly")]
+    StoreUnanswered,
 }
 
 /// Whose fault an error is (as pingora tags its errors): what an operator should look at.
@@ -263,6 +265,13 @@ impl ProxyError {
                 Rejected(RejectReason::RequestInFlight),
                 Client,
             ),
+            ProxyError::StoreUnanswered => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::GATEWAY,
+                "store-unavailable",
+                Rejected(RejectReason::StoreUnanswered),
+                Gateway,
+            ),
         };
         // Routine client-side answers (unknown session, stale cursor, 413, …) are not
         // operator news; what the upstream or the gateway failed at is.
@@ -397,6 +406,7 @@ mod tests {
             ProxyError::OriginNotAllowed,
             ProxyError::DuplicateRequest("7".into()),
             ProxyError::RequestInFlight("5".into()),
+            ProxyError::StoreUnanswered,
         ]
     }
 

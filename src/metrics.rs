@@ -115,6 +115,9 @@ label_values! {
         UpstreamConnections => "upstream_connections",
         /// A session already had --max-detached-calls calls running with no client.
         DetachedCalls => "detached_calls",
+        /// A resume of a session or stream this replica does not hold, which the fleet's store
+        /// did not answer for in time.
+        StoreUnanswered => "store_unavailable",
     }
 }
 
@@ -266,6 +269,8 @@ pub struct Metrics {
     pub store_adoptions: Counter,
     pub store_writes: Counter,
     pub store_errors: Counter,
+    /// Awaited requests to the store not sent: too many were ahead of them for too long.
+    pub store_busy: Counter,
     pub store_dropped_bytes: Counter,
     pub store_follows: Counter,
     pub store_follow_gaps: Counter,
@@ -386,6 +391,7 @@ impl Metrics {
             store_adoptions: Counter::default(),
             store_writes: Counter::default(),
             store_errors: Counter::default(),
+            store_busy: Counter::default(),
             store_dropped_bytes: Counter::default(),
             store_follows: Counter::default(),
             store_follow_gaps: Counter::default(),
@@ -591,6 +597,7 @@ impl Metrics {
             ("store_adoptions", "Sessions this replica adopted from the fleet's store", &m.store_adoptions),
             ("store_writes", "Writes (publications, touches, tombstones) the fleet's store took", &m.store_writes),
             ("store_errors", "Requests to the fleet's store that failed or timed out", &m.store_errors),
+            ("store_busy", "Requests to the fleet's store not sent: too many of this replica's were ahead of them for a second (a resume gets 503 + Retry-After)", &m.store_busy),
             ("store_dropped_bytes", "Event bytes not written to the fleet's store: its queue was full (a resume elsewhere gets the explicit gap)", &m.store_dropped_bytes),
             ("store_follows", "Resumes served from the fleet's store (a stream another replica reads)", &m.store_follows),
             ("store_follow_gaps", "Resumes from the fleet's store that ended with the explicit gap", &m.store_follow_gaps),

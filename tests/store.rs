@@ -637,6 +637,73 @@ async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
     }
 }
 
+/// Issue 50: a resume the store cannot answer for (down, or, in a reconnect storm, this
+/// replica's requests to it queued too long) is paced, not refused: 503 + `Retry-After`, never
+/// the 404 that ends a client's session nor a `stream-expired` that is not so. Whether the
+/// replica never saw the session (its adoption unanswered) or holds it while another replica
+/// reads the stream (the stream's read unanswered).
+#[tokio::test]
+async fn a_resume_the_store_cannot_answer_for_is_paced_not_refused() {
+    let Some(mut redis) = Redis::start("unanswered").await else {
+        return;
+    };
+    let key = key_file("unanswered", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "unanswered-session";
+    const OTHER: &str = "unanswered-other";
+    initialize(&a, &mut mock, SID).await;
+    initialize(&a, &mut mock, OTHER).await;
+    // B adopts SID (a call through it); then a call of each session through A is cut.
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    upstream.message(&result(1)).await;
+    drop(upstream);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert_eq!(metric(&b, "mcp_reattach_store_adoptions_total").await, 1.0);
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 2).await;
+    let (other_cursor, other_upstream) = cut_after_first(&a, &mut mock, OTHER, 3).await;
+
+    redis.stop().await;
+    for (sid, cursor, what) in [
+        (SID, &cursor, "B holds the session, A reads the stream"),
+        (OTHER, &other_cursor, "B never saw the session"),
+    ] {
+        let resp = send(b.addr, as_(ALICE, get(sid, Some(cursor)))).await;
+        assert_eq!(resp.status(), 503, "{what}");
+        assert_eq!(resp.headers()["retry-after"], "1", "{what}");
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["error"]["data"]["reason"], "store-unavailable",
+            "{what}: {body}"
+        );
+    }
+    assert_eq!(
+        metric(
+            &b,
+            r#"mcp_reattach_requests_rejected_total{reason="store_unavailable"}"#
+        )
+        .await,
+        2.0
+    );
+    // A reads both calls: it resumes them as ever.
+    for (sid, cursor) in [(SID, &cursor), (OTHER, &other_cursor)] {
+        let resp = send(a.addr, as_(ALICE, get(sid, Some(cursor)))).await;
+        assert_eq!(resp.status(), 200);
+        let mut reader = SseReader::new(resp);
+        let first = reader.next().await.unwrap();
+        assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+    }
+    drop((upstream, other_upstream));
+}
+
 #[tokio::test]
 async fn a_live_get_on_another_replica_follows_the_standalone_stream_held_elsewhere() {
     let Some(redis) = Redis::start("standalone").await else {

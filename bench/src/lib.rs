@@ -1,6 +1,9 @@
 //! Shared pieces of the benchmark harness: the clock shared by the mock upstream and the load
 //! client, the event payload format, a minimal HTTP/1.1 client with an incremental chunked
-//! decoder and SSE parser, and /proc sampling.
+//! decoder and SSE parser, and /proc sampling; the worst minute's client ([`call_storm`]),
+//! which tests/storm.rs runs too.
+
+pub mod call_storm;
 
 pub mod clock {
     /// CLOCK_MONOTONIC in nanoseconds: one clock for every process on the machine, so the

@@ -309,7 +309,19 @@ impl Gateway {
             .and_then(|sid| self.registry.get(sid));
         let held = match held {
             None if self.store.is_on() && !inb.modern => match inb.sid.clone() {
-                Some(sid) => self.adopt(sid, inb.principal).await,
+                Some(sid) => match self.adopt(sid, inb.principal).await {
+                    Ok(adopted) => adopted,
+                    // A resume the store could not say anything about: not a session this
+                    // gateway never saw (404 ends a client's session), but a busy one: the
+                    // client comes back after `Retry-After` (every client of a lost replica
+                    // resuming here at once is paced so).
+                    Err(Unanswered)
+                        if inb.parts.method == Method::GET && inb.cursor().is_some() =>
+                    {
+                        return Err(ProxyError::StoreUnanswered.into());
+                    }
+                    Err(Unanswered) => None,
+                },
                 None => None,
             },
             held => held,
@@ -359,6 +371,9 @@ impl Gateway {
     }
 }
 
+/// The fleet's store said nothing of a session (see [`Adoption::Unanswered`]).
+struct Unanswered;
+
 impl Gateway {
     /// A session this replica does not hold, adopted from the fleet's store when it is there,
     /// live and the caller's (any caller's with `--resume-auth none`): held from now on, with
@@ -367,26 +382,30 @@ impl Gateway {
         &self,
         sid: String,
         principal: crate::session::Principal,
-    ) -> Option<Arc<Session>> {
+    ) -> Result<Option<Arc<Session>>, Unanswered> {
         let sid = sid.as_str();
         let principal =
             (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(principal);
-        let Adoption::Adopt(record, first_stream) = self.store.adopt(sid, principal).await else {
-            return None;
+        let (record, first_stream) = match self.store.adopt(sid, principal).await {
+            Adoption::Adopt(record, first_stream) => (record, first_stream),
+            Adoption::None => return Ok(None),
+            Adoption::Unanswered => return Err(Unanswered),
         };
         let owner = Owner::new(record.principal, &record.endpoint)
             .in_share(record.share)
             .adopted(record.epoch, first_stream);
-        let s = self
+        let Ok(s) = self
             .registry
             .adopt(sid, owner, record.minted)
             .inspect_err(|_| tracing::warn!("session cap reached with every session in use: a session of the fleet is not adopted"))
-            .ok()?;
+        else {
+            return Ok(None);
+        };
         if let Some(v) = &record.protocol_version {
             s.set_protocol_version(v);
         }
         tracing::debug!(mcp.session = %s.hashed_id(), "session adopted from the fleet's store");
-        Some(s)
+        Ok(Some(s))
     }
 
     /// The fleet's hand-over at the end of a drain: with a store, the calls this replica

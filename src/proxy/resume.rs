@@ -80,6 +80,11 @@ impl Gateway {
                     };
                     return Box::pin(self.attach(inb, Some(session), Some(r))).await;
                 }
+                Err(FollowError::Unanswered) => {
+                    // Not told apart from a stream the store does not have, the answer would be
+                    // a false `stream-expired`: the client comes back instead.
+                    return Err(ProxyError::StoreUnanswered.into());
+                }
                 Err(FollowError::NotInStore) => {}
             }
         }

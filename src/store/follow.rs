@@ -50,9 +50,12 @@ const MAX_POLL_STANDALONE: Duration = Duration::from_millis(500);
 /// Why a cursor is not followed from the store.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum FollowError {
-    /// The store has no such stream (or no store, or it did not answer): the local rules
-    /// decide, as for a cursor of a stream this replica does not retain.
+    /// The store has no such stream (or no store): the local rules decide, as for a cursor
+    /// of a stream this replica does not retain.
     NotInStore,
+    /// The store did not answer (it failed, timed out, or this replica's requests to it were
+    /// queued too long): the stream may well be there, so nothing is decided from it.
+    Unanswered,
     /// A call's stream of another principal: answered as for an unknown session.
     NotTheCallers,
     /// The cursor is before the stream's opening: not one of its positions.
@@ -117,7 +120,7 @@ impl Store {
             let read = s
                 .read(&tag, cursor.stream, cursor.seq)
                 .await
-                .ok_or(FollowError::NotInStore)?;
+                .ok_or(FollowError::Unanswered)?;
             if read.meta.is_some() || tries == UNKNOWN_TRIES {
                 break read;
             }

@@ -60,6 +60,11 @@ pub(crate) struct Breaker {
 
 /// Failures in a row that take the store down for this replica.
 const DOWN_AFTER: u32 = 3;
+/// Awaited requests (adoptions, claims, follows' reads) out at the store at once; the rest
+/// wait their turn, at most [`AWAITED_QUEUE`]. Enough to keep one connection's pipeline full
+/// (bench/notes.md, "Issue 50: the worst minute").
+const AWAITED_IN_FLIGHT: usize = 64;
+const AWAITED_QUEUE: Duration = Duration::from_secs(1);
 /// How often a store that is down is tried again.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
@@ -141,6 +146,10 @@ pub(crate) struct Shared {
     /// session every quarter TTL.
     touched: Mutex<std::collections::HashMap<Arc<str>, u64>>,
     breaker: Arc<Breaker>,
+    /// The awaited requests out at the store at once ([`AWAITED_IN_FLIGHT`]): a burst (every
+    /// client of a lost replica resuming here at once) queues here, not on the connection, so
+    /// `--store-timeout` bounds the store's answer, not the queue ahead of it.
+    awaited: tokio::sync::Semaphore,
     /// Set when the replica drains: its followers tell their clients to resume elsewhere.
     draining: tokio::sync::watch::Sender<bool>,
     /// The sessions whose tag this replica made, by tag: which one an end announced on the
@@ -161,6 +170,9 @@ pub(crate) enum Adoption {
     /// Nothing to adopt: no such session, ended, or not the caller's (told apart nowhere: the
     /// caller gets what it would for a session the gateway never saw).
     None,
+    /// The store did not say (it failed, timed out, is down for this replica, or this
+    /// replica's requests to it were queued too long): nothing is known of the session.
+    Unanswered,
 }
 
 /// What the fleet says of a POST's request ids (see [`Store::claim`]).
@@ -297,6 +309,7 @@ impl Store {
             started: tokio::time::Instant::now(),
             touched: Default::default(),
             breaker,
+            awaited: tokio::sync::Semaphore::new(AWAITED_IN_FLIGHT),
             unrecorded: Default::default(),
             running: Default::default(),
             tags: Default::default(),
@@ -392,7 +405,10 @@ impl Store {
         let mut conn = s.conn.clone();
         let found: Option<Option<Claimed>> =
             s.guarded("adopt", invocation.invoke_async(&mut conn)).await;
-        let Some(Some((sn, pairs))) = found else {
+        let Some(found) = found else {
+            return Adoption::Unanswered;
+        };
+        let Some((sn, pairs)) = found else {
             return Adoption::None;
         };
         let Some(record) = Record::parse(&pairs) else {
@@ -649,6 +665,13 @@ impl Shared {
         if !self.breaker.allows() {
             return None;
         }
+        // A turn first: waiting for it is this replica's load, not the store's failure.
+        let Ok(Ok(_turn)) = tokio::time::timeout(AWAITED_QUEUE, self.awaited.acquire()).await
+        else {
+            self.metrics.store_busy.inc();
+            tracing::debug!(op, "store request not sent: too many ahead of it");
+            return None;
+        };
         match tokio::time::timeout(self.timeout, request).await {
             Ok(Ok(v)) => {
                 self.breaker.succeeded();

@@ -38,7 +38,8 @@ struct Args {
     /// events), the same with `-single` (one `write` per event), sse-200-1-unpinned,
     /// sse-200-8-unpinned (the burst scenarios unpinned, with the store arm), paced-1, paced-50,
     /// idle-N, window-N, storm, resume-other (a call cut on one replica of a fleet, resumed on
-    /// another from the store). Groups: `saturating` (the four pinned burst scenarios),
+    /// another from the store), call-storm (the worst minute: every call in flight cut at once
+    /// and resumed together; a fleet that loses a replica; nginx). Groups: `saturating` (the four pinned burst scenarios),
     /// `sse-single` (the four single ones), `sse` (all), `idle`, `window`, `store` (every
     /// scenario with the mcp-reattach-store arm).
     #[arg(long)]
@@ -441,6 +442,12 @@ fn brief(r: &Record) -> String {
         "bytes_per_event",
         "time_to_last_ms",
         "cpu_us_per_resume",
+        "cut_to_last_resumed_ms",
+        "delivered",
+        "explicit_error",
+        "lost",
+        "gw_rss_peak_kib",
+        "gw_cpu_ms",
     ];
     let mut s: Vec<String> = keys
         .iter()
@@ -769,6 +776,30 @@ fn scenarios(a: &Args) -> Vec<Scenario> {
         gateway_flags: vec![],
         unpinned: true,
         sessions: rn,
+        window_events: 0,
+        timeout: Duration::from_secs(120),
+    });
+    let cn = if q { 300 } else { 1000 };
+    out.push(Scenario {
+        key: "call-storm".into(),
+        group: "call-storm",
+        title: format!("The worst minute (issue 50): {cn} sessions each with a tool call in flight (40 events of 200 B, 150 ms apart), every client connection reset at once, every session resuming at once until its result or explicit error; mcp-reattach-store: three replicas on one store, the first killed (SIGKILL) at the cut, each session resumed on another replica than its call's; nginx: `proxy_buffering off`, no resumption; unpinned"),
+        arms: vec![Arm::Reattach, Arm::ReattachStore, Arm::Nginx],
+        // `--targets`, `--kill-pid`, `--watch-pids`, `--max-ms` and `--no-resumption` are
+        // added per arm (run_one).
+        load: s(&[
+            "call-storm",
+            "--sessions",
+            &cn.to_string(),
+            "--events",
+            "40",
+            "--gap-us",
+            "150000",
+        ]),
+        kind: Kind::Run,
+        gateway_flags: vec![],
+        unpinned: true,
+        sessions: cn,
         window_events: 0,
         timeout: Duration::from_secs(120),
     });
@@ -1610,6 +1641,8 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, tools: &T
     // The resume scenario's second replica (B): the same gateway on the same store, where the
     // calls made through the first (A) are resumed.
     let mut other: Option<(Proc, SocketAddr, Option<SocketAddr>)> = None;
+    // The call storm's fleet: the replicas beside the first (which is killed at the cut).
+    let mut fleet: Vec<(Proc, SocketAddr)> = Vec::new();
     let mut admin = None;
     // The ts-eventstore arm has no upstream: its server is the serving process.
     let (mock, proxy, target) = if arm == Arm::TsEventStore {
@@ -1629,6 +1662,14 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, tools: &T
                 let (b, bt, badm) =
                     start_proxy(a, tmp, arm, upstream, &gateway_flags, nginx, pin, certs)?;
                 other = b.map(|b| (b, bt, badm));
+            }
+            if sc.group == "call-storm" && arm == Arm::ReattachStore {
+                // The fleet: two more replicas on the same store, in front of the same mock.
+                for _ in 0..2 {
+                    let (p, t, _) =
+                        start_proxy(a, tmp, arm, upstream, &gateway_flags, nginx, pin, certs)?;
+                    fleet.extend(p.map(|p| (p, t)));
+                }
             }
             Ok((p, t))
         });
@@ -1670,6 +1711,27 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, tools: &T
     load.args(&sc.load);
     if let Some((_, b, _)) = &other {
         load.arg("--other").arg(b.to_string());
+    }
+    if sc.group == "call-storm" {
+        // Every gateway is watched (RSS, CPU over the storm); the fleet's first is killed at
+        // the cut; nginx resumes nothing, so its clients wait as long as a call still runs.
+        let mut targets = vec![target.to_string()];
+        let mut watch: Vec<String> = pids.iter().map(u32::to_string).collect();
+        for (p, t) in &fleet {
+            targets.push(t.to_string());
+            watch.push(p.pid().to_string());
+        }
+        load.arg("--targets").arg(targets.join(","));
+        load.arg("--watch-pids").arg(watch.join(","));
+        if arm == Arm::ReattachStore {
+            if let Some(p) = &proxy {
+                load.arg("--kill-pid").arg(p.pid().to_string());
+                load.arg("--kill-target").arg("0");
+            }
+        }
+        if arm.is_nginx() {
+            load.args(["--no-resumption", "--max-ms", "10000"]);
+        }
     }
     if arm.plain_store() {
         load.arg("--plain-store");
@@ -1778,6 +1840,7 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, tools: &T
         (seen, commandstats)
     });
     drop(other);
+    drop(fleet);
     drop(proxy);
     drop(mock);
     drop(store);
@@ -1910,6 +1973,49 @@ fn run_one(a: &Args, tmp: &Tmp, sc: &Scenario, arm: Arm, round: usize, tools: &T
                     raw["replayed_events"].as_f64().unwrap_or(0.0) / resumes,
                 );
             }
+        }
+        "call-storm" => {
+            // Times only when something was resumed (nginx resumes nothing).
+            if raw["resumes_served"].as_u64() > Some(0) {
+                for (k, from) in [
+                    ("cut_to_last_resumed_ms", "/cut_to_last_resumed_ms"),
+                    ("resume_p50_ms", "/resume_ms/p50"),
+                    ("resume_p99_ms", "/resume_ms/p99"),
+                ] {
+                    if let Some(v) = raw.pointer(from).and_then(Value::as_f64) {
+                        m.insert(k.into(), v);
+                    }
+                }
+            }
+            if let Some(v) = raw["cut_to_last_outcome_ms"].as_f64() {
+                m.insert("cut_to_last_outcome_ms".into(), v);
+            }
+            for (k, from) in [
+                ("delivered", "/outcomes/delivered"),
+                ("explicit_error", "/outcomes/explicit_error"),
+                ("lost", "/outcomes/lost"),
+                ("refused", "/outcomes/refused"),
+                ("duplicates", "/duplicates"),
+                ("skipped", "/skipped"),
+                ("unexpected_5xx", "/unexpected_5xx"),
+                ("retry_after_honoured", "/retry_after_honoured"),
+            ] {
+                m.insert(
+                    k.into(),
+                    raw.pointer(from).and_then(Value::as_f64).unwrap_or(0.0),
+                );
+            }
+            // Each gateway over the storm (the killed one is not sampled after the cut):
+            // the largest peak RSS and the CPU of the busiest.
+            let gws = raw["gateways"].as_array().cloned().unwrap_or_default();
+            let most = |key: &str| {
+                gws.iter()
+                    .filter_map(|g| g[key].as_f64())
+                    .fold(0.0f64, f64::max)
+            };
+            m.insert("gw_rss_peak_kib".into(), most("rss_kib_peak"));
+            m.insert("gw_rss_at_cut_kib".into(), most("rss_kib_at_cut"));
+            m.insert("gw_cpu_ms".into(), most("cpu_ms_cut_to_end"));
         }
         _ => {}
     }
@@ -2338,6 +2444,20 @@ fn goals(s: &Value, recs: &[Record]) -> Value {
         "< 5.00".into(),
         p99.map(|v| v < 5.0),
     );
+    // Issue 50, the worst minute: the last resume served within 5 s of the cut; no call lost
+    // (failed runs, which lose calls or see a 5xx, are counted in the last row).
+    for (arm, what) in [
+        (Arm::Reattach, "one gateway"),
+        (Arm::ReattachStore, "a fleet losing a replica"),
+    ] {
+        let v = med(s, "call-storm", arm, "cut_to_last_resumed_ms");
+        push(
+            format!("call-storm, {what}: the cut to the last `resumed` (ms)"),
+            v,
+            "< 5000".into(),
+            v.map(|v| v < 5000.0),
+        );
+    }
     let b = med(s, "window-256", Arm::ReattachStore, "store_bytes_per_event");
     push(
         "window-256: store memory per retained event, used_memory (bytes)".into(),
@@ -2741,6 +2861,20 @@ fn markdown(
                 ("cpu_us_per_resume", "B CPU µs/resume"),
                 ("owner_cpu_us_per_call", "A CPU µs/call"),
             ],
+            "call-storm" => vec![
+                ("cut_to_last_resumed_ms", "cut to the last `resumed` (ms)"),
+                ("resume_p50_ms", "resume p50 ms"),
+                ("resume_p99_ms", "resume p99 ms"),
+                ("delivered", "calls delivered"),
+                ("explicit_error", "explicit errors"),
+                ("lost", "calls lost"),
+                ("duplicates", "duplicates"),
+                ("unexpected_5xx", "5xx (not 503 + Retry-After)"),
+                ("cut_to_last_outcome_ms", "cut to the last outcome (ms)"),
+                ("gw_rss_at_cut_kib", "RSS at the cut, KiB (largest gateway)"),
+                ("gw_rss_peak_kib", "peak RSS KiB (largest gateway)"),
+                ("gw_cpu_ms", "CPU ms, cut to end (busiest gateway)"),
+            ],
             _ => vec![
                 (
                     "time_to_last_ms",
@@ -2862,6 +2996,22 @@ const METHOD: &str = r#"## Method
   wrote after the GET was sent (B polls the store for them). Checks: every event after the
   cursor once, in order, then the result. CPU per resume is on-CPU ns (schedstat) of B, of A
   per call, and of the store.
+- **The worst minute** (`call-storm`, `load call-storm`, issue 50; its client is
+  `bench/src/call_storm.rs`, which `tests/storm.rs` runs too). N sessions, each `initialize`
+  and a `tools/call` whose upstream writes 40 progress events of 200 B 150 ms apart (6 s);
+  once every session has read two events, every client connection is reset at once
+  (SO_LINGER 0) and every session resumes at once with `GET` + `Last-Event-ID`, again on any
+  later cut, honouring `Retry-After` (503/429) and `retry:`, until its result or its explicit
+  error (at most 20 GETs, 20 s). `mcp-reattach`: one gateway. `mcp-reattach-store`: three
+  replicas on one store, session *i* created and called on replica *i* mod 3, the first
+  replica killed with SIGKILL at the cut (the load client sends it), each resume sent to the
+  next replica (the dead one refuses and is skipped), so no call is resumed where it runs.
+  `nginx`: no resumption; its clients wait 10 s. Checks: every event once, in order, then
+  the result; the killed replica's calls the explicit error (-32011 `owner-lost`) instead; no
+  duplicates, no silent gap, no 5xx but 503 + `Retry-After`. Figures: the cut to the last
+  `mcp-reattach/resumed` received, each resume's GET to its `resumed`, and RSS (`VmRSS`) and
+  CPU (schedstat) of each gateway over the storm, sampled by the load client (the tables give
+  the largest and the busiest).
 - **Placement.** By default nothing is pinned and every process runs with its default
   threading (the gateway picks its scheduler for the CPUs it sees: one worker on two), as
   users deploy a sidecar; the scheduler places the proxy, the mock and the load client. With

@@ -20,6 +20,11 @@
 //!           first event, resumed on B (which never saw the session) with that event's id;
 //!           time from the GET to the `mcp-reattach/resumed` event and to the first replayed
 //!           event, and the age of the live tail's events as B serves them from the store
+//!   call-storm  the worst minute (issue 50, `mcp_reattach_bench::call_storm`): N sessions
+//!           each with a call in flight (`--targets`: one gateway, or a fleet's replicas),
+//!           every connection cut at once (with `--kill-pid`, a replica killed with it), every
+//!           session resuming at once until its call's result or explicit error; RSS and CPU
+//!           of the `--watch-pids` gateways over the storm
 
 use std::cell::RefCell;
 use std::io::{BufRead, Read, Write};
@@ -33,7 +38,7 @@ use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use mcp_reattach_bench::clock::now_ns;
 use mcp_reattach_bench::http::{self, BodyState, Conn, Head};
-use mcp_reattach_bench::{checks, payload, sse};
+use mcp_reattach_bench::{call_storm, checks, payload, sse};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -163,6 +168,57 @@ enum Mode {
         /// No session starts after this many ms (the run is bounded in time as in count).
         #[arg(long, default_value_t = 30_000)]
         max_ms: u64,
+    },
+    CallStorm {
+        /// Comma-separated gateways (default: `--target`): session i is created and calls on
+        /// the (i mod n)th; each resume goes to the next one.
+        #[arg(long, value_delimiter = ',')]
+        targets: Vec<SocketAddr>,
+        #[arg(long, default_value_t = 1000)]
+        sessions: usize,
+        /// Progress events per call, the upstream's pause before each (and the result).
+        #[arg(long, default_value_t = 40)]
+        events: u64,
+        #[arg(long, default_value_t = 150_000)]
+        gap_us: u64,
+        #[arg(long, default_value_t = 200)]
+        size: usize,
+        /// The cut comes once every session has read this many events.
+        #[arg(long, default_value_t = 2)]
+        cut_after: u64,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// The cut comes after this long at the latest.
+        #[arg(long, default_value_t = 30_000)]
+        setup_ms: u64,
+        /// A call without its outcome this long after the cut is lost.
+        #[arg(long, default_value_t = 20_000)]
+        max_ms: u64,
+        /// Resume GETs per session at most.
+        #[arg(long, default_value_t = 20)]
+        max_attempts: u32,
+        /// Wait before a reconnect when the server sent no `retry:` (SDK clients: 1000).
+        #[arg(long, default_value_t = 0)]
+        reconnect_ms: u64,
+        /// SIGKILL this process at the cut: the replica serving `--kill-target` dies.
+        #[arg(long)]
+        kill_pid: Option<u32>,
+        /// Index in `--targets` of the replica `--kill-pid` is.
+        #[arg(long, default_value_t = 0)]
+        kill_target: usize,
+        /// Comma-separated gateway pids whose RSS and CPU are sampled over the storm (in
+        /// `--targets` order when there are as many).
+        #[arg(long, value_delimiter = ',')]
+        watch_pids: Vec<u32>,
+        /// The target has no resumption (nginx): lost calls are reported, not failed.
+        #[arg(long)]
+        no_resumption: bool,
+        /// Fail if the last resume is served later than this after the cut.
+        #[arg(long)]
+        bound_ms: Option<u64>,
+        /// Every session the same anonymous caller (default: each its own principal).
+        #[arg(long)]
+        anonymous: bool,
     },
 }
 
@@ -310,6 +366,56 @@ async fn run(cli: Cli) -> Value {
                 },
             )
             .await
+        }
+        Mode::CallStorm {
+            targets,
+            sessions,
+            events,
+            gap_us,
+            size,
+            cut_after,
+            concurrency,
+            setup_ms,
+            max_ms,
+            max_attempts,
+            reconnect_ms,
+            kill_pid,
+            kill_target,
+            watch_pids,
+            no_resumption,
+            bound_ms,
+            anonymous,
+        } => {
+            let targets = if targets.is_empty() { vec![t] } else { targets };
+            let per_target = watch_pids.len() == targets.len();
+            let mut cfg = call_storm::Config::new(targets);
+            cfg.path = p;
+            cfg.sessions = sessions;
+            cfg.events = events;
+            cfg.gap_us = gap_us;
+            cfg.size = size;
+            cfg.cut_after = cut_after;
+            cfg.concurrency = concurrency;
+            cfg.setup_ms = setup_ms;
+            cfg.max_ms = max_ms;
+            cfg.max_attempts = max_attempts;
+            cfg.reconnect_ms = reconnect_ms;
+            cfg.killed = kill_pid.map(|_| kill_target);
+            cfg.no_resumption = no_resumption;
+            cfg.bound_ms = bound_ms;
+            cfg.principals = !anonymous;
+            cfg.watch = watch_pids
+                .iter()
+                .enumerate()
+                .map(|(i, &pid)| (pid, per_target.then_some(i)))
+                .collect();
+            let kill: Box<dyn FnOnce() + Send> = Box::new(move || {
+                if let Some(pid) = kill_pid {
+                    // SAFETY: kill(2) with a pid and a signal number.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
+            });
+            call_storm::run(cfg, kill).await
         }
     }
 }
