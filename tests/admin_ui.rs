@@ -74,14 +74,8 @@ fn require_node20() {
         .output()
         .expect("running node --version");
     let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let major: u32 = version
-        .trim_start_matches('v')
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
     assert!(
-        major >= 20,
+        node_major(&version) >= 20,
         "playwright-core needs Node.js >= 20; `node --version` is {version:?} (set NODE=...)"
     );
 }

@@ -16,6 +16,16 @@ pub fn node_bin() -> String {
     std::env::var("NODE").unwrap_or_else(|_| "node".to_string())
 }
 
+/// The major version in `node --version`'s answer (`v20.11.1` → 20; 0 if it is not one).
+pub fn node_major(version: &str) -> u32 {
+    version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Panics with a clear message unless Node.js >= 18 runs. These tests never skip silently.
 pub fn require_node() {
     static CHECK: OnceLock<Result<String, String>> = OnceLock::new();
@@ -32,13 +42,7 @@ pub fn require_node() {
                 )
             })?;
         let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let major: u32 = version
-            .trim_start_matches('v')
-            .split('.')
-            .next()
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(0);
-        if !out.status.success() || major < 18 {
+        if !out.status.success() || node_major(&version) < 18 {
             return Err(format!(
                 "Node.js >= 18 is required by this test; `{node} --version` gave {version:?} \
                  (status {}). Install Node.js >= 18 or set NODE=/path/to/node.",
