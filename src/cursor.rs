@@ -4,7 +4,9 @@
 //!   forgets and meets again, or a restarted gateway, gets a new epoch, so an id from another
 //!   session or an earlier run never parses as a valid cursor for this one.
 //! * `stream`: decimal number of the stream within the session (POST response or GET).
-//! * `seq`: decimal sequence number, strictly increasing across all streams of the session.
+//! * `seq`: decimal sequence number, strictly increasing across all streams of the session;
+//!   [`Cursor::END`] is no event's: the position of a stream's end frames (the errors of an
+//!   upstream that ended or failed without answering), after every event of the session.
 //!
 //! Pure: parsing and formatting only; what a cursor means is decided by the session layer.
 
@@ -37,6 +39,20 @@ impl fmt::Display for Cursor {
 }
 
 impl Cursor {
+    /// The position of a stream's end frames (`18446744073709551615`): a client that read
+    /// them holds it, and a client at any event's position did not read them. The end frames
+    /// are told again at a resume from an event's position; a resume at this one has had
+    /// everything the stream will ever carry.
+    pub const END: u64 = u64::MAX;
+
+    /// The same stream's end position (see [`Cursor::END`]).
+    pub fn end(self) -> Cursor {
+        Cursor {
+            seq: Self::END,
+            ..self
+        }
+    }
+
     /// Appends the canonical text of this cursor to `out` (what `Display` writes, without
     /// the formatting machinery: this runs once per event sent).
     pub fn write_to(&self, out: &mut impl bytes::BufMut) {
@@ -173,6 +189,21 @@ mod tests {
         };
         assert_eq!(c.to_string(), "00000000000000ab.3.42");
         assert!(crate::sse::is_valid_id(&c.to_string()));
+    }
+
+    #[test]
+    fn the_end_position_round_trips_and_fits() {
+        let c = Cursor {
+            epoch: u64::MAX,
+            stream: u32::MAX,
+            seq: 7,
+        }
+        .end();
+        let text = c.text();
+        assert_eq!(text, "ffffffffffffffff.4294967295.18446744073709551615");
+        assert!(text.len() <= MAX_CURSOR_LEN);
+        assert_eq!(Cursor::parse(text.as_bytes()), Ok(c));
+        assert_eq!(c.seq, Cursor::END);
     }
 
     #[test]

@@ -115,12 +115,6 @@ fn cut(tcp: TcpStream, p: usize) {
     drop(tcp);
 }
 
-async fn body_json(resp: http::Response<hyper::body::Incoming>) -> serde_json::Value {
-    use http_body_util::BodyExt;
-    let b = resp.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&b).unwrap_or_else(|_| panic!("JSON: {:?}", String::from_utf8_lossy(&b)))
-}
-
 async fn expect_error(addr: SocketAddr, sid: &str, cursor: &str, status: u16, reason: &str) {
     let resp = send(addr, get(sid, Some(cursor))).await;
     assert_eq!(resp.status(), status, "cursor {cursor:?}");

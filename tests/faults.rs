@@ -398,7 +398,8 @@ async fn upstream_failure_is_explicit(fault: impl FnOnce(&Relay)) {
     let mut r = SseReader::new(pending.await.unwrap());
     r.next().await.unwrap(); // priming
     writer.message(&progress(1)).await;
-    assert_eq!(messages(&[r.next().await.unwrap()]), vec![progress(1)]);
+    let first = r.next().await.unwrap();
+    assert_eq!(messages(std::slice::from_ref(&first)), vec![progress(1)]);
     let started = Instant::now();
     fault(&up);
     // The mock may already have seen the fault and dropped its side of the response.
@@ -430,6 +431,24 @@ async fn upstream_failure_is_explicit(fault: impl FnOnce(&Relay)) {
     assert_eq!(errs.len(), 1, "{rest:?}");
     assert_eq!(errs[0]["id"], 7);
     assert_eq!(errs[0]["error"]["code"], -32011);
+    // The failure stands at the stream end's own position: a client whose connection died
+    // with it unread comes back at its last event and is told again; one that read it has
+    // everything.
+    let end = failed.id.clone().expect("the failure event carries an id");
+    assert!(end.ends_with(".18446744073709551615"), "{end}");
+    let again = resume_rest(&gw, first.id.as_deref().unwrap()).await;
+    assert_eq!(again.len(), 1, "only the error again: {again:?}");
+    let err: serde_json::Value = serde_json::from_str(&again[0]).unwrap();
+    assert_eq!(
+        (&err["id"], &err["error"]["code"]),
+        (&7.into(), &(-32011).into())
+    );
+    let resp = send(gw.addr, get(SID, Some(&end))).await;
+    assert_eq!(resp.status(), 409);
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "stream-ended"
+    );
     drop(writer);
     // The gateway keeps serving the session over a new upstream connection.
     up.arm(Dir::ToClient, Fault::Pass);

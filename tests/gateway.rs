@@ -19,12 +19,6 @@ async fn resume(gw: &Gw, cursor: &str) -> Response<hyper::body::Incoming> {
     send(gw.addr, get(SID, Some(cursor))).await
 }
 
-async fn body_json(resp: Response<hyper::body::Incoming>) -> serde_json::Value {
-    let b = resp.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&b)
-        .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&b)))
-}
-
 fn expected(n: u64, id: u64) -> Vec<String> {
     (1..n)
         .map(progress)

@@ -34,12 +34,6 @@ fn delete(session: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn body_json(resp: Response<hyper::body::Incoming>) -> serde_json::Value {
-    let b = resp.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&b)
-        .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&b)))
-}
-
 fn is_minted(id: &str) -> bool {
     id.strip_prefix("mra-").is_some_and(|h| {
         h.len() == 32

@@ -454,6 +454,18 @@ async fn a_call_whose_replica_died_ends_explicitly_and_the_session_goes_on() {
         metric(&b, "mcp_reattach_store_owners_lost_total").await,
         1.0
     );
+    // The failure stands at the stream end's own position: a client that read it and comes
+    // back anyway (the TypeScript SDK resumes any stream that ends without a result) is told
+    // it has everything, not the failure again (which it would take as a stream to resume,
+    // forever).
+    let end = failed.id.clone().expect("the failure event carries an id");
+    assert!(end.ends_with(".18446744073709551615"), "{end}");
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&end)))).await;
+    assert_eq!(resp.status(), 409);
+    assert_eq!(
+        body_json(resp).await["error"]["data"]["reason"],
+        "stream-ended"
+    );
     drop(upstream);
     // The session goes on: its next call works on B.
     let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(9), Some(SID)))));

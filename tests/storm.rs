@@ -9,6 +9,9 @@
 //!   reset by the kernel) and the client resets the others' connections; every session resumes
 //!   on another replica than the one running its call (the next in the list; the dead one
 //!   refuses and is skipped).
+//! - `upstream_dies`: one gateway whose upstream stops at the cut: every call ends in its
+//!   explicit error (-32011 `upstream-failed`), told again to a client whose connection died
+//!   with it unread.
 //!
 //! The storm's client is `bench/src/call_storm.rs`, included here: the same code as the load
 //! client's `call-storm` mode, whose release figures are in docs/reliability.md ("The worst
@@ -176,6 +179,35 @@ async fn one_gateway() {
     let report = call_storm::run(cfg, Box::new(|| {})).await;
     check("one-gateway", &report);
     assert_eq!(report["outcomes"]["delivered"], SESSIONS as u64);
+}
+
+/// The upstream dies at the cut (the mock stops: every call's upstream stream fails as
+/// every client connection is reset): every call ends in its explicit error, -32011
+/// `upstream-failed`, whether the gateway handed it to the dying connection (the client comes
+/// back at its last event and is told again) or the client came back first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_dies() {
+    let _serial = SERIAL.lock().await;
+    raise_fd_limit();
+    let mock = Mock::start().await;
+    let gw = Binary::start(mock.addr, &[]).await;
+    let upstream = serve(mock);
+    let mut cfg = config(vec![gw.addr]);
+    // The calls the cut kills: each may end in the explicit error, and must end in one.
+    cfg.killed = Some(0);
+    cfg.watch = vec![(gw.proc.id(), Some(0))];
+    let report = call_storm::run(cfg, Box::new(move || upstream.abort())).await;
+    check("upstream-dies", &report);
+    assert_eq!(
+        report["killed_calls"]["explicit_error"], SESSIONS as u64,
+        "every call ends in its error"
+    );
+    let errors = report["explicit_errors"].as_object().unwrap();
+    assert_eq!(
+        errors.keys().collect::<Vec<_>>(),
+        ["-32011 upstream-failed"],
+        "{errors:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

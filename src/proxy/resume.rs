@@ -66,6 +66,9 @@ impl Gateway {
                 Err(FollowError::Foreign) => {
                     return Err(ProxyError::Resume(ResumeError::ForeignCursor).into());
                 }
+                Err(FollowError::Ended) => {
+                    return Err(ProxyError::Resume(ResumeError::StreamEnded).into());
+                }
                 Err(FollowError::StandaloneOver { lost }) => {
                     // As for a standalone stream of its own that ended: the client
                     // re-attaches to the session (wherever its standalone stream is held now).

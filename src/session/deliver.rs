@@ -13,6 +13,7 @@ use super::reserve::{self, Delivery};
 use super::state::{Consts, State};
 use super::stream::{End, Stream, StreamKind, Streams};
 use super::{control, Budget, Outcome};
+use crate::cursor::Cursor;
 use crate::metrics::Metrics;
 
 /// One step of an attached client's body.
@@ -208,7 +209,7 @@ fn hand_over_overflow(budget: &Budget, s: &mut Stream, cursor: u64) -> bool {
 
 /// The step of a client at `cursor` of `s` (number `stream`) with nothing to send: it waits
 /// for more, or, when the upstream ended the stream, its body ends (with an error for each
-/// request the client has not seen answered).
+/// request the client has not seen answered, at the end's position [`Cursor::END`]).
 fn idle_step(
     consts: &Consts,
     s: &mut Stream,
@@ -225,11 +226,13 @@ fn idle_step(
         return Step::Pending;
     };
     s.sub = None;
-    let ids = s.fail_unanswered(cursor);
+    // Not marked as told: the frames carry the end's own position, so a client whose
+    // connection died with them unread comes back before it and is told again.
+    let ids = s.unanswered_ids(cursor);
     if matches!(end, End::Complete) && ids.is_empty() {
         return Step::Finish(Bytes::new(), Outcome::Completed);
     }
-    let here = consts.cursor(stream, cursor);
+    let here = consts.cursor(stream, Cursor::END);
     let frames = control::upstream_ended(&here, has_id, &end, &ids);
     Step::Finish(frames, Outcome::UpstreamFailed)
 }

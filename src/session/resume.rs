@@ -96,11 +96,21 @@ impl State {
         self.last_activity = now;
         let Some(s) = self.streams.get_mut(&cursor.stream) else {
             return Err(if cursor.stream < self.next_stream {
-                ResumeError::StreamExpired
+                // At the end's position the client read the stream's end frames before the
+                // stream was forgotten: it has everything.
+                if cursor.seq == Cursor::END {
+                    ResumeError::StreamEnded
+                } else {
+                    ResumeError::StreamExpired
+                }
             } else {
                 ResumeError::CursorAhead
             });
         };
+        if cursor.seq == Cursor::END && s.end.is_some() {
+            // The client read the stream's end frames: it has all the stream will carry.
+            return Err(ResumeError::StreamEnded);
+        }
         if cursor.seq > s.last_seq {
             return Err(ResumeError::CursorAhead);
         }

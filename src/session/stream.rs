@@ -74,8 +74,11 @@ pub(super) struct PendingRequest {
     pub id: String,
     /// Sequence number of the event that carried its response, once seen.
     pub answered_at: Option<u64>,
-    /// The gateway already answered it with an error (gap, upstream failure); a client that
-    /// reconnects after that error is not told again.
+    /// The gateway answered it with an error that stands at the client's own position (a
+    /// gap, the session's end); a client that reconnects after that error is not told again.
+    /// The errors of a stream's end are not marked: they sit at the end's own position
+    /// ([`Cursor::END`](crate::cursor::Cursor::END)), so a client that comes back before it
+    /// did not read them and is told again.
     pub reported: bool,
     /// Its id's keyed hash, as `dedup::Carried` indexed it (and
     /// `dedup::Retired` keeps it, under the same key): the id is not read
@@ -474,6 +477,15 @@ impl Stream {
         self.requests
             .iter()
             .filter(move |r| !r.reported && r.answered_at.is_none_or(|s| s > cursor))
+    }
+
+    /// Ids of the requests whose response the client at `cursor` has not seen and that were
+    /// not answered with an error that stands ([`PendingRequest::reported`]): what a stream's
+    /// end frames answer, again at every resume before the end's position.
+    pub(super) fn unanswered_ids(&self, cursor: u64) -> Vec<String> {
+        self.unanswered_after(cursor)
+            .map(|r| r.id.clone())
+            .collect()
     }
 
     /// Ids of the requests whose response the client at `cursor` has not seen, marked as

@@ -2098,3 +2098,59 @@ fn a_client_following_on_another_replica_guards_what_it_has_not_read_while_it_pr
     assert!(!s.needs(first + 6, stale, st.consts.stall));
     assert!(!st.remote_progress(stream + 1, 0, stale), "no such stream");
 }
+
+/// A client whose connection died with its stream's end frames unread (the upstream failed
+/// as the client's connection was reset) comes back at its last event and is told again; one
+/// that read them holds the end's position, and has everything.
+#[test]
+fn a_streams_end_is_told_again_before_its_position_and_not_at_it() {
+    let s = session(cfg(|_| {}));
+    let Attachment {
+        stream,
+        generation: g,
+        ..
+    } = s.open_stream(OpenStream::new(StreamKind::Post, vec!["7".into()]));
+    s.push_events(stream, &mut numbered(0, 2, 0), None);
+    let seen = drain_client(&s, stream, g);
+    let ids = |b: &[u8]| -> Vec<String> {
+        String::from_utf8(b.to_vec())
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("id: ").map(str::to_owned))
+            .collect()
+    };
+    let last = Cursor::parse(ids(&seen).last().unwrap().as_bytes()).unwrap();
+    s.end_stream(
+        stream,
+        End::Failed(UpstreamFailure::Connection("reset".into())),
+    );
+    let end = drain_client(&s, stream, g);
+    let end_text = String::from_utf8(end.clone()).unwrap();
+    assert_eq!(ids(&end), vec![last.end().text()], "{end_text}");
+    assert!(end_text.contains("\"id\":7"), "{end_text}");
+    // Back at its last event: nothing to replay, the end again, at the same position.
+    let Ok(Resume::Attached { attachment, replay }) = s.resume(last, None) else {
+        panic!("resumed")
+    };
+    assert_eq!(replay, 0);
+    let opening = String::from_utf8(attachment.opening.clone().unwrap().to_vec()).unwrap();
+    assert!(opening.contains(EVENT_RESUMED), "{opening}");
+    let again =
+        String::from_utf8(drain_client(&s, attachment.stream, attachment.generation)).unwrap();
+    assert_eq!(again, end_text);
+    // Back before its last event: that event, then the end.
+    let first = Cursor::parse(ids(&seen)[0].as_bytes()).unwrap();
+    let Ok(Resume::Attached { attachment, replay }) = s.resume(first, None) else {
+        panic!("resumed")
+    };
+    assert_eq!(replay, 1);
+    let again =
+        String::from_utf8(drain_client(&s, attachment.stream, attachment.generation)).unwrap();
+    assert_eq!(ns(&again), vec![1]);
+    assert!(again.ends_with(&end_text), "{again}");
+    // At the end's position: it read them, nothing more will come.
+    assert_eq!(
+        s.resume(last.end(), None).unwrap_err(),
+        ResumeError::StreamEnded
+    );
+}

@@ -119,7 +119,7 @@ fn streams(st: &State, replica: &str) -> Vec<StreamView> {
             pending_requests: s
                 .requests
                 .iter()
-                .filter(|r| r.answered_at.is_none() && !r.reported)
+                .filter(|r| s.end.is_none() && r.answered_at.is_none() && !r.reported)
                 .count(),
             replica: replica.to_owned(),
         })

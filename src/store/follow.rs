@@ -60,6 +60,9 @@ pub(crate) enum FollowError {
     NotTheCallers,
     /// The cursor is before the stream's opening: not one of its positions.
     Foreign,
+    /// A call's stream whose end frames the client read (its cursor is the end's position,
+    /// [`Cursor::END`]): it has everything the stream will carry.
+    Ended,
     /// A standalone stream that will carry nothing more (it ended, or its owner is gone): the
     /// client re-attaches to the session instead, told whether events after its cursor are
     /// lost to it.
@@ -143,6 +146,9 @@ impl Store {
         if cursor.seq < meta.f {
             return Err(FollowError::Foreign);
         }
+        if cursor.seq == Cursor::END && meta.kind() == StreamKind::Post {
+            return Err(FollowError::Ended);
+        }
         if meta.kind() == StreamKind::Standalone && cursor.seq > 0 {
             let over = match &meta.end {
                 Some(end) => Some(cursor.seq < end.last),
@@ -202,7 +208,8 @@ impl Shared {
             .get(tag.meta(stream))
             .cmd("XRANGE")
             .arg(tag.events(stream))
-            .arg(format!("({}", wire::entry_id(after)))
+            // The end's position is after every entry; one past it is no entry id.
+            .arg(format!("({}", wire::entry_id(after.min(Cursor::END - 1))))
             .arg("+")
             .arg("COUNT")
             .arg(READ_ENTRIES);
@@ -304,7 +311,9 @@ impl Follower {
             return (written, None);
         };
         if self.at >= end.last {
-            let here = self.here();
+            // At the end's own position, as the owner's clients are told: a client that
+            // comes back before it did not read these, and is told again.
+            let here = self.cursor.end().text();
             let open = self.meta.unanswered_at(self.at);
             let last = match &end.failed {
                 // As the owner's clients are told: the cause as the owner wrote it.
@@ -460,7 +469,7 @@ impl Follower {
         self.shared.metrics.store_owners_lost.inc();
         tracing::info!(mcp.stream = self.cursor.stream, owner = %self.meta.o, "the replica reading this stream upstream is gone");
         crate::jsonrpc::upstream_failure_frames(
-            &self.here(),
+            &self.cursor.end().text(),
             true,
             "owner-lost: the replica reading this call upstream is gone",
             &self.meta.unanswered_at(self.at),

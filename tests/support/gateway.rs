@@ -92,6 +92,15 @@ pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incom
     send_on(TcpStream::connect(addr).await.unwrap(), req).await
 }
 
+/// The body of `resp` as JSON (a refusal's JSON-RPC error); panics with the body when it is
+/// not.
+pub async fn body_json(resp: Response<Incoming>) -> serde_json::Value {
+    use http_body_util::BodyExt;
+    let b = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&b)
+        .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&b)))
+}
+
 /// Receive buffer a [`send_small_window`] client asks for (the kernel doubles it).
 const SMALL_RECEIVE_BUFFER: u32 = 32 * 1024;
 
