@@ -738,39 +738,73 @@ async fn stateless_upstream_non_sticky_fleet_with_a_store_resumes_every_call() {
 /// the session's standalone stream follows it from the store instead of asking the server for
 /// a second one (which it refuses with 409). Every call is cut and resumed exactly once; no
 /// 404, no 409, no re-initialization.
+/// A gateway tier sharing a store: one stateful TypeScript SDK server (`MCP_REPLICA=tier`), a
+/// gateway per pod in front of it on one real `redis-server`, HAProxy with the shipped config
+/// minus its stick lines, a relay between it and the TypeScript clients (to cut every client
+/// connection), and the clients. Fields drop in order: clients first, the store last.
+struct Tier {
+    clients: Clients,
+    relay: Relay,
+    _lb: Haproxy,
+    replicas: Vec<Replica>,
+    server: ChildProc,
+    _redis: Redis,
+}
+
+impl Tier {
+    /// `None` (the test passes, saying so) without HAProxy or `redis-server`, unless CI
+    /// requires them.
+    async fn start(case: &str) -> Option<Tier> {
+        let haproxy = haproxy_or_skip("scale_out", case)?;
+        let redis = Redis::start(&format!("scale_out {case}")).await?;
+        ensure_npm_deps();
+        let mut server = ChildProc::spawn_env(
+            "tier-server",
+            &node_bin(),
+            STATEFUL.server,
+            &interop_dir(),
+            &[("MCP_REPLICA", "tier")],
+        );
+        let port = wait_listening(&mut server, Duration::from_secs(20)).await;
+        let key = key_file("gateway-tier", 32);
+        let flags = [
+            "--store",
+            redis.url.as_str(),
+            "--store-key-file",
+            key.to_str().unwrap(),
+        ];
+        let mut replicas = Vec::new();
+        for name in PODS {
+            replicas.push(Replica::in_tier(name, port, &flags).await);
+        }
+        let gateways: Vec<&Binary> = replicas.iter().map(|r| &r.gateway).collect();
+        let lb = Haproxy::start(&haproxy, &control_config(), &gateways).await;
+        let relay = Relay::start(lb.addr);
+        let clients = Clients::start(&relay.url("/mcp")).await;
+        Some(Tier {
+            clients,
+            relay,
+            _lb: lb,
+            replicas,
+            server,
+            _redis: redis,
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateful_gateway_tier_non_sticky_with_a_store_resumes_every_call() {
     let _serial = SERIAL.lock().await;
-    let Some(haproxy) = haproxy_or_skip("scale_out", "stateful gateway tier with --store") else {
+    let Some(tier) = Tier::start("stateful gateway tier with --store").await else {
         return;
     };
-    let Some(redis) = Redis::start("scale_out gateway tier").await else {
-        return;
-    };
-    ensure_npm_deps();
-    let mut server = ChildProc::spawn_env(
-        "tier-server",
-        &node_bin(),
-        STATEFUL.server,
-        &interop_dir(),
-        &[("MCP_REPLICA", "tier")],
-    );
-    let port = wait_listening(&mut server, Duration::from_secs(20)).await;
-    let key = key_file("gateway-tier", 32);
-    let flags = [
-        "--store",
-        redis.url.as_str(),
-        "--store-key-file",
-        key.to_str().unwrap(),
-    ];
-    let mut replicas = Vec::new();
-    for name in PODS {
-        replicas.push(Replica::in_tier(name, port, &flags).await);
-    }
-    let gateways: Vec<&Binary> = replicas.iter().map(|r| &r.gateway).collect();
-    let lb = Haproxy::start(&haproxy, &control_config(), &gateways).await;
-    let relay = Relay::start(lb.addr);
-    let mut clients = Clients::start(&relay.url("/mcp")).await;
+    let Tier {
+        server,
+        replicas,
+        relay,
+        mut clients,
+        ..
+    } = tier;
     const SESSIONS: usize = 12;
     const STEPS: u64 = 10;
     let opens = clients.open("t", SESSIONS, 0).await;
@@ -838,6 +872,109 @@ async fn stateful_gateway_tier_non_sticky_with_a_store_resumes_every_call() {
     assert!(cuts >= SESSIONS, "every call's stream was cut");
     assert!(adoptions >= 2.0);
     drop(server);
+}
+
+/// How many times `replicas` told a client its stream's owner was lost.
+async fn owners_lost_told(replicas: &[&Replica]) -> f64 {
+    let mut n = 0.0;
+    for r in replicas {
+        n += r.metric("mcp_reattach_store_owners_lost_total").await;
+    }
+    n
+}
+
+/// A gateway of a tier sharing a store dies mid-call (SIGKILL; the MCP server lives on). Its
+/// calls' clients (the TypeScript SDK's, reconnecting through HAProxy to the survivors) get the
+/// call's explicit error, -32011 `owner-lost`, once the dead replica's lease lapses. The SDK
+/// resumes any stream that ends without a result, and an error is not one: it comes back at the
+/// failure's id, the stream's end position, and gets 409 `stream-ended`, so it is told once,
+/// never again and again. The other calls are delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateway_in_a_tier_ends_its_calls_with_owner_lost_once() {
+    let _serial = SERIAL.lock().await;
+    let Some(tier) = Tier::start("killed gateway in a tier with --store").await else {
+        return;
+    };
+    let Tier {
+        mut replicas,
+        mut clients,
+        ..
+    } = tier;
+    const SESSIONS: usize = 12;
+    const STEPS: u64 = 40; // × 150 ms: longer than the dead replica's lease (3 s)
+    let opens = clients.open("o", SESSIONS, 0).await;
+    assert!(
+        opens.iter().all(|e| e["ok"] == true),
+        "every session opens: {opens:?}"
+    );
+    clients.send(json!({"cmd": "call", "group": "o", "round": 0,
+        "steps": STEPS, "interval_ms": 150, "timeout_ms": 30000}));
+    clients
+        .wait(
+            |e| e["ev"] == "midcall" && e["round"] == 0,
+            Duration::from_secs(20),
+        )
+        .await;
+    replicas[1].kill9();
+    clients
+        .wait(
+            |e| e["ev"] == "calls_done" && e["round"] == 0,
+            Duration::from_secs(40),
+        )
+        .await;
+    let ends = clients.call_ends("o", 0);
+    assert_eq!(ends.len(), SESSIONS, "one end per call: {ends:?}");
+    let (mut results, mut lost) = (0, 0);
+    for e in &ends {
+        if e["outcome"] == "result" {
+            assert_eq!(
+                e["progress"],
+                full_progress(STEPS),
+                "progress exactly once: {e}"
+            );
+            assert_eq!(e["executions"], 1, "the tool ran once for this call: {e}");
+            results += 1;
+        } else {
+            assert_eq!(e["outcome"], "error", "{e}");
+            let error = s(&e["error"]);
+            assert!(error.contains("owner-lost"), "the explicit error: {e}");
+            lost += 1;
+        }
+    }
+    assert!(lost >= 1, "the killed replica ran calls: {ends:?}");
+    // The SDK's reconnects after the error (every 300 ms, the gateways' `--retry-hint`) are
+    // each a 409 at the end position, not the error told again: the survivors' count of
+    // owner-lost told (calls, and the standalone streams the dead replica held) stops.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let settled = owners_lost_told(&[&replicas[0], &replicas[2]]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = owners_lost_told(&[&replicas[0], &replicas[2]]).await;
+    let ended: Vec<String> = clients
+        .proc
+        .stderr_lines()
+        .into_iter()
+        .filter(|l| l.contains("GET") && l.contains(".18446744073709551615 -> 409"))
+        .collect();
+    println!(
+        "SUMMARY killed gateway in a tier with --store: calls={SESSIONS} results={results} \
+         owner-lost errors={lost} | owner-lost told by the survivors (calls and held \
+         standalone streams)={settled}, 3 s later {later} | the SDK's resumes at the end \
+         position, answered 409={}",
+        ended.len()
+    );
+    assert!(settled >= lost as f64, "every lost call was told");
+    assert_eq!(
+        later, settled,
+        "nothing told again: the SDK's resumes at the end position are 409"
+    );
+    assert!(
+        ended.len() >= lost,
+        "each lost call's client came back at the end position and was answered 409: {ended:?}"
+    );
+    clients.send(json!({"cmd": "close", "group": "o"}));
+    clients
+        .wait_ev("closed", "o", Duration::from_secs(20))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
