@@ -178,8 +178,8 @@ fn detail(s: &SessionView, out: &mut String) {
     let _ = writeln!(out, "attached clients: {}", s.attached_clients);
     let _ = writeln!(
         out,
-        "window:           {} events, {} B",
-        s.window_events, s.window_bytes
+        "window:           {}",
+        super::ui::window(s.window_events, s.window_bytes)
     );
     let _ = writeln!(out, "replicas:         {}", s.replicas.join(", "));
     out.push('\n');

@@ -38,7 +38,7 @@ pub(super) fn list(l: &Listing) -> String {
                  <td><code>{principal}</code></td><td>{shape}</td><td>{protocol}</td>\
                  <td>{created}</td><td>{used}</td><td class=\"n\">{streams}</td>\
                  <td class=\"n\">{running}</td><td class=\"n\">{clients}</td>\
-                 <td class=\"n\">{events} events, {bytes} B</td><td>{replicas}</td></tr>",
+                 <td class=\"n\">{window}</td><td>{replicas}</td></tr>",
                 id = esc(&s.id),
                 principal = esc(&s.principal),
                 shape = esc(&s.shape),
@@ -47,8 +47,7 @@ pub(super) fn list(l: &Listing) -> String {
                 used = time(s.last_used_ms),
                 streams = s.streams.len(),
                 clients = s.attached_clients,
-                events = s.window_events,
-                bytes = s.window_bytes,
+                window = window(s.window_events, s.window_bytes),
                 replicas = esc(&s.replicas.join(", ")),
             );
         }
@@ -56,6 +55,12 @@ pub(super) fn list(l: &Listing) -> String {
     }
     h.push_str("<p class=\"muted\">JSON: <a href=\"/sessions\"><code>/sessions</code></a>.</p>");
     page_end(h)
+}
+
+/// What a window holds, as the pages (and `sessions show`) say it: `1 event, 312 B`, `3 events, 900 B`.
+pub(super) fn window(events: usize, bytes: usize) -> String {
+    let plural = if events == 1 { "" } else { "s" };
+    format!("{events} event{plural}, {bytes} B")
 }
 
 /// The page of one session.
@@ -78,10 +83,7 @@ pub(super) fn session(l: &Listing, s: &SessionView) -> String {
         ("created", time(s.created_ms)),
         ("last used", time(s.last_used_ms)),
         ("attached clients", s.attached_clients.to_string()),
-        (
-            "window",
-            format!("{} events, {} B", s.window_events, s.window_bytes),
-        ),
+        ("window", window(s.window_events, s.window_bytes)),
         ("replicas", esc(&s.replicas.join(", "))),
         ("seen by", held_by(l)),
     ];
@@ -101,7 +103,7 @@ pub(super) fn session(l: &Listing, s: &SessionView) -> String {
             let _ = write!(
                 h,
                 "<tr><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td>\
-                 <td class=\"n\">{}–{}</td><td class=\"n\">{} events, {} B</td>\
+                 <td class=\"n\">{}–{}</td><td class=\"n\">{}</td>\
                  <td class=\"n\">{}</td><td>{}</td></tr>",
                 x.number,
                 esc(&x.kind),
@@ -109,8 +111,7 @@ pub(super) fn session(l: &Listing, s: &SessionView) -> String {
                 if x.attached { "attached" } else { "-" },
                 x.first_seq,
                 x.last_seq,
-                x.window_events,
-                x.window_bytes,
+                window(x.window_events, x.window_bytes),
                 x.pending_requests,
                 esc(&x.replica),
             );
@@ -208,6 +209,13 @@ fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_is_said_in_the_singular_for_one_event() {
+        assert_eq!(window(1, 312), "1 event, 312 B");
+        assert_eq!(window(0, 0), "0 events, 0 B");
+        assert_eq!(window(3, 900), "3 events, 900 B");
+    }
 
     #[test]
     fn times_are_utc_dates() {

@@ -65,9 +65,14 @@ function listRow(s) {
     String(s.streams.length),
     String(s.streams.filter((x) => x.state !== 'ended').length),
     String(s.attached_clients),
-    `${s.window_events} events, ${s.window_bytes} B`,
+    windowText(s.window_events, s.window_bytes),
     s.replicas.join(', '),
   ];
+}
+
+/// What a window holds, as the pages say it: `1 event, 312 B`, `3 events, 900 B`.
+function windowText(events, bytes) {
+  return `${events} event${events === 1 ? '' : 's'}, ${bytes} B`;
 }
 
 /// What the session page's facts table should say (`#session`: header → value).
@@ -80,7 +85,7 @@ function facts(listing, s) {
     created: utc(s.created_ms),
     'last used': utc(s.last_used_ms),
     'attached clients': String(s.attached_clients),
-    window: `${s.window_events} events, ${s.window_bytes} B`,
+    window: windowText(s.window_events, s.window_bytes),
     replicas: s.replicas.join(', '),
     'seen by': `this gateway: ${listing.replicas.join(', ')}`,
   };
@@ -94,7 +99,7 @@ function streamRows(s) {
     x.state,
     x.attached ? 'attached' : '-',
     `${x.first_seq}\u2013${x.last_seq}`,
-    `${x.window_events} events, ${x.window_bytes} B`,
+    windowText(x.window_events, x.window_bytes),
     String(x.pending_requests),
     x.replica,
   ]);
@@ -252,7 +257,7 @@ try {
   result.clicked = {
     id: busy.id,
     streams: s.streams.map((x) => `${x.number}:${x.kind}:${x.state}${x.attached ? ':attached' : ''}`),
-    window: `${s.window_events} events, ${s.window_bytes} B`,
+    window: windowText(s.window_events, s.window_bytes),
   };
   await page.getByRole('link', { name: 'All sessions' }).click();
   await page.waitForURL((u) => u.pathname === '/ui');
