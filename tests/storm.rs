@@ -167,17 +167,33 @@ fn check(case: &str, report: &Value) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_gateway() {
+/// The storm through one gateway in front of the mock, checked (see [`check`]); with
+/// `stop_upstream` the mock stops at the cut, and every call may, and must, end in its
+/// explicit error.
+async fn through_one_gateway(case: &str, stop_upstream: bool) -> Value {
     let _serial = SERIAL.lock().await;
     raise_fd_limit();
     let mock = Mock::start().await;
     let gw = Binary::start(mock.addr, &[]).await;
-    let _upstream = serve(mock);
+    let upstream = serve(mock);
     let mut cfg = config(vec![gw.addr]);
     cfg.watch = vec![(gw.proc.id(), Some(0))];
-    let report = call_storm::run(cfg, Box::new(|| {})).await;
-    check("one-gateway", &report);
+    let on_cut: Box<dyn FnOnce() + Send> = if stop_upstream {
+        // The calls the cut kills, for the client's checks.
+        cfg.killed = Some(0);
+        let upstream = upstream.abort_handle();
+        Box::new(move || upstream.abort())
+    } else {
+        Box::new(|| {})
+    };
+    let report = call_storm::run(cfg, on_cut).await;
+    check(case, &report);
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gateway() {
+    let report = through_one_gateway("one-gateway", false).await;
     assert_eq!(report["outcomes"]["delivered"], SESSIONS as u64);
 }
 
@@ -187,17 +203,7 @@ async fn one_gateway() {
 /// back at its last event and is told again) or the client came back first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_dies() {
-    let _serial = SERIAL.lock().await;
-    raise_fd_limit();
-    let mock = Mock::start().await;
-    let gw = Binary::start(mock.addr, &[]).await;
-    let upstream = serve(mock);
-    let mut cfg = config(vec![gw.addr]);
-    // The calls the cut kills: each may end in the explicit error, and must end in one.
-    cfg.killed = Some(0);
-    cfg.watch = vec![(gw.proc.id(), Some(0))];
-    let report = call_storm::run(cfg, Box::new(move || upstream.abort())).await;
-    check("upstream-dies", &report);
+    let report = through_one_gateway("upstream-dies", true).await;
     assert_eq!(
         report["killed_calls"]["explicit_error"], SESSIONS as u64,
         "every call ends in its error"
