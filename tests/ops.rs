@@ -347,7 +347,9 @@ async fn sigterm_drains(envs: &[(&str, &str)], started: &str) {
     assert_eq!(last.retry, Some(750));
     assert!(last.data.as_deref().unwrap().contains("shutdown"));
     eprintln!("GET stream ended {:?} after SIGTERM", t0.elapsed());
-    assert!(t0.elapsed() < Duration::from_secs(3));
+    // Ended by the drain (its deadline is 3 s), not left open: the margin past the deadline
+    // is a busy machine's, not the gateway's.
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
     // The drain is visible to the McpReattachDrainOverdue alert: when it started, its deadline.
     let (_, text) = scrape_metrics(admin).await;
     let now = std::time::SystemTime::now()

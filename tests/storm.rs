@@ -47,10 +47,12 @@ const SESSIONS: usize = 1_000;
 const EVENTS: u64 = 40;
 const GAP_US: u64 = 200_000;
 
-/// The bound on the time from the cut to the last resume served: the goal, asserted
-/// with debug builds of the gateway and of this client on two cores shared with the upstream
-/// (measured here: 0.2–0.4 s; the release figures are in docs/reliability.md).
-const BOUND: Duration = Duration::from_secs(5);
+/// The bound on the time from the cut to the last resume served: liveness, not the issue's
+/// 5 s goal (a figure the bench measures with release builds: docs/reliability.md). Resumes
+/// paced with 503 + `Retry-After` on a slow, busy machine may take seconds each, and that is
+/// allowed; a gateway that serves some resumes never is not, well before the client's own
+/// 30 s give-up.
+const BOUND: Duration = Duration::from_secs(20);
 
 /// Answers as the bench's mock upstream does: `initialize` with a new session (JSON), a
 /// `tools/call` with an SSE stream of its `events` progress events `gap_us` apart then the
@@ -158,12 +160,18 @@ fn check(case: &str, report: &Value) {
         last < BOUND.as_millis() as f64,
         "{case}: the last resume was served {last} ms after the cut (bound {BOUND:?})"
     );
+    // Every resume answered 200 began with `resumed` (the client's checks count one that did
+    // not as a failure, too); how many GETs that took is the gateway's to pace: a GET paced
+    // with 503 + `Retry-After` is allowed and comes back, so counts are not compared.
     assert_eq!(
-        report["resumes_served"].as_u64(),
-        Some(
-            report["resume_gets"].as_u64().unwrap()
-                - report["gets_without_resumed"].as_u64().unwrap()
-        ),
+        report["sse_without_resumed"].as_u64(),
+        Some(0),
+        "{case}: resumes answered without `resumed` first"
+    );
+    assert!(
+        report["resumes_served"].as_u64().unwrap_or(0)
+            >= SESSIONS as u64 - report["gets_without_resumed"].as_u64().unwrap_or(0),
+        "{case}: a session that resumed has its `resumed` event counted"
     );
 }
 

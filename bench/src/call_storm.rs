@@ -533,6 +533,10 @@ struct Session {
     refused_connects: u64,
     connection_errors: u64,
     gets: u32,
+    /// GETs answered 200 with an SSE body that did not begin with `resumed` (the gateway never
+    /// answers a resume so), and GETs that got no head at all (their connection failed).
+    sse_without_resumed: u64,
+    headless: u64,
     /// (GET sent → its `resumed` event) for every resume served, in ns.
     resume_ns: Vec<u64>,
     /// When the first and the last `resumed` event after the cut arrived.
@@ -732,6 +736,8 @@ async fn session(sh: Arc<Shared>, i: usize) -> Session {
         refused_connects: 0,
         connection_errors: 0,
         gets: 0,
+        sse_without_resumed: 0,
+        headless: 0,
         resume_ns: Vec::new(),
         first_resumed: None,
         last_resumed: None,
@@ -878,27 +884,39 @@ async fn resume(sh: &Shared, s: &mut Session) {
             Ok(Ok(head)) => head,
             Ok(Err(_)) => {
                 s.connection_errors += 1;
+                s.headless += 1;
                 wait = Duration::from_millis(s.retry_ms.unwrap_or(cfg.reconnect_ms));
                 continue;
             }
-            Err(_) => continue,
+            Err(_) => {
+                s.headless += 1;
+                continue;
+            }
         };
         *s.statuses.entry(head.status).or_default() += 1;
         match head.status {
             200 if head.is_sse() => {
                 let mut st = Sse::new(c, &head);
                 let deadline_left = deadline.saturating_duration_since(Instant::now());
+                // Whether this answer began with `resumed`, as every resume the gateway
+                // serves does; one that did not is counted once.
+                let mut resumed_here = false;
                 let read = tokio::time::timeout(deadline_left, async {
                     loop {
                         match st.next().await {
                             Ok(Some(ev)) => match s.on_event(ev) {
                                 Seen::Resumed => {
+                                    resumed_here = true;
                                     let now = Instant::now();
                                     s.resume_ns.push((now - sent).as_nanos() as u64);
                                     s.first_resumed.get_or_insert(now);
                                     s.last_resumed = Some(now);
                                 }
                                 Seen::Done => return true,
+                                Seen::Progress if !resumed_here => {
+                                    s.sse_without_resumed += 1;
+                                    resumed_here = true;
+                                }
                                 Seen::Nothing | Seen::Progress => {}
                             },
                             Ok(None) => return false,
@@ -910,6 +928,9 @@ async fn resume(sh: &Shared, s: &mut Session) {
                     }
                 })
                 .await;
+                if !resumed_here {
+                    s.sse_without_resumed += 1;
+                }
                 if !matches!(read, Ok(true)) {
                     // Cut again, or the stream ended without the answer: resume again.
                     wait = Duration::from_millis(s.retry_ms.unwrap_or(cfg.reconnect_ms));
@@ -1118,7 +1139,10 @@ fn report(
     let (mut last_resumed, mut last_first_resumed, mut last_done) = (None, None, None);
     let mut last_error = None;
     let mut not_resumed = 0;
+    let (mut sse_without_resumed, mut headless) = (0, 0);
     for s in results {
+        sse_without_resumed += s.sse_without_resumed;
+        headless += s.headless;
         progress += s.progress;
         duplicates += s.duplicates;
         skipped += s.skipped;
@@ -1235,6 +1259,11 @@ fn report(
             "missing events: {bad_result} result(s) without every event before them"
         ));
     }
+    if sse_without_resumed > 0 {
+        failures.push(format!(
+            "answers: {sse_without_resumed} resume(s) answered 200 without `resumed` first"
+        ));
+    }
     if unexpected_5xx > 0 || ra_missing > 0 {
         failures.push(format!(
             "5xx: {unexpected_5xx} other than 503 + Retry-After, {ra_missing} 503/429 without \
@@ -1306,6 +1335,8 @@ fn report(
         "resume_gets": gets,
         "max_gets_per_session": max_gets,
         "gets_without_resumed": not_resumed,
+        "sse_without_resumed": sse_without_resumed,
+        "gets_without_head": headless,
         "control_events": control,
         "resumes_served": n,
         "resume_ms": {
