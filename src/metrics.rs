@@ -131,6 +131,20 @@ label_values! {
         MemoryBudget => "memory_budget",
         /// An operator ended it (the admin listener's `DELETE /sessions/{id}`).
         Admin => "admin",
+        /// Another replica of the fleet ended it and said so (`--store`): dropped here only.
+        Fleet => "fleet",
+    }
+}
+
+impl Eviction {
+    /// Ended by the gateway alone (not by the upstream's 404, a `DELETE` it answered, or
+    /// another replica): the upstream is asked to end it too, so it keeps no session the
+    /// gateway no longer holds.
+    pub(crate) fn ends_upstream(self) -> bool {
+        match self {
+            Eviction::SessionCap | Eviction::MemoryBudget | Eviction::Ttl | Eviction::Admin => true,
+            Eviction::Delete | Eviction::Upstream404 | Eviction::Fleet => false,
+        }
     }
 }
 

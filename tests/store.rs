@@ -1145,6 +1145,127 @@ async fn a_session_ended_on_one_replica_is_ended_on_every_one() {
     assert!(mock.nothing_within(Duration::from_millis(100)).await);
 }
 
+/// A session the gateway sheds (here: `--max-sessions 1` on A) is ended upstream and in the
+/// fleet: another replica does not adopt it from a record left live.
+#[tokio::test]
+async fn a_shed_session_is_ended_in_the_fleet_too() {
+    let Some(redis) = Redis::start("shed").await else {
+        return;
+    };
+    let key = key_file("shed", 32);
+    let mut mock = Mock::start().await;
+    let a = replica_with(
+        &mock,
+        &redis,
+        &key,
+        &["--hold-standalone", "false", "--max-sessions", "1"],
+    )
+    .await;
+    let b = replica(&mock, &redis, &key).await;
+    initialize(&a, &mut mock, "shed-1").await;
+    // The second session takes the only place: the first is shed, and ended upstream.
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    // Two requests reach the upstream, in either order: the new session's `initialize` and
+    // the shed one's `DELETE`.
+    let mut deleted = 0;
+    for _ in 0..2 {
+        let seen = mock.next().await;
+        if seen.method == http::Method::DELETE {
+            assert_eq!(seen.headers["mcp-session-id"], "shed-1");
+            deleted += 1;
+            seen.respond_json("");
+        } else {
+            seen.respond_initialized("shed-2");
+        }
+    }
+    assert_eq!(deleted, 1, "the shed session is ended upstream");
+    assert_eq!(pending.await.unwrap().status(), 200);
+    assert_eq!(
+        metric(
+            &a,
+            "mcp_reattach_session_evictions_total{reason=\"session_cap\"}"
+        )
+        .await,
+        1.0
+    );
+    // In the store, the shed session's record is a tombstone (queued: looked at until it is).
+    let mut conn = store_conn(&redis).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let recs: Vec<String> = ::redis::cmd("KEYS")
+            .arg("mra:*:rec")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut states = Vec::new();
+        for r in &recs {
+            let st: Option<String> = ::redis::cmd("HGET")
+                .arg(r)
+                .arg("state")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            states.push(st.unwrap_or_default());
+        }
+        states.sort();
+        if states == ["gone", "live"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shed session's record is tombstoned: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Through B, its client's next request is not adopted: forwarded as for a session B never
+    // saw, and the upstream (which ended it) answers its 404.
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(2), Some("shed-1")))));
+    let seen = mock.next().await;
+    let mut gone = http::Response::new(http_body_util::Full::new(Bytes::new()));
+    *gone.status_mut() = http::StatusCode::NOT_FOUND;
+    seen.respond(gone);
+    assert_eq!(pending.await.unwrap().status(), 404);
+    assert_eq!(metric(&b, "mcp_reattach_store_adoptions_total").await, 0.0);
+}
+
+/// A session that idles out on the replica that created it while its client goes on through
+/// another is not ended upstream by the first: the fleet still uses it.
+#[tokio::test]
+async fn a_session_idle_here_but_used_elsewhere_is_not_ended_upstream() {
+    let Some(redis) = Redis::start("idle").await else {
+        return;
+    };
+    let key = key_file("idle", 32);
+    let mut mock = Mock::start().await;
+    let flags = ["--hold-standalone", "false", "--session-ttl", "2s"];
+    let a = replica_with(&mock, &redis, &key, &flags).await;
+    let b = replica_with(&mock, &redis, &key, &flags).await;
+    initialize(&a, &mut mock, "idle-1").await;
+    // Its client goes on through B only, for well past A's TTL.
+    let until = tokio::time::Instant::now() + Duration::from_millis(4_500);
+    let mut id = 10;
+    while tokio::time::Instant::now() < until {
+        id += 1;
+        let ping = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+        let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&ping, Some("idle-1")))));
+        let seen = mock.next().await;
+        assert_ne!(
+            seen.method,
+            http::Method::DELETE,
+            "a replica ended upstream a session the fleet still uses"
+        );
+        seen.respond_json(result(id));
+        assert_eq!(pending.await.unwrap().status(), 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(mock.nothing_within(Duration::from_millis(500)).await);
+    // A did drop its own copy (its TTL), without ending the session.
+    assert_eq!(
+        metric(&a, "mcp_reattach_session_evictions_total{reason=\"ttl\"}").await,
+        1.0
+    );
+}
+
 #[tokio::test]
 async fn a_draining_replicas_followers_resume_elsewhere_at_once() {
     let Some(redis) = Redis::start("drain-followers").await else {

@@ -91,8 +91,11 @@ impl Gateway {
             cfg.upstream.authority().map_or("-", |a| a.as_str()).into();
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
-        registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
         let store = Store::new(&cfg, &registry);
+        registry.on_end(on_end(
+            store.clone(),
+            end_upstream(upstream.clone(), cfg.upstream_header_timeout),
+        ));
         if let Some(key) = store.label_key() {
             crate::session::set_label_key(key);
         }
@@ -439,10 +442,10 @@ impl Gateway {
         self.store.drain_followers();
     }
 
-    /// Ends `session` here and in the fleet (DELETE, the upstream's 404).
+    /// Ends `session` (DELETE, an operator's end): here, and through the registry's
+    /// [`on_end`], upstream and in the fleet.
     pub(super) fn end_session(&self, session: &Session, why: crate::session::Eviction) {
         self.registry.remove(session.id(), why);
-        self.store.ended(session);
     }
 }
 
@@ -453,14 +456,36 @@ const HAND_OVER_POLL: std::time::Duration = std::time::Duration::from_millis(100
 /// expiry (a flood of sheds must not become a flood of upstream requests).
 const MAX_SHED_DELETES: usize = 64;
 
-/// What the registry does with a session it sheds (the cap, the budget): a `DELETE` to the
-/// upstream, so the upstream does not keep a session the gateway dropped (its client's next
-/// request then gets the upstream's 404 and initializes again). It carries the session id
-/// and protocol version, not the client's credentials (the gateway keeps none): an upstream
-/// that wants them on DELETE refuses it and keeps the session until its own expiry.
-fn end_upstream(upstream: Arc<Upstream>, limit: std::time::Duration) -> crate::session::OnShed {
+/// What follows every end of a session here, whatever ended it (the registry's one hook):
+/// the fleet learns of it ([`Store::ended`]: a tombstone and an announcement, unless another
+/// replica announced it), and a session the gateway alone ended is ended upstream too. With a
+/// store, a session that only idled out here may live on through another replica: the store
+/// says whether the fleet let it idle out too before the upstream is asked ([`Store::idled`]).
+fn on_end(store: Store, shed: crate::session::EndUpstream) -> crate::session::OnEnd {
+    crate::session::OnEnd(Box::new(move |s, why| {
+        let upstream_too = why.ends_upstream() && !s.minted();
+        if why == crate::session::Eviction::Ttl && store.is_on() {
+            store.idled(s, upstream_too.then(|| shed.clone()));
+            return;
+        }
+        store.ended(s, why);
+        if upstream_too {
+            shed(s);
+        }
+    }))
+}
+
+/// A `DELETE` to the upstream for a session the gateway ended alone (the cap, the budget, its
+/// TTL, an operator), so the upstream does not keep a session the gateway dropped (its
+/// client's next request then gets the upstream's 404 and initializes again). It carries the
+/// session id and protocol version, not the client's credentials (the gateway keeps none): an
+/// upstream that wants them on DELETE refuses it and keeps the session until its own expiry.
+fn end_upstream(
+    upstream: Arc<Upstream>,
+    limit: std::time::Duration,
+) -> crate::session::EndUpstream {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_SHED_DELETES));
-    crate::session::OnShed(Box::new(move |s| {
+    Arc::new(move |s: &Session| {
         let Ok(permit) = in_flight.clone().try_acquire_owned() else {
             tracing::debug!(mcp.session = %s.hashed_id(), "too many shed sessions being ended upstream: left to the upstream's expiry");
             return;
@@ -498,7 +523,7 @@ fn end_upstream(upstream: Arc<Upstream>, limit: std::time::Duration) -> crate::s
                 _ => tracing::debug!(mcp.session = %session, "shed session: the upstream did not answer its DELETE"),
             }
         });
-    }))
+    })
 }
 
 fn is_visible_ascii(b: &[u8]) -> bool {

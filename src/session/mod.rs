@@ -82,7 +82,7 @@ pub(crate) use self::registry::set_label_key;
 pub(crate) use self::registry::Publisher;
 pub use self::registry::{hash_id, Owner, Principal, Registry};
 pub(crate) use self::registry::{
-    is_minted_form, AtCapacity, Budget, Charge, Eviction, OnShed, Reservation,
+    is_minted_form, AtCapacity, Budget, Charge, EndUpstream, Eviction, OnEnd, Reservation,
 };
 pub(crate) use self::resume::{InFlight, Resume, ResumeError, Retransmission};
 use self::state::{Books, Consts, State};

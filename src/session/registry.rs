@@ -241,7 +241,7 @@ pub struct Registry {
     /// Told of each session the gateway ends on its own (the cap, the budget, the TTL): the
     /// proxy ends it upstream too. Called under the registry's lock: it may only hand the
     /// work on.
-    on_shed: std::sync::OnceLock<OnShed>,
+    on_end: std::sync::OnceLock<OnEnd>,
     /// Told of every change to a stream's content the fleet's store must learn (see
     /// [`Registry::on_publish`]); unset without a store.
     on_publish: std::sync::OnceLock<Arc<Publisher>>,
@@ -273,12 +273,20 @@ impl std::fmt::Debug for Publisher {
     }
 }
 
-/// What is done with a session the gateway sheds (see [`Registry::on_shed`]).
-pub struct OnShed(pub Box<dyn Fn(&Session) + Send + Sync>);
+/// What is done, besides dropping its state, with every session that ends here, whatever
+/// ended it (see [`Registry::on_end`]): the one place the gateway's other layers (the
+/// upstream's `DELETE` of a shed session, the fleet's tombstone) learn of an end.
+pub struct OnEnd(pub Box<OnEndFn>);
 
-impl std::fmt::Debug for OnShed {
+/// What an [`OnEnd`] calls: the session that ended, and what ended it.
+pub(crate) type OnEndFn = dyn Fn(&Arc<Session>, Eviction) + Send + Sync;
+
+/// Ends a session upstream (a `DELETE`), for a session the gateway ended alone.
+pub(crate) type EndUpstream = Arc<dyn Fn(&Session) + Send + Sync>;
+
+impl std::fmt::Debug for OnEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OnShed")
+        f.write_str("OnEnd")
     }
 }
 
@@ -361,7 +369,7 @@ impl Registry {
             stirred: Arc::default(),
             walk_after: Mutex::new(None),
             reserved: Arc::new(AtomicUsize::new(0)),
-            on_shed: std::sync::OnceLock::new(),
+            on_end: std::sync::OnceLock::new(),
             on_publish: std::sync::OnceLock::new(),
         }
     }
@@ -372,9 +380,10 @@ impl Registry {
         let _ = self.on_publish.set(Arc::new(f));
     }
 
-    /// Sets what is done with a session the gateway sheds, besides dropping its state (once).
-    pub fn on_shed(&self, f: OnShed) {
-        let _ = self.on_shed.set(f);
+    /// Sets what is done with every session that ends here, besides dropping its state
+    /// (once, before any ends).
+    pub fn on_end(&self, f: OnEnd) {
+        let _ = self.on_end.set(f);
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -587,18 +596,10 @@ impl Registry {
         Ok(())
     }
 
-    fn closed(&self, s: &Session, why: Eviction) {
+    fn closed(&self, s: &Arc<Session>, why: Eviction) {
         s.close();
-        // Ended by the gateway alone (not by the upstream's 404 or a DELETE it answered):
-        // ended upstream too, so the upstream keeps no session the gateway no longer holds.
-        if matches!(
-            why,
-            Eviction::SessionCap | Eviction::MemoryBudget | Eviction::Ttl | Eviction::Admin
-        ) && !s.minted()
-        {
-            if let Some(f) = self.on_shed.get() {
-                (f.0)(s);
-            }
+        if let Some(f) = self.on_end.get() {
+            (f.0)(s, why);
         }
         self.metrics.session_evicted(why);
         tracing::info!(mcp.session = %s.hashed_id(), reason = why.as_str(), "session dropped");

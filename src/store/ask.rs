@@ -149,7 +149,7 @@ pub(super) fn answer(s: Arc<Shared>, registry: Arc<Registry>, text: &str) {
                 let ended = matches!(first, Some((Some(_),)));
                 let view = session.view(&name);
                 if ended {
-                    end_here(&s, &registry, &session);
+                    end_here(&registry, &session);
                 }
                 Answer {
                     replica: name,
@@ -175,7 +175,6 @@ async fn reply(s: &Shared, key: &str, answer: &Answer) {
 
 /// Ends `session` as its client's `DELETE` would: dropped here and ended upstream (the
 /// registry's shed path), its record a tombstone, its end announced to the fleet.
-fn end_here(s: &Shared, registry: &Registry, session: &crate::session::Session) {
+fn end_here(registry: &Registry, session: &crate::session::Session) {
     registry.remove(session.id(), Eviction::Admin);
-    s.gone(session);
 }

@@ -62,7 +62,7 @@ fn ended(s: &Shared, registry: &Registry, tag: &str) {
     };
     if registry.get(&id).is_some() {
         tracing::debug!("a session ended on another replica: dropped here");
-        registry.remove(&id, Eviction::Delete);
+        registry.remove(&id, Eviction::Fleet);
     }
 }
 

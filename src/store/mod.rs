@@ -36,7 +36,7 @@ use redis::aio::ConnectionManager;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::session::{Principal, Registry, Session};
+use crate::session::{EndUpstream, Eviction, Principal, Registry, Session};
 
 pub(crate) use self::follow::{FollowBody, FollowError};
 use self::wire::{Keys, Record, Tag, STREAM_BLOCK};
@@ -536,11 +536,48 @@ impl Store {
         });
     }
 
-    /// The session ended (DELETE, the upstream's 404): its record becomes a tombstone nobody
-    /// adopts (queued).
-    pub(crate) fn ended(&self, session: &Session) {
+    /// The session ended here (a DELETE, the upstream's 404, an operator, the cap or the
+    /// budget): its record becomes a tombstone nobody adopts, and its end is announced
+    /// (queued). One that another replica ended and announced ([`Eviction::Fleet`]) is
+    /// only forgotten.
+    pub(crate) fn ended(&self, session: &Session, why: Eviction) {
         let Store::Redis(s) = self else { return };
-        s.gone(session);
+        if why == Eviction::Fleet {
+            s.forget(session);
+        } else {
+            s.gone(session);
+        }
+    }
+
+    /// The session idled out here (`--session-ttl` without a request to this replica). The
+    /// fleet may still use it through another replica, which keeps its record alive (every
+    /// replica's touch renews the record's TTL): only when the record is gone too did the
+    /// fleet let it idle out, and `upstream` (the `DELETE` of a session the gateway ended
+    /// alone) runs. When the store does not say, the session is left to the upstream's own
+    /// expiry: a live session is never ended upstream on a guess.
+    pub(crate) fn idled(&self, session: &Arc<Session>, upstream: Option<EndUpstream>) {
+        let Store::Redis(s) = self else {
+            if let Some(end) = upstream {
+                end(session);
+            }
+            return;
+        };
+        s.forget(session);
+        let Some(end) = upstream else { return };
+        let (s, session) = (s.clone(), session.clone());
+        tokio::spawn(async move {
+            let mut pipe = redis::pipe();
+            pipe.exists(s.tag_of(&session).record());
+            match s.run::<(bool,)>(&pipe, "idled").await {
+                Some((false,)) => end(&session),
+                Some((true,)) => {
+                    tracing::debug!(mcp.session = %session.hashed_id(), "idled out here, in use elsewhere in the fleet: not ended upstream")
+                }
+                None => {
+                    tracing::debug!(mcp.session = %session.hashed_id(), "idled out here; the store did not say whether elsewhere: left to the upstream's expiry")
+                }
+            }
+        });
     }
 
     /// Publishes what the store does not have yet of `stream`, which this replica reads
@@ -616,11 +653,16 @@ async fn keep_lease(mut conn: ConnectionManager, key: String, timeout: Duration)
 impl Shared {
     /// `session` ended: its record a tombstone, its end announced (queued).
     fn gone(&self, session: &Session) {
-        lock(&self.touched).remove(session.hashed_id());
-        lock(&self.unrecorded).remove(session.hashed_id());
+        self.forget(session);
         self.queue.push(Write::Gone {
             tag: self.tag_of(session),
         });
+    }
+
+    /// `session` is no longer held here: nothing of it is kept for it.
+    fn forget(&self, session: &Session) {
+        lock(&self.touched).remove(session.hashed_id());
+        lock(&self.unrecorded).remove(session.hashed_id());
     }
 
     /// How operators see this replica: its host's name and its name in the store.
