@@ -371,14 +371,16 @@ pub fn no_roots_client_config() -> ClientConfig {
 /// A client config trusting the platform's CA roots, or Mozilla's (built in) when the
 /// platform has none (a scratch container).
 pub fn platform_client_config() -> ClientConfig {
-    use hyper_rustls::ConfigBuilderExt;
-    match client_builder().with_native_roots() {
-        Ok(b) => b.with_no_client_auth(),
-        Err(e) => {
-            tracing::debug!(error = %e, "no platform CA roots; using the built-in Mozilla roots");
-            client_builder().with_webpki_roots().with_no_client_auth()
-        }
+    let native = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        tracing::debug!(errors = ?native.errors, "no platform CA roots; using the built-in Mozilla roots");
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     }
+    client_builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
 }
 
 /// A client connection on the proxy listener: plain TCP or TLS over it.

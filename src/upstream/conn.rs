@@ -3,7 +3,7 @@
 //! no body channel, no cross-task wake-up per chunk, and no buffer while a stream is idle (each
 //! read goes into a buffer on the stack and is decoded at once, framing and SSE in one pass).
 //! The protocol is [`crate::http1::client`]'s; here is the HTTP client's policy: the
-//! connector, the pool, the bound on connections ([`Ending`] releases both), a body sent
+//! dialer, the pool, the bound on connections ([`Ending`] releases both), a body sent
 //! whole.
 //!
 //! A connection whose answer ended cleanly (its framing's end, nothing after it, HTTP/1.1
@@ -15,7 +15,7 @@
 //! keep-alive timeouts. Interim (`1xx`) heads before an answer are bounded
 //! ([`http1::MAX_INTERIM_HEADS`], and with the final head in [`http1::MAX_HEAD_BYTES`]).
 //!
-//! Knows the connector and [`crate::http1`]; nothing of sessions.
+//! Knows the dialer and [`crate::http1`]; nothing of sessions.
 
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -25,12 +25,12 @@ use std::time::Duration;
 
 use http::{Method, Response};
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::Instant;
-use tower_service::Service;
 
-use super::{BoxError, Connector, UpRequest, Upstream};
+use super::io::UpIo;
+use super::limit::CountedIo;
+use super::{BoxError, UpRequest, Upstream};
 pub(crate) use crate::http1::client::ReadEnd;
 use crate::http1::client::{read_answer, write_request, Answer, Release};
 use crate::http1::{self};
@@ -42,7 +42,8 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// A body up to this size is written with its head in one write.
 const COALESCE_BODY_BYTES: usize = 64 * 1024;
 
-pub(crate) type Conn = TokioIo<<Connector as Service<http::Uri>>::Response>;
+/// An upstream connection, holding its place under the bound until it closes.
+pub(crate) type Conn = CountedIo<UpIo>;
 
 /// The idle connections, newest last, and how many it keeps at most.
 pub(crate) struct Pool {
@@ -110,8 +111,7 @@ fn quiet(io: &mut Conn) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     let mut byte = [MaybeUninit::<u8>::uninit(); 1];
     let mut rb = ReadBuf::uninit(&mut byte);
-    Pin::new(&mut *io).poll_read(&mut cx, &mut rb).is_pending()
-        && io.inner().get_ref().socket_quiet()
+    Pin::new(&mut *io).poll_read(&mut cx, &mut rb).is_pending() && io.get_ref().socket_quiet()
 }
 
 /// The body of an upstream response, read on its connection by whoever polls it
@@ -235,13 +235,12 @@ async fn connect_and_write(
     body: &[u8],
     together: bool,
 ) -> Result<Box<Conn>, SendError> {
-    let mut connector = up.connector.clone();
-    std::future::poll_fn(|cx| connector.poll_ready(cx))
-        .await
-        .map_err(SendError::Connect)?;
-    let mut io = Box::new(TokioIo::new(
-        connector.call(uri).await.map_err(SendError::Connect)?,
-    ));
+    let mut io = Box::new(
+        up.conns
+            .connect(&up.dialer, &uri)
+            .await
+            .map_err(SendError::Connect)?,
+    );
     write_request(&mut io, head, body, together).await?;
     Ok(io)
 }
@@ -290,13 +289,7 @@ mod tests {
             .parse()
             .unwrap();
         let up = Upstream::new(Arc::new(crate::Config::new(uri.clone())));
-        let connect = || async {
-            let mut connector = up.connector.clone();
-            std::future::poll_fn(|cx| connector.poll_ready(cx))
-                .await
-                .unwrap();
-            Box::new(TokioIo::new(connector.call(uri.clone()).await.unwrap()))
-        };
+        let connect = || async { Box::new(up.conns.connect(&up.dialer, &uri).await.unwrap()) };
         let mut io = connect().await;
         let (mut upstream, _) = l.accept().unwrap();
         // An answer read to its end: tokio then takes the socket for drained.

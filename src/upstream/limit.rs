@@ -17,19 +17,19 @@
 //! running call is never cut to make room: a share over its part gets no more until its own
 //! calls end.
 //!
-//! Knows the connector interface of hyper-util's client and whose share a request is in;
-//! nothing else of requests.
+//! Knows how a connection is opened ([`Dialer`]) and whose share a request is in; nothing else
+//! of requests.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::Uri;
-use hyper_util::client::legacy::connect::{Connected, Connection};
 use pin_project_lite::pin_project;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::io::{Dialer, UpIo};
 use super::BoxError;
 use crate::session::Principal;
 
@@ -179,43 +179,19 @@ impl AtLimit {
     }
 }
 
-/// A connector that opens a connection only when it has a place for it.
-#[derive(Clone, Debug)]
-pub(crate) struct Counted<C> {
-    inner: C,
-    conns: Arc<Conns>,
-}
-
-impl<C> Counted<C> {
-    pub(crate) fn new(inner: C, conns: Arc<Conns>) -> Counted<C> {
-        Counted { inner, conns }
-    }
-}
-
-impl<C> tower_service::Service<Uri> for Counted<C>
-where
-    C: tower_service::Service<Uri>,
-    C::Future: Send + 'static,
-    C::Error: Into<BoxError>,
-{
-    type Response = CountedIo<C::Response>;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let Some(place) = self.conns.take() else {
-            let max = self.conns.max;
-            return Box::pin(async move { Err(AtLimit(max).into()) });
+impl Conns {
+    /// A new connection to `uri`, opened only when it has a place: at the bound, refused at
+    /// once ([`AtLimit`]).
+    pub(crate) async fn connect(
+        self: &Arc<Self>,
+        dialer: &Dialer,
+        uri: &Uri,
+    ) -> Result<CountedIo<UpIo>, BoxError> {
+        let Some(place) = self.take() else {
+            return Err(AtLimit(self.max).into());
         };
-        let connecting = self.inner.call(uri);
-        Box::pin(async move {
-            let io = connecting.await.map_err(Into::into)?;
-            Ok(CountedIo { io, _place: place })
-        })
+        let io = dialer.connect(uri).await?;
+        Ok(CountedIo { io, _place: place })
     }
 }
 
@@ -236,23 +212,17 @@ impl<T> CountedIo<T> {
     }
 }
 
-impl<T: Connection> Connection for CountedIo<T> {
-    fn connected(&self) -> Connected {
-        self.io.connected()
-    }
-}
-
-impl<T: hyper::rt::Read> hyper::rt::Read for CountedIo<T> {
+impl<T: AsyncRead> AsyncRead for CountedIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
+        buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         self.project().io.poll_read(cx, buf)
     }
 }
 
-impl<T: hyper::rt::Write> hyper::rt::Write for CountedIo<T> {
+impl<T: AsyncWrite> AsyncWrite for CountedIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -285,38 +255,30 @@ impl<T: hyper::rt::Write> hyper::rt::Write for CountedIo<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower_service::Service;
-
-    /// A connector that always connects (to nothing: a unit value stands for the socket).
-    #[derive(Clone)]
-    struct Always;
-
-    impl Service<Uri> for Always {
-        type Response = ();
-        type Error = BoxError;
-        type Future = std::future::Ready<Result<(), BoxError>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, _: Uri) -> Self::Future {
-            std::future::ready(Ok(()))
-        }
-    }
-
     #[tokio::test]
     async fn connections_past_the_bound_are_refused_and_places_come_back_on_close() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}/", l.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let dialer = Dialer::new(
+            crate::tls::no_roots_client_config(),
+            std::time::Duration::from_secs(5),
+        );
         let conns = Arc::new(Conns::new(2));
-        let mut c = Counted::new(Always, conns.clone());
-        let uri: Uri = "http://u".parse().unwrap();
-        let a = c.call(uri.clone()).await.unwrap();
-        let b = c.call(uri.clone()).await.unwrap();
+        let a = conns.connect(&dialer, &uri).await.unwrap();
+        let b = conns.connect(&dialer, &uri).await.unwrap();
         assert_eq!(conns.open(), 2);
-        let refused = c.call(uri.clone()).await.unwrap_err();
+        let refused = conns.connect(&dialer, &uri).await.unwrap_err();
         assert_eq!(AtLimit::find(&*refused), Some(2), "{refused}");
         drop(a);
         assert_eq!(conns.open(), 1);
-        let _c = c.call(uri).await.unwrap();
+        let _c = conns.connect(&dialer, &uri).await.unwrap();
         drop(b);
+        assert_eq!(conns.open(), 1);
+        // A connection that could not be opened gives its place back at once.
+        drop(l);
+        assert!(conns.connect(&dialer, &uri).await.is_err());
         assert_eq!(conns.open(), 1);
     }
 

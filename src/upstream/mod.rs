@@ -22,7 +22,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::Config;
 
@@ -36,13 +35,11 @@ pub(crate) fn full_body(b: Bytes) -> UpBody {
 
 pub(crate) const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
-/// How every upstream connection is opened: TCP (or TLS), counted against the bound.
-type Connector = limit::Counted<io::Slim>;
-
-/// The client to the upstream MCP server: its connector and its idle connections (`conn`).
+/// The client to the upstream MCP server: how it connects and its idle connections (`conn`).
 pub(crate) struct Upstream {
     pub(crate) cfg: Arc<Config>,
-    connector: Connector,
+    /// How a connection is opened: TCP, or TLS over it (`io`).
+    dialer: io::Dialer,
     pool: Arc<conn::Pool>,
     /// Its open connections and their bound (`--max-upstream-connections`).
     conns: Arc<limit::Conns>,
@@ -50,12 +47,8 @@ pub(crate) struct Upstream {
 
 impl Upstream {
     pub(crate) fn new(cfg: Arc<Config>) -> Upstream {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
-        http.enforce_http(false);
         // http:// upstreams connect in the clear; https:// ones with the configured roots and
-        // SNI from the URL's host (hyper-rustls' default).
+        // SNI from the URL's host.
         let tls = match &cfg.upstream_tls {
             Some(c) => (**c).clone(),
             None if cfg.upstream.scheme_str() == Some("https") => {
@@ -64,20 +57,15 @@ impl Upstream {
             // Never used for an http:// upstream; no need to load the platform's roots.
             None => crate::tls::no_roots_client_config(),
         };
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let dialer = io::Dialer::new(tls, cfg.upstream_connect_timeout);
         let conns = Arc::new(limit::Conns::new(cfg.max_upstream_connections));
-        let connector = limit::Counted::new(io::Slim(connector), conns.clone());
         // Idle connections kept for the next requests: a quarter of the bound, at least 16
         // (the requests of as many clients back to back), never more than the bound.
         let max = cfg.max_upstream_connections.max(1);
         let pool = Arc::new(conn::Pool::new((max / 4).max(16).min(max)));
         Upstream {
             cfg,
-            connector,
+            dialer,
             pool,
             conns,
         }
