@@ -401,9 +401,10 @@ async fn the_admin_token_guards_ending_and_reading_when_asked() {
     );
 }
 
-#[tokio::test]
-async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
-    let mut mock = Mock::start().await;
+/// Spawns a gateway in front of `mock` whose admin listener is off loopback (`0.0.0.0`), with
+/// `extra` flags, and waits until it answers: (the process, its proxy address, the admin
+/// listener's base URL through 127.0.0.1).
+async fn exposed_gateway(mock: &Mock, extra: &[&str]) -> (ChildProc, std::net::SocketAddr, String) {
     // The launcher binds the admin listener to loopback: this one is spawned by hand.
     let (listen, port) = (free_port(), free_port().port());
     let (upstream, listen_s, exposed) = (
@@ -411,19 +412,21 @@ async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
         listen.to_string(),
         format!("0.0.0.0:{port}"),
     );
-    let _proc = ChildProc::spawn(
+    let mut args = vec![
+        "--upstream",
+        &upstream,
+        "--listen",
+        &listen_s,
+        "--admin-listen",
+        &exposed,
+        "--hold-standalone",
+        "false",
+    ];
+    args.extend_from_slice(extra);
+    let proc = ChildProc::spawn(
         "gateway",
         env!("CARGO_BIN_EXE_mcp-reattach"),
-        &[
-            "--upstream",
-            &upstream,
-            "--listen",
-            &listen_s,
-            "--admin-listen",
-            &exposed,
-            "--hold-standalone",
-            "false",
-        ],
+        &args,
         &repo_dir(),
     );
     let base = format!("http://127.0.0.1:{port}");
@@ -440,28 +443,124 @@ async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (proc, listen, base)
+}
+
+/// Issue 56, R5-4: an admin listener off loopback without a token reads nothing either (the
+/// list was open to anyone who reached it), and with a token configured reading needs it
+/// there even without `--admin-token-for-reads`. Probes and `/metrics` never need it.
+#[tokio::test]
+async fn an_admin_listener_off_loopback_without_a_token_reads_and_ends_nothing() {
+    let mut mock = Mock::start().await;
+    let (_proc, listen, base) = exposed_gateway(&mock, &[]).await;
     init_session(&listen, &mut mock, SECRET_1).await;
-    let base = format!("http://127.0.0.1:{port}");
-    let l: Value = http_client()
-        .get(format!("{base}/sessions"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let label = l["sessions"][0]["id"].as_str().unwrap();
+    for p in ["/sessions", "/ui", "/sessions/0123456789abcdef"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap();
+        assert_eq!(status, 403, "{p}: {body}");
+        assert!(body.contains("--admin-token-file"), "{p}: {body}");
+    }
     let resp = http_client()
-        .delete(format!("{base}/sessions/{label}"))
+        .delete(format!("{base}/sessions/0123456789abcdef"))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 403);
     assert!(resp.text().await.unwrap().contains("--admin-token-file"));
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{p}");
+    }
     assert!(
         mock.nothing_within(Duration::from_millis(300)).await,
         "nothing reached the upstream"
     );
+
+    // With a token, off loopback: reading needs it.
+    let token = "operator-token-0123456789";
+    let file = key_file("admin-token-exposed", 0);
+    std::fs::write(&file, token).unwrap();
+    let (_proc, _, base) =
+        exposed_gateway(&mock, &["--admin-token-file", file.to_str().unwrap()]).await;
+    for p in ["/sessions", "/ui"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401, "{p}");
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{p}");
+    }
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{p}");
+    }
+}
+
+/// Issue 56, R5-10: with `--admin-token-file` and reads left open, a loopback listener still
+/// answers an unauthenticated read only for a loopback `Host` (a DNS-rebinding page names its
+/// own); the token is let in whatever the `Host`.
+#[tokio::test]
+async fn reads_left_open_beside_a_token_keep_the_rebinding_check() {
+    let token = "operator-token-0123456789";
+    let file = key_file("admin-token-rebinding", 0);
+    std::fs::write(&file, token).unwrap();
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(
+        mock.addr,
+        &[
+            "--hold-standalone",
+            "false",
+            "--admin-token-file",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    init_session(&gw.addr, &mut mock, SECRET_1).await;
+    let port = gw.admin.port();
+    let get = |path: &'static str, host: String, auth: bool| {
+        let mut req = http_client()
+            .get(format!("http://{}{path}", gw.admin))
+            .header("host", host);
+        if auth {
+            req = req.bearer_auth(token);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    for p in ["/sessions", "/ui"] {
+        let (status, body) = get(p, format!("rebound.example:{port}"), false).await;
+        assert_eq!(status, 403, "{p} for a rebound name: {body}");
+        assert!(!body.contains(SECRET_1));
+        let (status, _) = get(p, format!("127.0.0.1:{port}"), false).await;
+        assert_eq!(status, 200, "{p} for loopback");
+        let (status, _) = get(p, format!("localhost:{port}"), false).await;
+        assert_eq!(status, 200, "{p} for localhost");
+        let (status, _) = get(p, format!("rebound.example:{port}"), true).await;
+        assert_eq!(status, 200, "{p} with the token");
+    }
 }
 
 /// With a shared store: any replica lists the fleet's sessions and ends one another holds.
