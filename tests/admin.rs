@@ -657,3 +657,126 @@ async fn a_fleet_lists_and_ends_its_sessions_from_any_replica() {
     }
     assert_eq!(listing(&a).await["sessions"].as_array().unwrap().len(), 1);
 }
+
+/// An admin listener of the test's own that answers every request with `head` and then
+/// `body`, written `times` times (a hostile or broken gateway, as the CLI sees it).
+async fn fake_admin(head: String, body: Vec<u8>, times: usize) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let (head, body) = (head.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if tcp.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for _ in 0..times {
+                    if tcp.write_all(&body).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// Issue 56, R5-9: `sessions list|show` print what clients control (a protocol version, an
+/// endpoint) with every control and invisible character escaped, so an answer cannot move the
+/// operator's cursor, clear the screen or forge a row; `--json` prints JSON with them escaped
+/// too.
+#[tokio::test]
+async fn the_cli_escapes_what_it_prints() {
+    let hostile = serde_json::json!({
+        "replica": "r\u{1b}]0;pwned\u{7}",
+        "fleet": false,
+        "replicas": ["r\u{1b}]0;pwned\u{7}"],
+        "replicas_asked": 1,
+        "sessions": [{
+            "id": "0123456789abcdef",
+            "principal": "0000000000000000",
+            "shape": "upstream",
+            "protocol_version": "2025\u{1b}[2J\u{1b}[1;1H\nffffffffffffffff  forged row\r",
+            "endpoint": "/mcp\u{9b}31m\u{202e}",
+            "created_ms": 0,
+            "last_used_ms": 0,
+            "attached_clients": 0,
+            "window_events": 0,
+            "window_bytes": 0,
+            "streams": [{
+                "number": 0, "kind": "post\u{8}\u{8}", "state": "running\u{7f}",
+                "attached": false, "first_seq": 0, "last_seq": 0, "window_events": 0,
+                "window_bytes": 0, "pending_requests": 0, "replica": "x\u{0}y"
+            }],
+            "replicas": ["r\u{1b}]0;pwned\u{7}"]
+        }]
+    });
+    let body = hostile.to_string().into_bytes();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let url = fake_admin(head, body, 1).await;
+    let clean = |what: &str, out: &str| {
+        for c in out.chars() {
+            assert!(
+                c == '\n' || !(c.is_control() || ('\u{200b}'..='\u{206f}').contains(&c)),
+                "{what} prints {c:?}: {out:?}"
+            );
+        }
+    };
+    let (code, table, err) = cli(&["sessions", "--admin", &url, "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    clean("list", &table);
+    assert_eq!(
+        table.lines().count(),
+        3,
+        "a header, one row, the summary: {table}"
+    );
+    assert!(
+        !table.lines().any(|l| l.starts_with("ffffffffffffffff")),
+        "a forged row: {table}"
+    );
+    assert!(table.contains("2025\\u{1b}[2J"), "{table}");
+    let (code, shown, err) = cli(&["sessions", "--admin", &url, "show", "0123456789abcdef"]).await;
+    assert_eq!(code, 0, "{err}");
+    clean("show", &shown);
+    assert!(shown.contains("/mcp\\u{9b}31m\\u{202e}"), "{shown}");
+    let (code, json, err) = cli(&["sessions", "--admin", &url, "--json", "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    clean("--json list", &json);
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), hostile);
+}
+
+/// Issue 56, R5-9: an answer past 16 MiB (64 MiB, chunked) is refused at 16 MiB, not read
+/// whole (a hostile answer of 400 MiB took the CLI to 808 MiB).
+#[tokio::test]
+async fn the_cli_bounds_what_it_reads() {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_owned();
+    let mut chunk = format!("{:x}\r\n", 1 << 20).into_bytes();
+    chunk.extend(std::iter::repeat_n(b' ', 1 << 20));
+    chunk.extend_from_slice(b"\r\n");
+    let url = fake_admin(head, chunk, 64).await;
+    for json in [false, true] {
+        let mut args = vec!["sessions", "--admin", &url];
+        if json {
+            args.push("--json");
+        }
+        args.push("list");
+        let (code, out, err) = cli(&args).await;
+        assert_eq!(code, 1, "{out:.200} {err}");
+        assert!(err.contains("16 MiB"), "json {json}: {err}");
+        assert!(out.len() < 1024, "json {json}: printed {} bytes", out.len());
+    }
+}
