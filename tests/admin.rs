@@ -780,3 +780,171 @@ async fn the_cli_bounds_what_it_reads() {
         assert!(out.len() < 1024, "json {json}: printed {} bytes", out.len());
     }
 }
+
+/// The flags of a replica of a fleet on `redis`, its secret in `key`.
+fn fleet_flags(redis: &Redis, key: &std::path::Path) -> Vec<String> {
+    vec![
+        "--store".to_owned(),
+        redis.url.clone(),
+        "--store-key-file".to_owned(),
+        key.to_str().unwrap().to_owned(),
+        "--hold-standalone".to_owned(),
+        "false".to_owned(),
+    ]
+}
+
+/// Issue 56, R5-4: the fleet's list comes in pages (`?limit=`, at most 1000, then `cursor`
+/// from `next_cursor`), one fleet question at a time per replica (another one meanwhile gets
+/// 503 with `Retry-After`), and a burst of operators' reads leaves the request path's store
+/// up.
+#[tokio::test]
+async fn a_fleet_lists_in_pages_one_question_at_a_time() {
+    let Some(redis) = Redis::start("admin-pages").await else {
+        return;
+    };
+    let key = key_file("admin-pages", 32);
+    let mut mock = Mock::start().await;
+    let flags = fleet_flags(&redis, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    let b = Binary::start(mock.addr, &flags).await;
+    init_session(&a.addr, &mut mock, SECRET_1).await;
+    init_session(&b.addr, &mut mock, SECRET_2).await;
+    init_session(&b.addr, &mut mock, "session-id-never-shown-to-operators-3").await;
+
+    let all = listing(&a).await;
+    assert_eq!(all["sessions"].as_array().unwrap().len(), 3, "{all}");
+    assert!(all.get("next_cursor").is_none_or(Value::is_null), "{all}");
+
+    // Pages of two: two, then the last one, every session once.
+    let (status, _, first) = admin(&a, reqwest::Method::GET, "/sessions?limit=2", None).await;
+    assert_eq!(status, 200, "{first}");
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["sessions"].as_array().unwrap().len(), 2, "{first}");
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let (status, _, second) = admin(
+        &a,
+        reqwest::Method::GET,
+        &format!("/sessions?limit=2&cursor={cursor}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{second}");
+    let second: Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(second["sessions"].as_array().unwrap().len(), 1, "{second}");
+    assert!(
+        second.get("next_cursor").is_none_or(Value::is_null),
+        "{second}"
+    );
+    let mut seen: Vec<String> = [&first, &second]
+        .iter()
+        .flat_map(|l| l["sessions"].as_array().unwrap().iter())
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    seen.sort();
+    let mut every: Vec<String> = all["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    every.sort();
+    assert_eq!(seen, every);
+    // A page larger than the most one may ask is refused, as is a cursor that is no label.
+    for q in ["limit=100000", "limit=0", "limit=x", "cursor=nope"] {
+        let (status, _, body) =
+            admin(&a, reqwest::Method::GET, &format!("/sessions?{q}"), None).await;
+        assert_eq!(status, 400, "{q}: {body}");
+    }
+
+    // Operators all at once: one fleet question at a time, the others told when to come back.
+    let asks: Vec<_> = (0..8)
+        .map(|_| {
+            let admin = a.admin;
+            tokio::spawn(async move {
+                let resp = http_client()
+                    .get(format!("http://{admin}/sessions"))
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await
+                    .unwrap();
+                let retry = resp.headers().get("retry-after").cloned();
+                (resp.status().as_u16(), retry)
+            })
+        })
+        .collect();
+    let mut busy = 0;
+    for ask in asks {
+        match ask.await.unwrap() {
+            (200, _) => {}
+            (503, Some(_)) => busy += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(busy >= 1, "eight fleet questions at once, none paced");
+    // The request path's store is untouched by them.
+    let metrics = a.admin_get("/metrics").await.unwrap();
+    assert_eq!(metric_sum(&metrics, "mcp_reattach_store_up"), Some(1.0));
+    init_session(&a.addr, &mut mock, "session-id-never-shown-to-operators-4").await;
+}
+
+/// Issue 56, R5-11 (the admin channel): a message on `mra:admin` that no replica made (a
+/// store writer's, without the fleet's secret) is dropped: a forged end ends nothing, a forged
+/// question is not answered.
+#[tokio::test]
+async fn forged_admin_channel_messages_are_dropped() {
+    let Some(redis) = Redis::start("admin-forged").await else {
+        return;
+    };
+    let key = key_file("admin-forged", 32);
+    let mut mock = Mock::start().await;
+    let flags = fleet_flags(&redis, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    let b = Binary::start(mock.addr, &flags).await;
+    init_session(&b.addr, &mut mock, SECRET_1).await;
+    let label = listing(&a).await["sessions"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut store = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let reply = "mra:{adm:forged}:answers";
+    for op in ["end", "list"] {
+        let forged = serde_json::json!({ "op": op, "label": label, "reply": reply }).to_string();
+        let listeners: i64 = ::redis::cmd("PUBLISH")
+            .arg("mra:admin")
+            .arg(&forged)
+            .query_async(&mut store)
+            .await
+            .unwrap();
+        assert_eq!(listeners, 2, "both replicas listen");
+    }
+    assert!(
+        mock.nothing_within(Duration::from_millis(1000)).await,
+        "a forged end reached the upstream"
+    );
+    let answers: i64 = ::redis::cmd("LLEN")
+        .arg(reply)
+        .query_async(&mut store)
+        .await
+        .unwrap();
+    assert_eq!(answers, 0, "a forged question was answered");
+    assert_eq!(listing(&a).await["sessions"].as_array().unwrap().len(), 1);
+    let metrics = b.admin_get("/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "mcp_reattach_session_evictions_total{reason=\"admin\"}"
+        )
+        .unwrap_or(0.0),
+        0.0
+    );
+}

@@ -29,20 +29,24 @@ pub async fn run(
     token: Option<&[u8]>,
     out: &mut String,
 ) -> Result<(), ClientError> {
+    let bad = |e: serde_json::Error| ClientError(format!("the admin listener's answer: {e}"));
+    if let SessionsAction::List = &args.action {
+        let l = list(&args.admin, token).await?;
+        if args.json {
+            let text = serde_json::to_string(&l).map_err(bad)?;
+            out.push_str(&json_printable(&text));
+            out.push('\n');
+        } else {
+            table(&l, out);
+        }
+        return Ok(());
+    }
     let (method, path) = match &args.action {
         SessionsAction::List => (Method::GET, "/sessions".to_owned()),
         SessionsAction::Show { id } => (Method::GET, format!("/sessions/{id}")),
         SessionsAction::End { id } => (Method::DELETE, format!("/sessions/{id}")),
     };
-    let (status, body) = request(&args.admin, method, &path, token).await?;
-    if !status.is_success() {
-        let why = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
-        return Err(ClientError(format!("{status}: {}", printable(&why))));
-    }
-    let bad = |e: serde_json::Error| ClientError(format!("the admin listener's answer: {e}"));
+    let body = asked(&args.admin, method, &path, token).await?;
     if args.json {
         // Written again by serde (which escapes C0 controls in strings), then the rest
         // escaped: still JSON, and the same value.
@@ -52,7 +56,7 @@ pub async fn run(
         return Ok(());
     }
     match &args.action {
-        SessionsAction::List => table(&serde_json::from_slice(&body).map_err(bad)?, out),
+        SessionsAction::List => {}
         SessionsAction::Show { .. } => {
             let l: Listing = serde_json::from_slice(&body).map_err(bad)?;
             if let Some(s) = l.sessions.first() {
@@ -61,11 +65,94 @@ pub async fn run(
         }
         SessionsAction::End { id } => {
             let v: serde_json::Value = serde_json::from_slice(&body).map_err(bad)?;
-            let _ = writeln!(out, "ended {id} (by {})", v["by"].as_str().unwrap_or("?"));
+            let _ = writeln!(
+                out,
+                "ended {id} (by {})",
+                printable(v["by"].as_str().unwrap_or("?"))
+            );
         }
     }
     Ok(())
 }
+
+/// Every session: the list's pages one after the other (a gateway that does not page
+/// answers all in one), as one [`Listing`], at most [`MAX_ANSWER`] of them read in all.
+async fn list(base: &str, token: Option<&[u8]>) -> Result<Listing, ClientError> {
+    let bad = |e: serde_json::Error| ClientError(format!("the admin listener's answer: {e}"));
+    let mut all: Option<Listing> = None;
+    let mut cursor: Option<String> = None;
+    let mut read = 0usize;
+    loop {
+        let path = match &cursor {
+            None => "/sessions?limit=1000".to_owned(),
+            Some(c) => format!("/sessions?limit=1000&cursor={c}"),
+        };
+        let body = asked(base, Method::GET, &path, token).await?;
+        read = read.saturating_add(body.len());
+        if read > MAX_ANSWER {
+            return Err(ClientError(format!(
+                "{base}: the list is larger than 16 MiB; not read further"
+            )));
+        }
+        let mut page: Listing = serde_json::from_slice(&body).map_err(bad)?;
+        // A cursor that is no label, or does not move on, ends the walk.
+        let next = page.next_cursor.take().filter(|c| {
+            c.len() == 16
+                && c.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                && cursor.as_ref().is_none_or(|was| c > was)
+        });
+        match &mut all {
+            None => all = Some(page),
+            Some(l) => {
+                for r in page.replicas {
+                    if !l.replicas.contains(&r) {
+                        l.replicas.push(r);
+                    }
+                }
+                l.replicas_asked = l.replicas_asked.max(page.replicas_asked);
+                l.sessions.extend(page.sessions);
+            }
+        }
+        match next {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    all.ok_or_else(|| ClientError(format!("{base}: no answer")))
+}
+
+/// One request to the admin listener, asked again (at most [`BUSY_TRIES`] times) while it
+/// answers 503 with `Retry-After` (another operator's question to the fleet is out): the
+/// body of its success, or its refusal as the error.
+async fn asked(
+    base: &str,
+    method: Method,
+    path: &str,
+    token: Option<&[u8]>,
+) -> Result<Bytes, ClientError> {
+    let mut tries = 0;
+    loop {
+        let (status, retry, body) = request(base, method.clone(), path, token).await?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        tries += 1;
+        if let (StatusCode::SERVICE_UNAVAILABLE, Some(after)) = (status, retry) {
+            if tries < BUSY_TRIES {
+                tokio::time::sleep(std::time::Duration::from_secs(after.clamp(1, 5))).await;
+                continue;
+            }
+        }
+        let why = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+        return Err(ClientError(format!("{status}: {}", printable(&why))));
+    }
+}
+
+/// How many times a request answered 503 + `Retry-After` is sent.
+const BUSY_TRIES: usize = 5;
 
 /// One request to the admin listener at `base` (`http://HOST:PORT`).
 async fn request(
@@ -73,7 +160,7 @@ async fn request(
     method: Method,
     path: &str,
     token: Option<&[u8]>,
-) -> Result<(StatusCode, Bytes), ClientError> {
+) -> Result<(StatusCode, Option<u64>, Bytes), ClientError> {
     let uri: http::Uri = base
         .parse()
         .map_err(|e| ClientError(format!("--admin {base}: {e}")))?;
@@ -112,6 +199,10 @@ async fn request(
         .map_err(|_| ClientError(format!("{base}: no answer within {timeout:?}")))?
         .map_err(|e| ClientError(format!("{base}: {e}")))?;
     let status = resp.status();
+    let retry = resp
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     let too_large = || {
         ClientError(format!(
             "{base}: the answer is larger than 16 MiB; not read further"
@@ -137,7 +228,7 @@ async fn request(
             }
         })?
         .to_bytes();
-    Ok((status, body))
+    Ok((status, retry, body))
 }
 
 /// The list as a table, one session a line.
