@@ -29,7 +29,7 @@ impl Gateway {
             Asked::One(l) => (Some(l), None, 1),
             Asked::Page { after, limit } => (None, after, limit),
         };
-        let (mut all, mut more): (Vec<SessionView>, bool) = match label {
+        let mine: (Vec<SessionView>, bool) = match label {
             None => page(self.registry.views(&me), after, limit, ANSWER_BYTES),
             Some(l) => (
                 page(
@@ -42,13 +42,7 @@ impl Gateway {
                 false,
             ),
         };
-        // The largest label every replica's page covered: past it, one that stopped early
-        // may hold sessions not asked for yet.
-        let mut boundary: Option<String> = if more {
-            all.last().map(|v| v.id.clone())
-        } else {
-            None
-        };
+        let mut pages = vec![mine];
         let mut replicas = vec![me.clone()];
         let mut asked = 1;
         if let Some(fleet) = self.store.ask_list(label, after, limit).await? {
@@ -57,42 +51,18 @@ impl Gateway {
                 // This replica answered itself too (it listens on the channel it asked on).
                 if a.replica != me && !replicas.contains(&a.replica) {
                     replicas.push(a.replica);
-                    if a.more {
-                        if let Some(last) = a.sessions.iter().map(|v| &v.id).max() {
-                            if boundary.as_ref().is_none_or(|b| last < b) {
-                                boundary = Some(last.clone());
-                            }
-                        }
-                    }
-                    all.extend(a.sessions);
+                    pages.push((a.sessions, a.more));
                 }
             }
         }
-        if let Some(b) = &boundary {
-            all.retain(|v| v.id <= *b);
-        }
-        let mut labels: Vec<&str> = all.iter().map(|v| v.id.as_str()).collect();
-        labels.sort_unstable();
-        labels.dedup();
-        let mut cut: Option<String> = None;
-        if labels.len() > limit {
-            cut = Some(labels[limit - 1].to_owned());
-        }
-        if let Some(c) = &cut {
-            all.retain(|v| v.id <= *c);
-        }
-        more = cut.is_some() || boundary.is_some();
-        let next_cursor = if more && label.is_none() {
-            cut.or(boundary)
-        } else {
-            None
-        };
+        let (all, next_cursor) = combine(pages, limit);
+        let next_cursor = next_cursor.filter(|_| label.is_none());
         Ok(Listing {
             replica: me,
             fleet: self.store.is_on(),
             replicas,
             replicas_asked: asked,
-            sessions: merge(all),
+            sessions: all,
             next_cursor,
         })
     }
@@ -114,5 +84,84 @@ impl Gateway {
             .into_iter()
             .find(|a| a.ended)
             .map(|a| a.replica))
+    }
+}
+
+/// The replicas' pages of one question (each by label, `true` with one its replica cut
+/// short) as one page of at most `limit` sessions, and the cursor of the next page when
+/// sessions may follow. A page cut short covers its replica's sessions up to its largest
+/// label only: the page is cut at the smallest such label, so no replica's session before
+/// the next cursor is left out.
+fn combine(
+    pages: Vec<(Vec<SessionView>, bool)>,
+    limit: usize,
+) -> (Vec<SessionView>, Option<String>) {
+    let boundary: Option<String> = pages
+        .iter()
+        .filter(|(_, more)| *more)
+        .filter_map(|(views, _)| views.iter().map(|v| &v.id).max())
+        .min()
+        .cloned();
+    let mut all: Vec<SessionView> = pages.into_iter().flat_map(|(views, _)| views).collect();
+    if let Some(b) = &boundary {
+        all.retain(|v| v.id <= *b);
+    }
+    let mut labels: Vec<&str> = all.iter().map(|v| v.id.as_str()).collect();
+    labels.sort_unstable();
+    labels.dedup();
+    let cut = labels
+        .get(limit.max(1) - 1)
+        .filter(|_| labels.len() > limit)
+        .map(|l| (*l).to_owned());
+    if let Some(c) = &cut {
+        all.retain(|v| v.id <= *c);
+    }
+    let next = cut.or(boundary);
+    (merge(all), next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: &str, replica: &str) -> SessionView {
+        SessionView {
+            id: id.into(),
+            principal: "00".repeat(8),
+            shape: "upstream".into(),
+            protocol_version: None,
+            endpoint: "/mcp".into(),
+            created_ms: 0,
+            last_used_ms: 0,
+            attached_clients: 0,
+            window_events: 0,
+            window_bytes: 0,
+            streams: Vec::new(),
+            replicas: vec![replica.into()],
+        }
+    }
+
+    fn ids(v: &[SessionView]) -> Vec<&str> {
+        let mut ids: Vec<&str> = v.iter().map(|v| v.id.as_str()).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn replicas_pages_combine_by_label_and_a_short_page_bounds_the_next_cursor() {
+        let a = |ids: &[&str], more| (ids.iter().map(|i| view(i, "a")).collect(), more);
+        let b = |ids: &[&str], more| (ids.iter().map(|i| view(i, "b")).collect(), more);
+        // Whole pages: the first `limit` labels of all, a session held by both once.
+        let (p, next) = combine(vec![a(&["1", "3"], false), b(&["2", "3", "4"], false)], 3);
+        assert_eq!((ids(&p), next.as_deref()), (vec!["1", "2", "3"], Some("3")));
+        assert_eq!(p.iter().find(|v| v.id == "3").unwrap().replicas, ["a", "b"]);
+        let (p, next) = combine(vec![a(&["1"], false), b(&["2"], false)], 3);
+        assert_eq!((ids(&p), next), (vec!["1", "2"], None));
+        // B's page was cut short at 2 (bytes): nothing past 2 yet, whatever A holds.
+        let (p, next) = combine(vec![a(&["1", "3", "5"], false), b(&["2"], true)], 10);
+        assert_eq!((ids(&p), next.as_deref()), (vec!["1", "2"], Some("2")));
+        // Both bounds: the smaller wins.
+        let (p, next) = combine(vec![a(&["1", "2", "3"], true), b(&["4"], true)], 2);
+        assert_eq!((ids(&p), next.as_deref()), (vec!["1", "2"], Some("2")));
     }
 }
