@@ -948,3 +948,46 @@ async fn forged_admin_channel_messages_are_dropped() {
         0.0
     );
 }
+
+/// Issue 56, R5-4: operators' questions never count against the request path's store. The
+/// store refuses this replica's questions (PUBLISH denied by an ACL): before, each refusal
+/// was a failure of the requests' connection, and three took the store down for the replica
+/// (`store_up` 0: resumes and claims went without it); now they fail alone.
+#[tokio::test]
+async fn operators_failing_questions_leave_the_request_path_up() {
+    let Some(redis) = Redis::start("admin-breaker").await else {
+        return;
+    };
+    let key = key_file("admin-breaker", 32);
+    let mut mock = Mock::start().await;
+    let flags = fleet_flags(&redis, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    init_session(&a.addr, &mut mock, SECRET_1).await;
+    let mut store = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = ::redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-publish")
+        .query_async(&mut store)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let (status, _, body) = admin(&a, reqwest::Method::GET, "/sessions", None).await;
+        assert!(status == 200 || status == 503, "{status}: {body}");
+    }
+    let metrics = a.admin_get("/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(&metrics, "mcp_reattach_store_up"),
+        Some(1.0),
+        "operators' failed questions took the store down for the requests"
+    );
+    assert_eq!(
+        metric_sum(&metrics, "mcp_reattach_store_errors_total").unwrap_or(0.0),
+        0.0
+    );
+}
