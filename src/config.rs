@@ -127,6 +127,29 @@ pub struct Cli {
     pub gateway: GatewayArgs,
 }
 
+impl Cli {
+    /// Parses the command line `argv` as [`Cli::try_parse_from`] would, except that the
+    /// `sessions` command's help lists its own flags only. The gateway's flags are global
+    /// (`mcp-reattach demo --listen ...`), so clap would copy them into every subcommand's
+    /// help; `sessions` gets hidden copies instead (clap copies a global flag only into a
+    /// subcommand that lacks it), still accepted there. `--admin-token-file`, the one it
+    /// reads, stays shown.
+    pub fn parse_args(
+        argv: impl IntoIterator<Item = impl Into<std::ffi::OsString> + Clone>,
+    ) -> Result<Cli, clap::Error> {
+        use clap::{Args, CommandFactory, FromArgMatches};
+        let gateway = GatewayArgs::augment_args(clap::Command::new("gateway"));
+        let hidden: Vec<clap::Arg> = gateway
+            .get_arguments()
+            .filter(|a| a.is_global_set() && a.get_id() != "admin_token_file")
+            .map(|a| a.clone().hide(true))
+            .collect();
+        let mut cmd = Cli::command().mut_subcommand("sessions", |s| s.args(hidden));
+        let matches = cmd.try_get_matches_from_mut(argv)?;
+        Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start an embedded legacy MCP demo server on loopback with the gateway in front of it.
@@ -143,12 +166,13 @@ pub struct SessionsArgs {
     /// The gateway's admin listener.
     #[arg(
         long,
+        global = true,
         env = "MCP_REATTACH_ADMIN_URL",
         default_value = "http://127.0.0.1:9090"
     )]
     pub admin: String,
     /// Print the admin listener's JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
     pub action: SessionsAction,
@@ -469,8 +493,9 @@ pub struct GatewayArgs {
 
     /// A file holding the admin listener's token (at least 16 bytes, whitespace trimmed):
     /// ending a session (`DELETE /sessions/{id}`) then needs `Authorization: Bearer
-    /// <token>` (or Basic with the token as the password). Without it, sessions can be ended
-    /// only on a loopback admin listener. Probes and /metrics never need it.
+    /// <token>` (or Basic with the token as the password), and so does reading them on an
+    /// admin listener off loopback. Without it, sessions can be read and ended only on a
+    /// loopback admin listener. Probes and /metrics never need it.
     #[arg(long, global = true, help_heading = headings::ADMIN, env = "MCP_REATTACH_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
 

@@ -4,7 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use mcp_reattach::config::{self, Cli, Command, Config, GatewayArgs, LogFormat};
 use mcp_reattach::tls::{Reload, ServerTls};
 use mcp_reattach::{Shutdown, ShutdownMode as Mode};
@@ -21,7 +20,7 @@ const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let cli = match Cli::try_parse_from(&argv) {
+    let cli = match Cli::parse_args(&argv) {
         Ok(c) => c,
         // --help, --version.
         Err(e) if !e.use_stderr() => {

@@ -401,9 +401,10 @@ async fn the_admin_token_guards_ending_and_reading_when_asked() {
     );
 }
 
-#[tokio::test]
-async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
-    let mut mock = Mock::start().await;
+/// Spawns a gateway in front of `mock` whose admin listener is off loopback (`0.0.0.0`), with
+/// `extra` flags, and waits until it answers: (the process, its proxy address, the admin
+/// listener's base URL through 127.0.0.1).
+async fn exposed_gateway(mock: &Mock, extra: &[&str]) -> (ChildProc, std::net::SocketAddr, String) {
     // The launcher binds the admin listener to loopback: this one is spawned by hand.
     let (listen, port) = (free_port(), free_port().port());
     let (upstream, listen_s, exposed) = (
@@ -411,19 +412,21 @@ async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
         listen.to_string(),
         format!("0.0.0.0:{port}"),
     );
-    let _proc = ChildProc::spawn(
+    let mut args = vec![
+        "--upstream",
+        &upstream,
+        "--listen",
+        &listen_s,
+        "--admin-listen",
+        &exposed,
+        "--hold-standalone",
+        "false",
+    ];
+    args.extend_from_slice(extra);
+    let proc = ChildProc::spawn(
         "gateway",
         env!("CARGO_BIN_EXE_mcp-reattach"),
-        &[
-            "--upstream",
-            &upstream,
-            "--listen",
-            &listen_s,
-            "--admin-listen",
-            &exposed,
-            "--hold-standalone",
-            "false",
-        ],
+        &args,
         &repo_dir(),
     );
     let base = format!("http://127.0.0.1:{port}");
@@ -440,28 +443,124 @@ async fn an_admin_listener_off_loopback_without_a_token_ends_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (proc, listen, base)
+}
+
+/// Issue 56, R5-4: an admin listener off loopback without a token reads nothing either (the
+/// list was open to anyone who reached it), and with a token configured reading needs it
+/// there even without `--admin-token-for-reads`. Probes and `/metrics` never need it.
+#[tokio::test]
+async fn an_admin_listener_off_loopback_without_a_token_reads_and_ends_nothing() {
+    let mut mock = Mock::start().await;
+    let (_proc, listen, base) = exposed_gateway(&mock, &[]).await;
     init_session(&listen, &mut mock, SECRET_1).await;
-    let base = format!("http://127.0.0.1:{port}");
-    let l: Value = http_client()
-        .get(format!("{base}/sessions"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let label = l["sessions"][0]["id"].as_str().unwrap();
+    for p in ["/sessions", "/ui", "/sessions/0123456789abcdef"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap();
+        assert_eq!(status, 403, "{p}: {body}");
+        assert!(body.contains("--admin-token-file"), "{p}: {body}");
+    }
     let resp = http_client()
-        .delete(format!("{base}/sessions/{label}"))
+        .delete(format!("{base}/sessions/0123456789abcdef"))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 403);
     assert!(resp.text().await.unwrap().contains("--admin-token-file"));
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{p}");
+    }
     assert!(
         mock.nothing_within(Duration::from_millis(300)).await,
         "nothing reached the upstream"
     );
+
+    // With a token, off loopback: reading needs it.
+    let token = "operator-token-0123456789";
+    let file = key_file("admin-token-exposed", 0);
+    std::fs::write(&file, token).unwrap();
+    let (_proc, _, base) =
+        exposed_gateway(&mock, &["--admin-token-file", file.to_str().unwrap()]).await;
+    for p in ["/sessions", "/ui"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401, "{p}");
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{p}");
+    }
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        let resp = http_client()
+            .get(format!("{base}{p}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{p}");
+    }
+}
+
+/// Issue 56, R5-10: with `--admin-token-file` and reads left open, a loopback listener still
+/// answers an unauthenticated read only for a loopback `Host` (a DNS-rebinding page names its
+/// own); the token is let in whatever the `Host`.
+#[tokio::test]
+async fn reads_left_open_beside_a_token_keep_the_rebinding_check() {
+    let token = "operator-token-0123456789";
+    let file = key_file("admin-token-rebinding", 0);
+    std::fs::write(&file, token).unwrap();
+    let mut mock = Mock::start().await;
+    let gw = Binary::start(
+        mock.addr,
+        &[
+            "--hold-standalone",
+            "false",
+            "--admin-token-file",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    init_session(&gw.addr, &mut mock, SECRET_1).await;
+    let port = gw.admin.port();
+    let get = |path: &'static str, host: String, auth: bool| {
+        let mut req = http_client()
+            .get(format!("http://{}{path}", gw.admin))
+            .header("host", host);
+        if auth {
+            req = req.bearer_auth(token);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    for p in ["/sessions", "/ui"] {
+        let (status, body) = get(p, format!("rebound.example:{port}"), false).await;
+        assert_eq!(status, 403, "{p} for a rebound name: {body}");
+        assert!(!body.contains(SECRET_1));
+        let (status, _) = get(p, format!("127.0.0.1:{port}"), false).await;
+        assert_eq!(status, 200, "{p} for loopback");
+        let (status, _) = get(p, format!("localhost:{port}"), false).await;
+        assert_eq!(status, 200, "{p} for localhost");
+        let (status, _) = get(p, format!("rebound.example:{port}"), true).await;
+        assert_eq!(status, 200, "{p} with the token");
+    }
 }
 
 /// With a shared store: any replica lists the fleet's sessions and ends one another holds.
@@ -557,4 +656,338 @@ async fn a_fleet_lists_and_ends_its_sessions_from_any_replica() {
         assert_eq!(status, 404);
     }
     assert_eq!(listing(&a).await["sessions"].as_array().unwrap().len(), 1);
+}
+
+/// An admin listener of the test's own that answers every request with `head` and then
+/// `body`, written `times` times (a hostile or broken gateway, as the CLI sees it).
+async fn fake_admin(head: String, body: Vec<u8>, times: usize) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let (head, body) = (head.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if tcp.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for _ in 0..times {
+                    if tcp.write_all(&body).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// Issue 56, R5-9: `sessions list|show` print what clients control (a protocol version, an
+/// endpoint) with every control and invisible character escaped, so an answer cannot move the
+/// operator's cursor, clear the screen or forge a row; `--json` prints JSON with them escaped
+/// too.
+#[tokio::test]
+async fn the_cli_escapes_what_it_prints() {
+    let hostile = serde_json::json!({
+        "replica": "r\u{1b}]0;pwned\u{7}",
+        "fleet": false,
+        "replicas": ["r\u{1b}]0;pwned\u{7}"],
+        "replicas_asked": 1,
+        "sessions": [{
+            "id": "0123456789abcdef",
+            "principal": "0000000000000000",
+            "shape": "upstream",
+            "protocol_version": "2025\u{1b}[2J\u{1b}[1;1H\nffffffffffffffff  forged row\r",
+            "endpoint": "/mcp\u{9b}31m\u{202e}",
+            "created_ms": 0,
+            "last_used_ms": 0,
+            "attached_clients": 0,
+            "window_events": 0,
+            "window_bytes": 0,
+            "streams": [{
+                "number": 0, "kind": "post\u{8}\u{8}", "state": "running\u{7f}",
+                "attached": false, "first_seq": 0, "last_seq": 0, "window_events": 0,
+                "window_bytes": 0, "pending_requests": 0, "replica": "x\u{0}y"
+            }],
+            "replicas": ["r\u{1b}]0;pwned\u{7}"]
+        }]
+    });
+    let body = hostile.to_string().into_bytes();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let url = fake_admin(head, body, 1).await;
+    let clean = |what: &str, out: &str| {
+        for c in out.chars() {
+            assert!(
+                c == '\n' || !(c.is_control() || ('\u{200b}'..='\u{206f}').contains(&c)),
+                "{what} prints {c:?}: {out:?}"
+            );
+        }
+    };
+    let (code, table, err) = cli(&["sessions", "--admin", &url, "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    clean("list", &table);
+    assert_eq!(
+        table.lines().count(),
+        3,
+        "a header, one row, the summary: {table}"
+    );
+    assert!(
+        !table.lines().any(|l| l.starts_with("ffffffffffffffff")),
+        "a forged row: {table}"
+    );
+    assert!(table.contains("2025\\u{1b}[2J"), "{table}");
+    let (code, shown, err) = cli(&["sessions", "--admin", &url, "show", "0123456789abcdef"]).await;
+    assert_eq!(code, 0, "{err}");
+    clean("show", &shown);
+    assert!(shown.contains("/mcp\\u{9b}31m\\u{202e}"), "{shown}");
+    let (code, json, err) = cli(&["sessions", "--admin", &url, "--json", "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    clean("--json list", &json);
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), hostile);
+}
+
+/// Issue 56, R5-9: an answer past 16 MiB (64 MiB, chunked) is refused at 16 MiB, not read
+/// whole (a hostile answer of 400 MiB took the CLI to 808 MiB).
+#[tokio::test]
+async fn the_cli_bounds_what_it_reads() {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_owned();
+    let mut chunk = format!("{:x}\r\n", 1 << 20).into_bytes();
+    chunk.extend(std::iter::repeat_n(b' ', 1 << 20));
+    chunk.extend_from_slice(b"\r\n");
+    let url = fake_admin(head, chunk, 64).await;
+    for json in [false, true] {
+        let mut args = vec!["sessions", "--admin", &url];
+        if json {
+            args.push("--json");
+        }
+        args.push("list");
+        let (code, out, err) = cli(&args).await;
+        assert_eq!(code, 1, "{out:.200} {err}");
+        assert!(err.contains("16 MiB"), "json {json}: {err}");
+        assert!(out.len() < 1024, "json {json}: printed {} bytes", out.len());
+    }
+}
+
+/// The flags of a replica of a fleet on `redis`, its secret in `key`.
+fn fleet_flags(redis: &Redis, key: &std::path::Path) -> Vec<String> {
+    vec![
+        "--store".to_owned(),
+        redis.url.clone(),
+        "--store-key-file".to_owned(),
+        key.to_str().unwrap().to_owned(),
+        "--hold-standalone".to_owned(),
+        "false".to_owned(),
+    ]
+}
+
+/// Issue 56, R5-4: the fleet's list comes in pages (`?limit=`, at most 1000, then `cursor`
+/// from `next_cursor`), one fleet question at a time per replica (another one meanwhile gets
+/// 503 with `Retry-After`), and a burst of operators' reads leaves the request path's store
+/// up.
+#[tokio::test]
+async fn a_fleet_lists_in_pages_one_question_at_a_time() {
+    let Some(redis) = Redis::start("admin-pages").await else {
+        return;
+    };
+    let key = key_file("admin-pages", 32);
+    let mut mock = Mock::start().await;
+    let flags = fleet_flags(&redis, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    let b = Binary::start(mock.addr, &flags).await;
+    init_session(&a.addr, &mut mock, SECRET_1).await;
+    init_session(&b.addr, &mut mock, SECRET_2).await;
+    init_session(&b.addr, &mut mock, "session-id-never-shown-to-operators-3").await;
+
+    let all = listing(&a).await;
+    assert_eq!(all["sessions"].as_array().unwrap().len(), 3, "{all}");
+    assert!(all.get("next_cursor").is_none_or(Value::is_null), "{all}");
+
+    // Pages of two: two, then the last one, every session once.
+    let (status, _, first) = admin(&a, reqwest::Method::GET, "/sessions?limit=2", None).await;
+    assert_eq!(status, 200, "{first}");
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["sessions"].as_array().unwrap().len(), 2, "{first}");
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let (status, _, second) = admin(
+        &a,
+        reqwest::Method::GET,
+        &format!("/sessions?limit=2&cursor={cursor}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{second}");
+    let second: Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(second["sessions"].as_array().unwrap().len(), 1, "{second}");
+    assert!(
+        second.get("next_cursor").is_none_or(Value::is_null),
+        "{second}"
+    );
+    let mut seen: Vec<String> = [&first, &second]
+        .iter()
+        .flat_map(|l| l["sessions"].as_array().unwrap().iter())
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    seen.sort();
+    let mut every: Vec<String> = all["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    every.sort();
+    assert_eq!(seen, every);
+    // A page larger than the most one may ask is refused, as is a cursor that is no label.
+    for q in ["limit=100000", "limit=0", "limit=x", "cursor=nope"] {
+        let (status, _, body) =
+            admin(&a, reqwest::Method::GET, &format!("/sessions?{q}"), None).await;
+        assert_eq!(status, 400, "{q}: {body}");
+    }
+
+    // Operators all at once: one fleet question at a time, the others told when to come back.
+    let asks: Vec<_> = (0..8)
+        .map(|_| {
+            let admin = a.admin;
+            tokio::spawn(async move {
+                let resp = http_client()
+                    .get(format!("http://{admin}/sessions"))
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await
+                    .unwrap();
+                let retry = resp.headers().get("retry-after").cloned();
+                (resp.status().as_u16(), retry)
+            })
+        })
+        .collect();
+    let mut busy = 0;
+    for ask in asks {
+        match ask.await.unwrap() {
+            (200, _) => {}
+            (503, Some(_)) => busy += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(busy >= 1, "eight fleet questions at once, none paced");
+    // The request path's store is untouched by them.
+    let metrics = a.admin_get("/metrics").await.unwrap();
+    assert_eq!(metric_sum(&metrics, "mcp_reattach_store_up"), Some(1.0));
+    init_session(&a.addr, &mut mock, "session-id-never-shown-to-operators-4").await;
+}
+
+/// Issue 56, R5-11 (the admin channel): a message on `mra:admin` that no replica made (a
+/// store writer's, without the fleet's secret) is dropped: a forged end ends nothing, a forged
+/// question is not answered.
+#[tokio::test]
+async fn forged_admin_channel_messages_are_dropped() {
+    let Some(redis) = Redis::start("admin-forged").await else {
+        return;
+    };
+    let key = key_file("admin-forged", 32);
+    let mut mock = Mock::start().await;
+    let flags = fleet_flags(&redis, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    let b = Binary::start(mock.addr, &flags).await;
+    init_session(&b.addr, &mut mock, SECRET_1).await;
+    let label = listing(&a).await["sessions"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut store = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let reply = "mra:{adm:forged}:answers";
+    for op in ["end", "list"] {
+        let forged = serde_json::json!({ "op": op, "label": label, "reply": reply }).to_string();
+        let listeners: i64 = ::redis::cmd("PUBLISH")
+            .arg("mra:admin")
+            .arg(&forged)
+            .query_async(&mut store)
+            .await
+            .unwrap();
+        assert_eq!(listeners, 2, "both replicas listen");
+    }
+    assert!(
+        mock.nothing_within(Duration::from_millis(1000)).await,
+        "a forged end reached the upstream"
+    );
+    let answers: i64 = ::redis::cmd("LLEN")
+        .arg(reply)
+        .query_async(&mut store)
+        .await
+        .unwrap();
+    assert_eq!(answers, 0, "a forged question was answered");
+    assert_eq!(listing(&a).await["sessions"].as_array().unwrap().len(), 1);
+    let metrics = b.admin_get("/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "mcp_reattach_session_evictions_total{reason=\"admin\"}"
+        )
+        .unwrap_or(0.0),
+        0.0
+    );
+}
+
+/// Issue 56, R5-4: operators' questions never count against the request path's store. The
+/// store refuses this replica's questions (PUBLISH denied by an ACL): before, each refusal
+/// was a failure of the requests' connection, and three took the store down for the replica
+/// (`store_up` 0: resumes and claims went without it); now they fail alone.
+#[tokio::test]
+async fn operators_failing_questions_leave_the_request_path_up() {
+    let Some(redis) = Redis::start("admin-breaker").await else {
+        return;
+    };
+    let key = key_file("admin-breaker", 32);
+    let mut mock = Mock::start().await;
+    let flags = fleet_flags(&redis, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Binary::start(mock.addr, &flags).await;
+    init_session(&a.addr, &mut mock, SECRET_1).await;
+    let mut store = ::redis::Client::open(redis.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = ::redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-publish")
+        .query_async(&mut store)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let (status, _, body) = admin(&a, reqwest::Method::GET, "/sessions", None).await;
+        assert!(status == 200 || status == 503, "{status}: {body}");
+    }
+    let metrics = a.admin_get("/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(&metrics, "mcp_reattach_store_up"),
+        Some(1.0),
+        "operators' failed questions took the store down for the requests"
+    );
+    assert_eq!(
+        metric_sum(&metrics, "mcp_reattach_store_errors_total").unwrap_or(0.0),
+        0.0
+    );
 }

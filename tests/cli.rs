@@ -456,3 +456,60 @@ fn a_value_from_the_environment_is_named_by_its_variable() {
         "{err}"
     );
 }
+
+/// Issue 56 item 13: `sessions list --admin URL --json` (the form the docs use) is accepted as
+/// `sessions --admin URL --json list` is, and the `sessions` command's help lists its own flags,
+/// not every gateway flag. The gateway's and `demo`'s help are as they were.
+#[test]
+fn sessions_flags_follow_the_subcommand_and_its_help_is_its_own() {
+    // Nothing listens on port 1: each form parses, then fails to reach the listener (exit 1,
+    // not a usage error's 64).
+    let url = "http://127.0.0.1:1";
+    for args in [
+        vec!["sessions", "list", "--admin", url, "--json"],
+        vec!["sessions", "--admin", url, "--json", "list"],
+        vec!["sessions", "--json", "list", "--admin", url],
+        vec!["sessions", "show", "0123456789abcdef", "--admin", url],
+        vec!["sessions", "end", "0123456789abcdef", "--admin", url],
+    ] {
+        let out = bin()
+            .args(&args)
+            .env_remove("MCP_REATTACH_ADMIN_URL")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot reach the admin listener"),
+            "{args:?}: {err}"
+        );
+    }
+    let flags = |args: &[&str]| -> Vec<String> {
+        let out = bin().args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        help_sections(&String::from_utf8_lossy(&out.stdout))
+            .into_iter()
+            .map(|s| s.1)
+            .collect()
+    };
+    for args in [
+        &["sessions", "--help"][..],
+        &["sessions", "list", "--help"],
+        &["sessions", "show", "--help"],
+        &["help", "sessions", "list"],
+    ] {
+        let mut got = flags(args);
+        got.sort();
+        assert_eq!(
+            got,
+            ["--admin", "--admin-token-file", "--help", "--json"],
+            "{args:?}"
+        );
+    }
+    for args in [&["--help"][..], &["demo", "--help"]] {
+        let got = flags(args);
+        for f in ["--upstream", "--listen", "--store", "--admin-listen"] {
+            assert!(got.iter().any(|g| g == f), "{args:?} lacks {f}: {got:?}");
+        }
+    }
+}

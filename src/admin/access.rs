@@ -3,10 +3,11 @@
 //!
 //! - with `--admin-token-file`, ending a session needs the token (`Authorization: Bearer`, or
 //!   Basic with the token as the password: what a browser sends), and reading needs it too
-//!   with `--admin-token-for-reads`;
-//! - without it, sessions can be ended only on a loopback listener, and there a request must
-//!   name a loopback host (`Host`): a web page a browser on the same machine loads cannot
-//!   reach the listener through a name rebound to 127.0.0.1.
+//!   with `--admin-token-for-reads`, or when the listener is off loopback;
+//! - without it, sessions can be read and ended only on a loopback listener;
+//! - on a loopback listener, a request let in without the token must name a loopback host
+//!   (`Host`): a web page a browser on the same machine loads cannot reach the listener
+//!   through a name rebound to 127.0.0.1, token configured or not.
 //!
 //! Probes and `/metrics` never come here.
 
@@ -39,32 +40,49 @@ impl Access {
         }
     }
 
-    /// `Ok` when `req` may do what it wants, else the answer that says why not.
+    /// `Ok` when `req` may do what it wants, else the answer that says why not. One table:
+    ///
+    /// | the request | loopback listener | listener off loopback |
+    /// |---|---|---|
+    /// | the token (when one is configured) | yes | yes |
+    /// | another token | 401 | 401 |
+    /// | none, to end, with a token configured | 401 | 401 |
+    /// | none, to end, without a token | a loopback `Host` only, else 403 | 403 |
+    /// | none, to read, `--admin-token-for-reads` | 401 | 401 |
+    /// | none, to read, a token configured | a loopback `Host` only, else 403 | 401 |
+    /// | none, to read, without a token | a loopback `Host` only, else 403 | 403 |
+    ///
+    /// The `Host` check holds whenever a loopback listener lets a request in without the
+    /// token: a page in a browser on this machine reaches it through a name rebound to
+    /// 127.0.0.1, and carries no token (issue 56, R5-10).
     pub(super) fn check<B>(&self, req: &Request<B>, want: Want) -> Result<(), Answer> {
         if let Some(token) = &self.token {
-            let needed = want == Want::End || self.token_for_reads;
-            return match presented(req) {
+            match presented(req) {
                 // blake3's `Hash` compares in constant time.
-                Some(t) if blake3::hash(&t) == *token => Ok(()),
-                Some(_) => Err(refused(
-                    StatusCode::UNAUTHORIZED,
-                    "the admin token is not the one in --admin-token-file",
-                )),
-                None if !needed => Ok(()),
-                None => Err(refused(
-                    StatusCode::UNAUTHORIZED,
-                    "this needs the admin token (Authorization: Bearer <token>)",
-                )),
-            };
+                Some(t) if blake3::hash(&t) == *token => return Ok(()),
+                Some(_) => {
+                    return Err(refused(
+                        StatusCode::UNAUTHORIZED,
+                        "the admin token is not the one in --admin-token-file",
+                    ))
+                }
+                None if want == Want::End || self.token_for_reads || !self.loopback => {
+                    return Err(refused(
+                        StatusCode::UNAUTHORIZED,
+                        "this needs the admin token (Authorization: Bearer <token>)",
+                    ))
+                }
+                None => {}
+            }
         }
         if !self.loopback {
-            if want == Want::End {
-                return Err(refused(
-                    StatusCode::FORBIDDEN,
-                    "ending sessions on an admin listener outside loopback needs --admin-token-file",
-                ));
-            }
-            return Ok(());
+            return Err(refused(
+                StatusCode::FORBIDDEN,
+                match want {
+                    Want::End => "ending sessions on an admin listener outside loopback needs --admin-token-file",
+                    Want::Read => "reading sessions on an admin listener outside loopback needs --admin-token-file",
+                },
+            ));
         }
         if !loopback_host(req) {
             return Err(refused(
@@ -171,7 +189,7 @@ mod tests {
         let exposed = access(None, false, false);
         assert_eq!(
             status(exposed.check(&req("10.0.0.5:9090", None), Want::Read)),
-            200
+            403
         );
         assert_eq!(
             status(exposed.check(&req("10.0.0.5:9090", None), Want::End)),
@@ -188,7 +206,8 @@ mod tests {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("operator:{token}"))
         );
-        assert_eq!(status(a.check(&req("h", None), Want::Read)), 200);
+        // Off loopback, reading needs the token too.
+        assert_eq!(status(a.check(&req("h", None), Want::Read)), 401);
         assert_eq!(status(a.check(&req("h", None), Want::End)), 401);
         assert_eq!(
             status(a.check(&req("h", Some("Bearer nope")), Want::End)),
@@ -200,6 +219,20 @@ mod tests {
         );
         assert_eq!(status(a.check(&req("h", Some(&bearer)), Want::End)), 200);
         assert_eq!(status(a.check(&req("h", Some(&basic)), Want::End)), 200);
+        // On loopback, reads left open keep the rebinding check (R5-10).
+        let open = access(Some(token), false, true);
+        assert_eq!(
+            status(open.check(&req("127.0.0.1:9090", None), Want::Read)),
+            200
+        );
+        assert_eq!(
+            status(open.check(&req("evil.example:9090", None), Want::Read)),
+            403
+        );
+        assert_eq!(
+            status(open.check(&req("evil.example:9090", Some(&bearer)), Want::Read)),
+            200
+        );
         let reads = access(Some(token), true, true);
         assert_eq!(
             status(reads.check(&req("127.0.0.1", None), Want::Read)),

@@ -2,19 +2,26 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /sessions` | every session ([`Listing`], JSON): with a store, the fleet's |
+//! | `GET /sessions[?limit=N&cursor=ID]` | a page of the sessions ([`Listing`], JSON; with a store, the fleet's) by id: at most `limit` (default [`DEFAULT_PAGE`], at most [`MAX_PAGE`]), those after `cursor`; `next_cursor` names the next page |
 //! | `GET /sessions/{id}` | the session labelled `{id}` (a [`Listing`] of one), else 404 |
 //! | `DELETE /sessions/{id}` | ends it as its client's `DELETE` would, upstream too; 404 when no replica holds it |
 //! | `GET /ui`, `GET /ui/sessions/{id}` | the same, read-only, as HTML (`ui`) |
 //!
-//! `{id}` is a session's label (the hashed id logs and metrics show), never its id.
+//! `{id}` is a session's label (the hashed id logs and metrics show), never its id. With a
+//! store, while another operator's question to the fleet is out, a read or an end that needs
+//! the fleet gets 503 with `Retry-After` (one question at a time per replica: `store::ask`).
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 
 use super::access::Want;
 use super::{ui, Admin, Answer};
+use crate::proxy::Asked;
 use crate::session::Listing;
+pub(super) use crate::store::MAX_PAGE;
+
+/// The sessions a page holds when `limit` is not given.
+pub(super) const DEFAULT_PAGE: usize = 100;
 
 const JSON: &str = "application/json";
 const HTML: &str = "text/html; charset=utf-8";
@@ -76,34 +83,87 @@ async fn answer<B>(admin: &Admin, req: &Request<B>) -> Answer {
         None if path == "/ui" || path == "/ui/" => None,
         None => return not_found(html, "no such page"),
     };
+    let (after, limit) = match page_asked(req.uri().query()) {
+        Ok(p) => p,
+        Err(why) => return bad_query(html, why),
+    };
     match (want, label, html) {
         (Want::End, Some(label), _) => match gateway.end_labelled(label).await {
-            Some(by) => Answer::new(
+            Ok(Some(by)) => Answer::new(
                 StatusCode::OK,
                 JSON,
                 serde_json::json!({ "ended": label, "by": by }).to_string(),
             ),
-            None => not_found(false, "no replica holds a session of that id"),
+            Ok(None) => not_found(false, "no replica holds a session of that id"),
+            Err(_) => busy(false),
         },
         (Want::End, None, _) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
             "end one session: DELETE /sessions/{id}",
         ),
-        (Want::Read, None, false) => json(&gateway.sessions(None).await),
-        (Want::Read, None, true) => Answer::new(
-            StatusCode::OK,
-            HTML,
-            ui::list(&gateway.sessions(None).await),
-        ),
+        (Want::Read, None, html) => match gateway.sessions(Asked::Page { after, limit }).await {
+            Ok(l) if html => Answer::new(StatusCode::OK, HTML, ui::list(&l)),
+            Ok(l) => json(&l),
+            Err(_) => busy(html),
+        },
         (Want::Read, Some(label), html) => {
-            let one = gateway.sessions(Some(label)).await;
+            let Ok(one) = gateway.sessions(Asked::One(label)).await else {
+                return busy(html);
+            };
             match (one.sessions.first(), html) {
                 (None, _) => not_found(html, "no replica holds a session of that id"),
                 (Some(_), false) => json(&one),
                 (Some(s), true) => Answer::new(StatusCode::OK, HTML, ui::session(&one, s)),
             }
         }
+    }
+}
+
+/// The page a query asks for: `cursor` (a label: the page starts after it) and `limit` (1 to
+/// [`MAX_PAGE`], [`DEFAULT_PAGE`] without it); anything else in the query is ignored.
+fn page_asked(query: Option<&str>) -> Result<(Option<&str>, usize), &'static str> {
+    let (mut after, mut limit) = (None, DEFAULT_PAGE);
+    for pair in query.unwrap_or("").split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "cursor" if is_label(v) => after = Some(v),
+            "cursor" => return Err("cursor: a session id as the list shows it, 16 hex digits"),
+            "limit" => match v.parse::<usize>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
+                _ => return Err("limit: a number of sessions from 1 to 1000"),
+            },
+            _ => {}
+        }
+    }
+    Ok((after, limit))
+}
+
+/// Another operator's question to the fleet is out.
+fn busy(html: bool) -> Answer {
+    let why = "another operator's question to the fleet is out; ask again in a second";
+    let mut a = if html {
+        Answer::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            HTML,
+            ui::message("Busy", why),
+        )
+    } else {
+        error(StatusCode::SERVICE_UNAVAILABLE, "busy", why)
+    };
+    a.headers.push((http::header::RETRY_AFTER, "1"));
+    a
+}
+
+fn bad_query(html: bool, why: &str) -> Answer {
+    if html {
+        Answer::new(
+            StatusCode::BAD_REQUEST,
+            HTML,
+            ui::message("Not a page of the list", why),
+        )
+    } else {
+        error(StatusCode::BAD_REQUEST, "bad-query", why)
     }
 }
 

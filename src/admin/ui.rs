@@ -53,6 +53,13 @@ pub(super) fn list(l: &Listing) -> String {
         }
         h.push_str("</tbody></table>");
     }
+    if let Some(next) = &l.next_cursor {
+        let _ = write!(
+            h,
+            "<p id=\"next\"><a href=\"/ui?cursor={c}\">Next page</a> (sessions after <code>{c}</code>).</p>",
+            c = esc(next),
+        );
+    }
     h.push_str("<p class=\"muted\">JSON: <a href=\"/sessions\"><code>/sessions</code></a>.</p>");
     page_end(h)
 }

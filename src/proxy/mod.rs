@@ -52,6 +52,7 @@ use crate::store::{Adoption, Store};
 use crate::upstream::{full_body, Upstream};
 
 // The exchange's types under the names the route handlers use (`super::...`).
+pub(crate) use self::operator::Asked;
 pub(crate) use self::orphans::Facts;
 use self::orphans::{FinishOnDrop, Orphans};
 pub(crate) use crate::exchange::{ClientBody, Conn, ResBody, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};

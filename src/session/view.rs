@@ -166,6 +166,51 @@ pub struct Listing {
     /// included. Fewer in `replicas`: some did not answer within a second.
     pub replicas_asked: usize,
     pub sessions: Vec<SessionView>,
+    /// More sessions follow: the next page is asked for with this as its `cursor` (the
+    /// largest label of this page; pages go by label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// The longest protocol version an operator's page carries of a session: a client's own text,
+/// cut there (at a character's boundary) so one session cannot fill a page.
+pub(crate) const VIEW_PROTOCOL_CHARS: usize = 64;
+
+/// One page of `views`: those labelled after `after` (all without it), by label, at most
+/// `limit` of them and, past the first, at most `bytes` of JSON. `true` with it when some were
+/// left for a next page. Each view's protocol version is cut at [`VIEW_PROTOCOL_CHARS`].
+pub(crate) fn page(
+    views: impl IntoIterator<Item = SessionView>,
+    after: Option<&str>,
+    limit: usize,
+    bytes: usize,
+) -> (Vec<SessionView>, bool) {
+    let mut all: Vec<SessionView> = views
+        .into_iter()
+        .filter(|v| after.is_none_or(|a| v.id.as_str() > a))
+        .collect();
+    all.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut out = Vec::new();
+    let mut used = 0usize;
+    let total = all.len();
+    for mut v in all {
+        if out.len() >= limit {
+            break;
+        }
+        if let Some(p) = &mut v.protocol_version {
+            if let Some((cut, _)) = p.char_indices().nth(VIEW_PROTOCOL_CHARS) {
+                p.truncate(cut);
+            }
+        }
+        let size = serde_json::to_vec(&v).map_or(usize::MAX, |j| j.len());
+        if !out.is_empty() && used.saturating_add(size) > bytes {
+            break;
+        }
+        used = used.saturating_add(size);
+        out.push(v);
+    }
+    let more = out.len() < total;
+    (out, more)
 }
 
 /// One session's views from the replicas that hold it, as one: its streams from all of them
@@ -262,5 +307,28 @@ mod tests {
         );
         assert_eq!((s1.created_ms, s1.last_used_ms), (10, 20));
         assert_eq!(s1.protocol_version.as_deref(), Some("2025-06-18"));
+    }
+
+    #[test]
+    fn pages_go_by_label_bounded_in_count_and_bytes() {
+        let views: Vec<SessionView> = ["c", "a", "d", "b"]
+            .iter()
+            .map(|id| view(id, "r", &[0], 0))
+            .collect();
+        let ids = |p: &[SessionView]| p.iter().map(|v| v.id.clone()).collect::<Vec<_>>();
+        let (p, more) = page(views.clone(), None, 2, usize::MAX);
+        assert_eq!((ids(&p), more), (vec!["a".into(), "b".into()], true));
+        let (p, more) = page(views.clone(), Some("b"), 2, usize::MAX);
+        assert_eq!((ids(&p), more), (vec!["c".into(), "d".into()], false));
+        // The bytes bound keeps the first view whatever its size, and stops before the next.
+        let (p, more) = page(views.clone(), None, 10, 1);
+        assert_eq!((ids(&p), more), (vec!["a".into()], true));
+        let mut long = view("e", "r", &[], 0);
+        long.protocol_version = Some("é".repeat(1000));
+        let (p, _) = page([long], None, 1, usize::MAX);
+        assert_eq!(
+            p[0].protocol_version.as_deref().map(|v| v.chars().count()),
+            Some(VIEW_PROTOCOL_CHARS)
+        );
     }
 }

@@ -38,6 +38,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::session::{EndUpstream, Eviction, Principal, Registry, Session};
 
+pub(crate) use self::ask::{Busy, ANSWER_BYTES, MAX_PAGE};
 pub(crate) use self::follow::{FollowBody, FollowError};
 use self::wire::{Keys, Record, Tag, STREAM_BLOCK};
 
@@ -161,6 +162,9 @@ pub(crate) struct Shared {
     /// Sessions created while the store did not take their record: written at their next
     /// request once it does (by hashed id).
     unrecorded: Mutex<std::collections::HashSet<Arc<str>>>,
+    /// The operators' questions to the fleet and their answers, on a connection of their own
+    /// ([`ask`]).
+    operator: ask::Operator,
 }
 
 /// What the store says of a session this replica does not hold.
@@ -278,6 +282,14 @@ impl Store {
                 return Store::Off;
             }
         };
+        // The operators' own (`ask`): their questions never take the requests' turns.
+        let operator = match connect() {
+            Ok(o) => ask::Operator::new(o),
+            Err(e) => {
+                tracing::error!(error = %e, "--store: cannot make its connection; running without the store");
+                return Store::Off;
+            }
+        };
         let mut replica = [0u8; 6];
         let _ = getrandom::getrandom(&mut replica);
         let replica: String = replica.iter().map(|b| format!("{b:02x}")).collect();
@@ -314,6 +326,7 @@ impl Store {
             running: Default::default(),
             tags: Default::default(),
             draining: tokio::sync::watch::Sender::new(false),
+            operator,
         });
         tokio::spawn(progress::poll(Arc::downgrade(&shared), registry.clone()));
         tokio::spawn(gone::listen(

@@ -31,6 +31,8 @@ pub(crate) struct Keys {
     seal: [u8; 32],
     /// Session labels (logs, metrics, the admin listener): the same on every replica.
     pub labels: [u8; 32],
+    /// The admin channel's MACs (`ask`): a question or an answer no replica made is dropped.
+    pub admin: [u8; 32],
 }
 
 impl Keys {
@@ -40,6 +42,7 @@ impl Keys {
             names: blake3::derive_key("mcp-reattach 2026-12 store key names", secret),
             seal: blake3::derive_key("mcp-reattach 2026-12 store seal", secret),
             labels: blake3::derive_key("mcp-reattach 2026-12 session labels", secret),
+            admin: blake3::derive_key("mcp-reattach 2026-12 admin channel", secret),
         }
     }
 
