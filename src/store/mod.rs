@@ -38,7 +38,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::session::{Principal, Registry, Session};
 
-pub(crate) use self::follow::{FollowBody, FollowError};
+pub(crate) use self::follow::{FollowBody, FollowError, Followed, Start};
 use self::wire::{Keys, Record, Tag, STREAM_BLOCK};
 
 use self::writer::{Queue, Write};
