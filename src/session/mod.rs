@@ -25,7 +25,9 @@
 //! - `whole`: an answer that came whole, its stream opened, tagged, ended and its client's
 //!   whole body made under one hold of the lock.
 //!
-//! Below them, pure parts with no locks and no I/O: `stream` (one stream's bookkeeping and
+//! Below them, pure parts with no locks and no I/O: `decide` (the one resume decision: what
+//! a cursor gets from what is known of its stream, which `resume` and `store::follow` both
+//! act on), `stream` (one stream's bookkeeping and
 //! the flow-control predicates), `reserve` (the in-flight reserve of written batches),
 //! `batch` (the frame one poll writes), `dedup` (POST de-duplication), `control` (the
 //! gateway's own events: priming, resumed, resumption-failed / -required) and `hold` (the
