@@ -197,13 +197,18 @@ fn scenario(
     (s, stream, positions, kept)
 }
 
+/// One row of a table: its name, its cursor (made from the session's epoch, the stream and
+/// its events' positions), and what the answer must be.
+type Case = (
+    &'static str,
+    fn(u64, u32, &[u64]) -> Cursor,
+    fn(&Answer) -> bool,
+);
+
 /// Runs every cursor of `cursors` (made from the session's epoch, the stream, its events'
 /// positions) against the held stream and the followed one, each on a fresh scenario (a
 /// resume changes what the next one gets), asserting the same answer and the one expected.
-fn same_answers(
-    build: impl Fn() -> (Session, u32, Vec<u64>, Kept),
-    cursors: &[(&str, fn(u64, u32, &[u64]) -> Cursor, fn(&Answer) -> bool)],
-) {
+fn same_answers(build: impl Fn() -> (Session, u32, Vec<u64>, Kept), cursors: &[Case]) {
     for (case, make, want) in cursors {
         let (s, stream, positions, kept) = build();
         let cursor = make(s.epoch, stream, &positions);
