@@ -1327,14 +1327,42 @@ async fn a_cursor_gets_the_same_answer_from_the_owner_and_from_another_replica()
         on_b, on_a,
         "the last event of an ended call, on the other replica"
     );
-    // And 50 ahead of an ended call's last event.
+    // The same call's other cursors: 50 ahead of its last event, inside it, its end position,
+    // before its opening, another epoch, malformed.
     let (head, seq) = last.rsplit_once('.').unwrap();
-    let ahead = format!("{head}.{}", seq.parse::<u64>().unwrap() + 50);
-    let on_a = resume_answer(&a, SID, &ahead).await;
-    assert_eq!(on_a, (409, "cursor-ahead".to_owned()), "the owner");
-    let on_b = resume_answer(&b, SID, &ahead).await;
-    assert_eq!(
-        on_b, on_a,
-        "an ended call's cursor 50 ahead, on the other replica"
-    );
+    let (epoch_hex, stream_no) = head.split_once('.').unwrap();
+    let other_epoch = format!("{:016x}", u64::from_str_radix(epoch_hex, 16).unwrap() ^ 1);
+    for (case, at, want) in [
+        (
+            "50 ahead",
+            format!("{head}.{}", seq.parse::<u64>().unwrap() + 50),
+            (409, "cursor-ahead"),
+        ),
+        ("inside", cursor.clone(), (200, "mcp-reattach/resumed")),
+        (
+            "the end position",
+            format!("{head}.{}", u64::MAX),
+            (409, "stream-ended"),
+        ),
+        (
+            "before its opening",
+            format!("{head}.0"),
+            (409, "foreign-cursor"),
+        ),
+        (
+            "another epoch",
+            format!("{other_epoch}.{stream_no}.{seq}"),
+            (409, "foreign-cursor"),
+        ),
+        (
+            "malformed",
+            format!("{head}.0{seq}"),
+            (400, "malformed-cursor"),
+        ),
+    ] {
+        let on_a = resume_answer(&a, SID, &at).await;
+        assert_eq!(on_a, (want.0, want.1.to_owned()), "{case}: the owner");
+        let on_b = resume_answer(&b, SID, &at).await;
+        assert_eq!(on_b, on_a, "{case}: the other replica");
+    }
 }
