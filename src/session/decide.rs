@@ -37,7 +37,8 @@ pub(crate) struct Facts {
     pub owner_gone: bool,
     /// Events after `seq` can no longer be delivered (evicted, trimmed, a hole in the chain).
     pub lost_after: bool,
-    /// Events after `seq` are at hand to replay.
+    /// Events after `seq` are at hand to replay. Looked at only for an ended stream (a running
+    /// one is attached to whether or not): a path may leave it `false` for a running one.
     pub more: bool,
     /// Requests of the stream whose answer the client at `seq` has not seen, and that were
     /// not answered with an error that stands.

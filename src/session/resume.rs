@@ -98,8 +98,11 @@ impl State {
                 // This replica is the owner.
                 owner_gone: false,
                 lost_after: s.lost_upto > seq,
-                more: self.window.after(cursor.stream, seq).next().is_some()
-                    || s.overflow.as_ref().is_some_and(|o| o.seq > seq),
+                // Asked of an ended stream only (see `Facts::more`): a resume's hot path
+                // does not look for it twice.
+                more: s.end.is_some()
+                    && (self.window.after(cursor.stream, seq).next().is_some()
+                        || s.overflow.as_ref().is_some_and(|o| o.seq > seq)),
                 unanswered: s.unanswered_after(seq).next().is_some(),
             }),
             None if cursor.stream < self.next_stream => Known::Forgotten {
