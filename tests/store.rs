@@ -300,15 +300,21 @@ async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
         }
     }
     assert!(keys.is_empty(), "the call's events stay deleted: {keys:?}");
-    // Resumed on B: not a silent nothing, the explicit gap, with the call's error.
+    // Resumed on B: not a silent nothing, the explicit gap, with the call's error, as the
+    // owner answers a gap (issue 56 finding 12: one rule): its frames are the whole body.
     let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
     assert_eq!(resp.status(), 200);
     let events = SseReader::new(resp).rest().await;
     let kinds: Vec<Option<&str>> = events.iter().map(|e| e.event.as_deref()).collect();
-    assert_eq!(kinds[0], Some("mcp-reattach/resumed"), "{events:?}");
-    assert!(
-        kinds.contains(&Some("mcp-reattach/resumption-failed")),
+    assert_eq!(
+        kinds[0],
+        Some("mcp-reattach/resumption-failed"),
         "the gap is said: {events:?}"
+    );
+    assert_eq!(
+        events[0].id.as_deref(),
+        Some(cursor.as_str()),
+        "at the cursor"
     );
     let error = events
         .iter()
@@ -1344,4 +1350,140 @@ async fn a_store_needs_the_fleets_secret() {
     .expect("a short key: it does not start");
     assert_eq!(refused.code, Some(64));
     assert!(refused.stderr.contains("at least 32"), "{}", refused.stderr);
+}
+
+/// The status and `data.reason` a resume at `cursor` through `gw` gets, within a second for
+/// the head (a 200 whose stream waits is a 200), with its first event's type if it is a 200.
+async fn resume_answer(gw: &Binary, sid: &str, cursor: &str) -> (u16, String) {
+    let resp = tokio::time::timeout(
+        Duration::from_secs(2),
+        send(gw.addr, as_(ALICE, get(sid, Some(cursor)))),
+    )
+    .await
+    .expect("a resume's answer head");
+    let status = resp.status().as_u16();
+    if status == 200 {
+        let first = tokio::time::timeout(Duration::from_secs(2), SseReader::new(resp).next())
+            .await
+            .ok()
+            .flatten()
+            .and_then(|e| e.event);
+        return (status, first.unwrap_or_default());
+    }
+    let body = body_json(resp).await;
+    let reason = body["error"]["data"]["reason"].as_str().unwrap_or("?");
+    (status, reason.to_owned())
+}
+
+/// Waits until the store holds the end of a stream of the session (its meta says `end`).
+async fn store_has_an_end(redis: &Redis) {
+    use ::redis::AsyncCommands;
+    let mut conn = store_conn(redis).await;
+    for _ in 0..200 {
+        let keys: Vec<String> = conn.keys("mra:*:m:*").await.unwrap();
+        for k in keys {
+            let m: Option<String> = conn.get(&k).await.unwrap();
+            if m.is_some_and(|m| m.contains("\"end\"")) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the stream's end never reached the store");
+}
+
+/// Issue 56 finding 12: one resume rule. The same cursor gets the same answer from the replica
+/// that owns its stream and from one that follows it from the store: the last event of an
+/// ended call (everything delivered) is 409 `stream-ended` on both (a 200 that ends at once
+/// makes the TypeScript client loop), and a cursor 50 positions ahead is 409 `cursor-ahead` on
+/// both (not a 200 that waits for positions that will never come).
+#[tokio::test]
+async fn a_cursor_gets_the_same_answer_from_the_owner_and_from_another_replica() {
+    let Some(redis) = Redis::start("one-rule").await else {
+        return;
+    };
+    let key = key_file("one-rule", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "one-rule-session";
+    initialize(&a, &mut mock, SID).await;
+
+    // (b) A call running on A, its client cut after its first event: 50 positions ahead.
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 3).await;
+    let (head, seq) = cursor.rsplit_once('.').unwrap();
+    let ahead = format!("{head}.{}", seq.parse::<u64>().unwrap() + 50);
+    let on_a = resume_answer(&a, SID, &ahead).await;
+    assert_eq!(on_a, (409, "cursor-ahead".to_owned()), "the owner");
+    let on_b = resume_answer(&b, SID, &ahead).await;
+    assert_eq!(
+        on_b, on_a,
+        "a running call's cursor 50 ahead, on the other replica"
+    );
+
+    // (a) The call ends; its client read everything, the result last.
+    let resp = send(a.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let mut reader = SseReader::new(resp);
+    assert_eq!(
+        reader.next().await.unwrap().event.as_deref(),
+        Some("mcp-reattach/resumed")
+    );
+    upstream.message(&result(3)).await;
+    drop(upstream);
+    let rest = reader.rest().await;
+    let last = rest
+        .iter()
+        .rev()
+        .find(|e| e.data.as_deref() == Some(result(3).as_str()))
+        .and_then(|e| e.id.clone())
+        .expect("the result, with an id");
+    store_has_an_end(&redis).await;
+    let on_a = resume_answer(&a, SID, &last).await;
+    assert_eq!(on_a, (409, "stream-ended".to_owned()), "the owner");
+    let on_b = resume_answer(&b, SID, &last).await;
+    assert_eq!(
+        on_b, on_a,
+        "the last event of an ended call, on the other replica"
+    );
+    // The same call's other cursors: 50 ahead of its last event, inside it, its end position,
+    // before its opening, another epoch, malformed.
+    let (head, seq) = last.rsplit_once('.').unwrap();
+    let (epoch_hex, stream_no) = head.split_once('.').unwrap();
+    let other_epoch = format!("{:016x}", u64::from_str_radix(epoch_hex, 16).unwrap() ^ 1);
+    for (case, at, want) in [
+        (
+            "50 ahead",
+            format!("{head}.{}", seq.parse::<u64>().unwrap() + 50),
+            (409, "cursor-ahead"),
+        ),
+        ("inside", cursor.clone(), (200, "mcp-reattach/resumed")),
+        (
+            "the end position",
+            format!("{head}.{}", u64::MAX),
+            (409, "stream-ended"),
+        ),
+        (
+            "before its opening",
+            format!("{head}.0"),
+            (409, "foreign-cursor"),
+        ),
+        (
+            "another epoch",
+            format!("{other_epoch}.{stream_no}.{seq}"),
+            (409, "foreign-cursor"),
+        ),
+        (
+            "malformed",
+            format!("{head}.0{seq}"),
+            (400, "malformed-cursor"),
+        ),
+    ] {
+        let on_a = resume_answer(&a, SID, &at).await;
+        assert_eq!(on_a, (want.0, want.1.to_owned()), "{case}: the owner");
+        let on_b = resume_answer(&b, SID, &at).await;
+        assert_eq!(on_b, on_a, "{case}: the other replica");
+    }
 }

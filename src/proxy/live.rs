@@ -95,11 +95,22 @@ impl Gateway {
             seq: 0,
         };
         let charge = self.registry.budget().charge();
-        let (body, _) = self
+        // A live attach from the stream's opening: always followed (it is no resume).
+        let crate::store::Followed::Body(body, _) = self
             .store
-            .follow(s, from, None, reattach, charge)
+            .follow(
+                s,
+                from,
+                crate::store::Start::Opening,
+                None,
+                reattach,
+                charge,
+            )
             .await
-            .ok()?;
+            .ok()?
+        else {
+            return None;
+        };
         if reattach.is_some() {
             self.registry.metrics().resume(ResumeOutcome::Reattached);
         }

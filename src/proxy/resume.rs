@@ -16,8 +16,8 @@ use crate::config::ResumeAuth;
 use crate::cursor::Cursor;
 use crate::error::{ProxyError, Refusal};
 use crate::metrics::ResumeOutcome;
-use crate::session::{Resume, ResumeError, Retransmission, Session};
-use crate::store::FollowError;
+use crate::session::{Resume, Retransmission, Session};
+use crate::store::{FollowError, Followed, Start};
 use crate::upstream::full_body;
 
 impl Gateway {
@@ -53,33 +53,34 @@ impl Gateway {
             // Another replica's stream, perhaps: served from the fleet's store if it is there.
             let who = (self.cfg.resume_auth != ResumeAuth::None).then_some(inb.principal);
             let charge = self.registry.budget().charge();
-            match self.store.follow(&session, cursor, who, None, charge).await {
-                Ok((body, replay)) => {
+            match self
+                .store
+                .follow(&session, cursor, Start::After, who, None, charge)
+                .await
+            {
+                Ok(Followed::Body(body, replay)) => {
                     self.registry.metrics().resume(ResumeOutcome::Resumed);
                     tracing::debug!(mcp.session = %session.hashed_id(), mcp.stream = cursor.stream, replay, "resumed from the fleet's store");
                     return Ok(self.followed_response(session.id(), body));
+                }
+                Ok(Followed::Gap(frames)) => {
+                    self.registry.metrics().resume(ResumeOutcome::Gap);
+                    return Ok(self.gap_response(session.id(), frames));
                 }
                 Err(FollowError::NotTheCallers) => {
                     self.registry.metrics().resume(ResumeOutcome::Unauthorized);
                     return Err(ProxyError::UnknownSession.into());
                 }
-                Err(FollowError::Foreign) => {
-                    return Err(ProxyError::Resume(ResumeError::ForeignCursor).into());
+                Err(FollowError::Refused(e)) => {
+                    return Err(ProxyError::Resume(e).into());
                 }
-                Err(FollowError::Ended) => {
-                    return Err(ProxyError::Resume(ResumeError::StreamEnded).into());
-                }
-                Err(FollowError::StandaloneOver { lost }) => {
-                    // As for a standalone stream of its own that ended: the client
-                    // re-attaches to the session (wherever its standalone stream is held now).
+                Err(FollowError::Reattach { lost, reason }) => {
+                    // As for a standalone stream of its own: the client re-attaches to the
+                    // session (wherever its standalone stream is held now).
                     let r = crate::session::Reattach {
                         previous: cursor.to_string(),
                         lost,
-                        reason: if lost {
-                            "stream-expired"
-                        } else {
-                            "stream-ended"
-                        },
+                        reason,
                     };
                     return Box::pin(self.attach(inb, Some(session), Some(r))).await;
                 }
@@ -101,7 +102,7 @@ impl Gateway {
         }
         match session.resume(cursor, Some(inb.kill.clone())) {
             Ok(r) => Ok(self.resumed(&inb.facts, session, r, ResumeOutcome::Resumed)),
-            Err(e) => match session.standalone_reattach(&cursor, e) {
+            Err(e) => match session.standalone_reattach(&cursor) {
                 Some(r) => {
                     tracing::debug!(mcp.session = %session.hashed_id(), reason = r.reason, "standalone cursor re-attaches to the session");
                     self.attach(inb, Some(session), Some(r)).await
@@ -152,7 +153,7 @@ impl Gateway {
         stream: u32,
     ) -> Result<Response<ResBody>, Refusal> {
         let single_id = inb.info.single_id.clone();
-        // Position 0 is before every stream's opening: from the opening, whatever it is.
+        // From the stream's opening, whatever it is.
         let from = Cursor {
             epoch: session.epoch(),
             stream,
@@ -161,15 +162,27 @@ impl Gateway {
         let charge = self.registry.budget().charge();
         match self
             .store
-            .follow(&session, from, Some(inb.principal), None, charge)
+            .follow(
+                &session,
+                from,
+                Start::Opening,
+                Some(inb.principal),
+                None,
+                charge,
+            )
             .await
         {
-            Ok((body, replay)) => {
+            Ok(Followed::Body(body, replay)) => {
                 self.registry
                     .metrics()
                     .resume(ResumeOutcome::Retransmission);
                 tracing::info!(mcp.session = %session.hashed_id(), mcp.stream = stream, replay, "retransmitted request answered as a resume from the fleet's store");
                 Ok(self.followed_response(session.id(), body))
+            }
+            Ok(Followed::Gap(frames)) => {
+                // As on the owner: the stream lost events, its requests get their errors.
+                self.registry.metrics().resume(ResumeOutcome::Gap);
+                Ok(self.gap_response(session.id(), frames))
             }
             Err(_) => {
                 let id = single_id
@@ -198,10 +211,15 @@ impl Gateway {
             }
             Resume::GapWithErrors { frames } => {
                 self.registry.metrics().resume(ResumeOutcome::Gap);
-                let mut resp = Response::new(full_body(frames));
-                sse_headers(resp.headers_mut(), session.id());
-                resp
+                self.gap_response(session.id(), frames)
             }
         }
+    }
+
+    /// The explicit gap's whole body (held or followed from the store).
+    fn gap_response(&self, session_id: &str, frames: bytes::Bytes) -> Response<ResBody> {
+        let mut resp = Response::new(full_body(frames));
+        sse_headers(resp.headers_mut(), session_id);
+        resp
     }
 }

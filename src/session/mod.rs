@@ -25,7 +25,9 @@
 //! - `whole`: an answer that came whole, its stream opened, tagged, ended and its client's
 //!   whole body made under one hold of the lock.
 //!
-//! Below them, pure parts with no locks and no I/O: `stream` (one stream's bookkeeping and
+//! Below them, pure parts with no locks and no I/O: `decide` (the one resume decision: what
+//! a cursor gets from what is known of its stream, which `resume` and `store::follow` both
+//! act on), `stream` (one stream's bookkeeping and
 //! the flow-control predicates), `reserve` (the in-flight reserve of written batches),
 //! `batch` (the frame one poll writes), `dedup` (POST de-duplication), `control` (the
 //! gateway's own events: priming, resumed, resumption-failed / -required) and `hold` (the
@@ -34,6 +36,7 @@
 
 mod batch;
 mod control;
+mod decide;
 mod dedup;
 mod deliver;
 mod hold;
@@ -78,6 +81,7 @@ pub use self::view::{Listing, SessionView, StreamView};
 pub(crate) fn resumption_required_frame(here: &str) -> Bytes {
     control::resumption_required(here, Outcome::Shutdown, None)
 }
+pub(crate) use self::decide::{decide, Decision, Known, Stored};
 pub(crate) use self::registry::set_label_key;
 pub(crate) use self::registry::Publisher;
 pub use self::registry::{hash_id, Owner, Principal, Registry};
@@ -519,15 +523,15 @@ impl Session {
         self.with_state(|st| st.resume(&self.metrics, cursor, kill, now))
     }
 
-    /// A standalone-stream cursor that [`Session::resume`] refused with `err`: when the
+    /// A standalone-stream cursor that [`Session::resume`] refused: when the
     /// session outlives that stream (it ended, was forgotten, or lost the events after the
     /// cursor), the client re-attaches to the session instead (see [`Reattach`]). `None`
     /// when the cursor is not a standalone cursor of this session, or the refusal stands.
-    pub fn standalone_reattach(&self, cursor: &Cursor, err: ResumeError) -> Option<Reattach> {
+    pub fn standalone_reattach(&self, cursor: &Cursor) -> Option<Reattach> {
         if cursor.epoch != self.epoch {
             return None;
         }
-        lock(&self.state).standalone_reattach(cursor, err)
+        lock(&self.state).standalone_reattach(cursor)
     }
 
     /// Marks a POST carrying `ids` as forwarded until the returned guard drops (after its

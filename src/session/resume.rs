@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::decide::{decide, Decision, Facts, Known};
 use super::state::State;
 use super::stream::{StreamKind, Subscriber};
 use super::{control, Attachment, Principal, Reattach};
@@ -82,7 +83,38 @@ impl State {
                 .is_none_or(|s| s.kind == StreamKind::Standalone || s.principal == principal)
     }
 
-    /// Re-attaches a client to the stream of `cursor` (a `GET` with `Last-Event-ID`).
+    /// What is known here of `cursor`'s stream, seen from its position (see [`decide`]).
+    fn known(&self, cursor: &Cursor) -> Known {
+        if cursor.epoch != self.consts.epoch {
+            return Known::NotIssued;
+        }
+        let seq = cursor.seq;
+        match self.streams.get(&cursor.stream) {
+            Some(s) => Known::Stream(Facts {
+                kind: s.kind,
+                first: s.first_seq,
+                last: s.last_seq,
+                ended: s.end.is_some(),
+                // This replica is the owner.
+                owner_gone: false,
+                lost_after: s.lost_upto > seq,
+                // Asked of an ended stream only (see `Facts::more`): a resume's hot path
+                // does not look for it twice.
+                more: s.end.is_some()
+                    && (self.window.after(cursor.stream, seq).next().is_some()
+                        || s.overflow.as_ref().is_some_and(|o| o.seq > seq)),
+                unanswered: s.unanswered_after(seq).next().is_some(),
+            }),
+            None if cursor.stream < self.next_stream => Known::Forgotten {
+                standalone: self.standalone_history.contains(&cursor.stream),
+            },
+            None => Known::NotIssued,
+        }
+    }
+
+    /// Re-attaches a client to the stream of `cursor` (a `GET` with `Last-Event-ID`), as
+    /// [`decide`] says. A standalone cursor it re-attaches to the session is refused here with
+    /// what a call's cursor would get; [`State::standalone_reattach`] says how it re-attaches.
     pub(super) fn resume(
         &mut self,
         metrics: &Metrics,
@@ -94,52 +126,34 @@ impl State {
             return Err(ResumeError::ForeignCursor);
         }
         self.last_activity = now;
+        let decision = decide(&cursor, self.consts.epoch, &self.known(&cursor));
         let Some(s) = self.streams.get_mut(&cursor.stream) else {
-            return Err(if cursor.stream < self.next_stream {
-                // At the end's position the client read the stream's end frames before the
-                // stream was forgotten: it has everything.
-                if cursor.seq == Cursor::END {
-                    ResumeError::StreamEnded
-                } else {
-                    ResumeError::StreamExpired
-                }
-            } else {
-                ResumeError::CursorAhead
-            });
+            return match decision {
+                Decision::Refuse(e) | Decision::Reattach { cause: e, .. } => Err(e),
+                // Nothing is attached to a stream this replica does not hold.
+                Decision::Attach | Decision::GapWithErrors => Err(ResumeError::StreamExpired),
+            };
         };
-        if cursor.seq == Cursor::END && s.end.is_some() {
-            // The client read the stream's end frames: it has all the stream will carry.
-            return Err(ResumeError::StreamEnded);
-        }
-        if cursor.seq > s.last_seq {
-            return Err(ResumeError::CursorAhead);
-        }
-        if cursor.seq < s.first_seq {
-            // Not a position of this stream: it cannot have been issued with this stream number.
-            return Err(ResumeError::ForeignCursor);
-        }
-        let here = self.consts.cursor(cursor.stream, cursor.seq);
-        if s.lost_upto > cursor.seq {
+        if decision.is_gap() {
             // Events written to the client and lost on its way (past the in-flight reserve,
             // in its own buffers) were not counted as undelivered when evicted: they are now.
             let lost = s.lost_in_flight(cursor.seq);
             metrics.events_evicted_undelivered.inc_by(lost);
-            let ids = s.fail_unanswered(cursor.seq);
-            if ids.is_empty() {
-                return Err(ResumeError::Gap);
-            }
-            return Ok(Resume::GapWithErrors {
-                frames: control::gap(&here, true, &ids),
-            });
         }
+        match decision {
+            Decision::Refuse(e) | Decision::Reattach { cause: e, .. } => return Err(e),
+            Decision::GapWithErrors => {
+                let here = self.consts.cursor(cursor.stream, cursor.seq);
+                let ids = s.fail_unanswered(cursor.seq);
+                return Ok(Resume::GapWithErrors {
+                    frames: control::gap(&here, true, &ids),
+                });
+            }
+            Decision::Attach => {}
+        }
+        let here = self.consts.cursor(cursor.stream, cursor.seq);
         let replay = self.window.after(cursor.stream, cursor.seq).count()
             + usize::from(s.overflow.as_ref().is_some_and(|o| o.seq > cursor.seq));
-        if s.end.is_some() && replay == 0 && s.unanswered_after(cursor.seq).next().is_none() {
-            // Nothing more will ever come on this stream. A 200 that ends at once would make
-            // clients that reconnect streams ending without a result (the TypeScript SDK)
-            // loop; a 409 ends their retries.
-            return Err(ResumeError::StreamEnded);
-        }
         let generation = self.next_generation;
         self.next_generation += 1;
         metrics.streams_attached.inc();
@@ -170,36 +184,19 @@ impl State {
         })
     }
 
-    /// A standalone-stream cursor that [`State::resume`] refused with `err`: when the session
-    /// outlives that stream (it ended, was forgotten, or lost the events after the cursor),
-    /// the client re-attaches to the session instead (see [`Reattach`]). `None` when the
-    /// cursor is not a standalone cursor of this session, or the refusal stands.
-    pub(super) fn standalone_reattach(
-        &self,
-        cursor: &Cursor,
-        err: ResumeError,
-    ) -> Option<Reattach> {
-        if cursor.epoch != self.consts.epoch {
-            return None;
+    /// A standalone-stream cursor that [`State::resume`] refused: when the session outlives
+    /// that stream (it ended, was forgotten, or lost the events after the cursor), the client
+    /// re-attaches to the session instead (see [`Reattach`]), as [`decide`] says. `None` when
+    /// the cursor is not a standalone cursor of this session, or the refusal stands.
+    pub(super) fn standalone_reattach(&self, cursor: &Cursor) -> Option<Reattach> {
+        match decide(cursor, self.consts.epoch, &self.known(cursor)) {
+            Decision::Reattach { lost, reason, .. } => Some(Reattach {
+                previous: cursor.to_string(),
+                lost,
+                reason,
+            }),
+            Decision::Attach | Decision::GapWithErrors | Decision::Refuse(_) => None,
         }
-        let standalone = match self.streams.get(&cursor.stream) {
-            Some(s) => s.kind == StreamKind::Standalone,
-            None => self.standalone_history.contains(&cursor.stream),
-        };
-        if !standalone {
-            return None;
-        }
-        let (lost, reason) = match err {
-            ResumeError::StreamEnded => (false, "stream-ended"),
-            ResumeError::Gap => (true, "gap"),
-            ResumeError::StreamExpired => (true, "stream-expired"),
-            ResumeError::ForeignCursor | ResumeError::CursorAhead => return None,
-        };
-        Some(Reattach {
-            previous: cursor.to_string(),
-            lost,
-            reason,
-        })
     }
 
     /// Marks a POST of `principal` carrying `ids` as forwarded (until

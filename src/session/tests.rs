@@ -812,7 +812,7 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
     };
     let err = s.resume(at, None).unwrap_err();
     assert_eq!(err, ResumeError::StreamEnded);
-    let r = s.standalone_reattach(&at, err).expect("re-attach");
+    let r = s.standalone_reattach(&at).expect("re-attach");
     assert!(!r.lost);
     // A POST stream's cursor keeps its 409.
     let Attachment { stream: post, .. } =
@@ -823,9 +823,7 @@ fn a_stale_standalone_cursor_reattaches_to_the_session() {
         stream: post,
         seq: 3,
     };
-    assert!(s
-        .standalone_reattach(&p, ResumeError::StreamEnded)
-        .is_none());
+    assert!(s.standalone_reattach(&p).is_none());
     // The new standalone stream opens with an id-bearing control event saying so.
     let Attachment {
         stream: n, opening, ..

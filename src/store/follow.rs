@@ -24,7 +24,8 @@ use super::writer::Write;
 use super::{Shared, Store};
 use crate::cursor::Cursor;
 use crate::session::{
-    gap_frames, opening_frame, resumed_frame, upstream_ended_frames, Principal, Reattach, Session,
+    decide, gap_frames, opening_frame, resumed_frame, upstream_ended_frames, Decision, Known,
+    Principal, Reattach, ResumeError, Session, Stored,
 };
 use crate::session::{Charge, End, StreamKind};
 
@@ -47,6 +48,13 @@ const MIN_POLL: Duration = Duration::from_millis(2);
 const MAX_POLL: Duration = Duration::from_millis(50);
 const MAX_POLL_STANDALONE: Duration = Duration::from_millis(500);
 
+/// The last position an entry was added at to a stream of events (its last id, which
+/// trimming does not lower), or nil: only the id leaves the store, never an entry.
+const LAST_ADDED: &str = "if redis.call('EXISTS', KEYS[1]) == 0 then return false end \
+local info = redis.call('XINFO', 'STREAM', KEYS[1]) \
+for i = 1, #info, 2 do if info[i] == 'last-generated-id' then return info[i + 1] end end \
+return false";
+
 /// Why a cursor is not followed from the store.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum FollowError {
@@ -58,15 +66,31 @@ pub(crate) enum FollowError {
     Unanswered,
     /// A call's stream of another principal: answered as for an unknown session.
     NotTheCallers,
-    /// The cursor is before the stream's opening: not one of its positions.
-    Foreign,
-    /// A call's stream whose end frames the client read (its cursor is the end's position,
-    /// [`Cursor::END`]): it has everything the stream will carry.
-    Ended,
-    /// A standalone stream that will carry nothing more (it ended, or its owner is gone): the
-    /// client re-attaches to the session instead, told whether events after its cursor are
-    /// lost to it.
-    StandaloneOver { lost: bool },
+    /// Refused, as the owner refuses it (the one decision, `session::decide`).
+    Refused(ResumeError),
+    /// A standalone cursor that cannot be resumed exactly: the client re-attaches to the
+    /// session instead, told whether events after its cursor are lost to it, and why.
+    Reattach { lost: bool, reason: &'static str },
+}
+
+/// Where a follower starts in the cursor's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// After the cursor's position: a client's resume, decided as the owner decides it.
+    After,
+    /// At the stream's opening, whatever its position (the cursor's is not looked at): a
+    /// retransmission's resume (decided from there), or a live attach to a standalone stream
+    /// (no resume: always followed, as a local attach to the held stream is).
+    Opening,
+}
+
+/// A cursor followed from the store.
+pub(crate) enum Followed {
+    /// The follower's body, and how many events it replays before the live tail.
+    Body(FollowBody, usize),
+    /// Events after the cursor are lost and requests unanswered: the explicit gap's frames
+    /// (a failure event and an error per request), the whole body, as on the owner.
+    Gap(Bytes),
 }
 
 /// The body of a follower: frames from its task.
@@ -92,6 +116,9 @@ impl http_body::Body for FollowBody {
 struct Read {
     meta: Option<Meta>,
     entries: Vec<Entry>,
+    /// The last position an entry of the stream was added at (read only for a resume's
+    /// decision).
+    last_added: Option<u64>,
 }
 
 struct Entry {
@@ -101,30 +128,45 @@ struct Entry {
 
 impl Store {
     /// Follows `cursor`'s stream of `session` from the store for a caller of `principal`
-    /// (`None`: anyone may), from the stream's opening when its position is 0: the first read is awaited (bounded by `--store-timeout`), the
-    /// rest is the body's task.
+    /// (`None`: anyone may), from `start`: the first read is awaited (bounded by
+    /// `--store-timeout`), the rest is the body's task. What a resume gets is what the owner's
+    /// would be: the one decision (`session::decide`) made from what the store says of the
+    /// stream.
     pub(crate) async fn follow(
         &self,
         session: &Arc<Session>,
         cursor: Cursor,
+        start: Start,
         principal: Option<Principal>,
         reattach: Option<&Reattach>,
         mut charge: Charge,
-    ) -> Result<(FollowBody, usize), FollowError> {
+    ) -> Result<Followed, FollowError> {
         let Store::Redis(s) = self else {
             return Err(FollowError::NotInStore);
         };
         let tag = s.tag_of(session);
         charge.room_for(READ_ROOM).await;
-        // A stream the store does not know yet may be one whose owner's first write is on its
-        // way (the client came back within milliseconds): looked at again, briefly.
+        let cursor = match start {
+            // Before every stream's opening: what is read is the whole stream.
+            Start::Opening => Cursor { seq: 0, ..cursor },
+            Start::After => cursor,
+        };
+        // A stream the store does not know yet, or not as far as the cursor, may be one whose
+        // owner's writes are on their way (the client came back within milliseconds): looked
+        // at again, briefly, before it is decided from.
         let mut tries = 0;
         let first = loop {
             let read = s
-                .read(&tag, cursor.stream, cursor.seq)
+                .read(&tag, cursor.stream, cursor.seq, true)
                 .await
                 .ok_or(FollowError::Unanswered)?;
-            if read.meta.is_some() || tries == UNKNOWN_TRIES {
+            let caught_up = read.meta.as_ref().is_some_and(|m| {
+                m.end.is_some()
+                    || !read.entries.is_empty()
+                    || start == Start::Opening
+                    || read.last_added.unwrap_or(m.f).max(m.f) >= cursor.seq
+            });
+            if caught_up || tries == UNKNOWN_TRIES {
                 break read;
             }
             tries += 1;
@@ -134,29 +176,42 @@ impl Store {
         if principal.is_some_and(|p| meta.kind() == StreamKind::Post && !meta.opened_by(p)) {
             return Err(FollowError::NotTheCallers);
         }
-        // Position 0: from the stream's opening (a retransmission's resume).
-        let cursor = if cursor.seq == 0 {
-            Cursor {
+        let live = start == Start::Opening && meta.kind() == StreamKind::Standalone;
+        let cursor = match start {
+            Start::Opening => Cursor {
                 seq: meta.f,
                 ..cursor
-            }
-        } else {
-            cursor
+            },
+            Start::After => cursor,
         };
-        if cursor.seq < meta.f {
-            return Err(FollowError::Foreign);
-        }
-        if cursor.seq == Cursor::END && meta.kind() == StreamKind::Post {
-            return Err(FollowError::Ended);
-        }
-        if meta.kind() == StreamKind::Standalone && cursor.seq > 0 {
-            let over = match &meta.end {
-                Some(end) => Some(cursor.seq < end.last),
-                None if s.alive(&meta.o).await == Some(false) => Some(true),
-                None => None,
+        if !live {
+            // Whether the owner is gone is the store's to know (asked only where it changes
+            // the answer: a standalone cursor, or a call's end position); the rest is the
+            // rule's.
+            let owner_gone = meta.end.is_none()
+                && (meta.kind() == StreamKind::Standalone || cursor.seq == Cursor::END)
+                && s.alive(&meta.o).await == Some(false);
+            let stored = Stored {
+                kind: meta.kind(),
+                first: meta.f,
+                end_last: meta.end.as_ref().map(|e| e.last),
+                last_added: first.last_added,
+                next_prev: first.entries.first().map(|e| e.prev),
+                owner_gone,
+                unanswered: meta.unanswered_any(cursor.seq),
             };
-            if let Some(lost) = over {
-                return Err(FollowError::StandaloneOver { lost });
+            let known = Known::from_store(&stored, cursor.seq);
+            match decide(&cursor, session.epoch(), &known) {
+                Decision::Attach => {}
+                Decision::GapWithErrors => {
+                    s.metrics.store_follow_gaps.inc();
+                    let ids = meta.unanswered_at(cursor.seq);
+                    return Ok(Followed::Gap(gap_frames(&cursor.text(), true, &ids)));
+                }
+                Decision::Refuse(e) => return Err(FollowError::Refused(e)),
+                Decision::Reattach { lost, reason, .. } => {
+                    return Err(FollowError::Reattach { lost, reason })
+                }
             }
         }
         let mut follower = Follower {
@@ -195,14 +250,15 @@ impl Store {
             tokio::spawn(follower.run(tx, charge));
         }
         s.metrics.store_follows.inc();
-        Ok((FollowBody { rx }, replay))
+        Ok(Followed::Body(FollowBody { rx }, replay))
     }
 }
 
 impl Shared {
-    /// The meta of `stream` and its entries after position `after`, in one transaction;
-    /// `None` when the store did not answer (counted).
-    async fn read(&self, tag: &Tag, stream: u32, after: u64) -> Option<Read> {
+    /// The meta of `stream` and its entries after position `after`, in one transaction, with
+    /// the stream's last added position if `last`; `None` when the store did not answer
+    /// (counted).
+    async fn read(&self, tag: &Tag, stream: u32, after: u64, last: bool) -> Option<Read> {
         let mut pipe = redis::pipe();
         pipe.atomic()
             .get(tag.meta(stream))
@@ -213,7 +269,19 @@ impl Shared {
             .arg("+")
             .arg("COUNT")
             .arg(READ_ENTRIES);
-        let (meta, range): (Option<String>, StreamRangeReply) = self.run(&pipe, "follow").await?;
+        let (meta, range, last_added) = if last {
+            pipe.cmd("EVAL")
+                .arg(LAST_ADDED)
+                .arg(1)
+                .arg(tag.events(stream));
+            let (meta, range, last): (Option<String>, StreamRangeReply, Option<String>) =
+                self.run(&pipe, "follow").await?;
+            (meta, range, last.as_deref().and_then(wire::entry_seq))
+        } else {
+            let (meta, range): (Option<String>, StreamRangeReply) =
+                self.run(&pipe, "follow").await?;
+            (meta, range, None)
+        };
         let meta = meta.and_then(|m| serde_json::from_str::<Meta>(&m).ok());
         let entries = range
             .ids
@@ -249,7 +317,11 @@ impl Shared {
                 }
             })
             .collect();
-        Some(Read { meta, entries })
+        Some(Read {
+            meta,
+            entries,
+            last_added,
+        })
     }
 }
 
@@ -406,7 +478,7 @@ impl Follower {
             charge.room_for(READ_ROOM).await;
             let Some(read) = self
                 .shared
-                .read(&self.tag, self.cursor.stream, self.at)
+                .read(&self.tag, self.cursor.stream, self.at, false)
                 .await
             else {
                 // The store did not answer: the client is told to resume (it comes back, to

@@ -39,7 +39,7 @@ use crate::metrics::Metrics;
 use crate::session::{EndUpstream, Eviction, Principal, Registry, Session};
 
 pub(crate) use self::ask::{Busy, ANSWER_BYTES, MAX_PAGE};
-pub(crate) use self::follow::{FollowBody, FollowError};
+pub(crate) use self::follow::{FollowBody, FollowError, Followed, Start};
 use self::wire::{Keys, Record, Tag, STREAM_BLOCK};
 
 use self::writer::{Queue, Write};

@@ -273,6 +273,14 @@ impl Meta {
         self.pr == principal_text(p)
     }
 
+    /// Whether a client at position `at` has no answer to some request (see
+    /// [`Meta::unanswered_at`]).
+    pub(super) fn unanswered_any(&self, at: u64) -> bool {
+        self.req
+            .iter()
+            .any(|(_, answered)| *answered == 0 || *answered > at)
+    }
+
     /// The requests a client at position `at` has no answer to: none came, or after `at`.
     pub(super) fn unanswered_at(&self, at: u64) -> Vec<String> {
         self.req
