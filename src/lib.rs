@@ -35,16 +35,16 @@
 
 #![warn(unreachable_pub)]
 
-// The public surface is a small façade: the flags ([`config`]), the demo upstream ([`demo`]),
-// TLS setup ([`tls`]), and the handles `main.rs` wires together (below). What the fuzz
+// The public surface is a small façade: the flags ([`config`]) and the handles `main.rs` wires
+// together (below: the servers, the demo upstream, TLS setup, the sessions command). What the fuzz
 // targets and the paused-time tests reach inside is behind [`internals`], not an API.
 // Everything else is the crate's own.
 mod access;
-pub mod admin;
+mod admin;
 mod attach;
 pub mod config;
 mod cursor;
-pub mod demo;
+mod demo;
 mod error;
 mod exchange;
 mod feed;
@@ -59,18 +59,21 @@ mod shutdown;
 mod sse;
 mod store;
 mod telemetry;
-pub mod tls;
+mod tls;
 mod upstream;
 mod window;
 
 pub use access::set_sink as set_access_sink;
+pub use admin::client::run as run_sessions_command;
 pub use admin::serve_admin;
 pub use config::{Config, Priming};
+pub use demo::serve_upstream as serve_demo_upstream;
 pub use logwriter::spawn as spawn_log_writer;
 pub use proxy::Gateway;
 pub use server::serve_gateway;
 pub use shutdown::{Health, Mode as ShutdownMode, Shutdown};
 pub use telemetry::{layer as otlp_layer, wanted_by_env as otlp_wanted_by_env};
+pub use tls::{upstream_client_config, Reload, ServerTls, TlsError};
 
 /// The crate's insides that its fuzz targets, property checks and paused-time tests drive
 /// directly (the pure core, a session and an attached client's body). Not an API: it

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use mcp_reattach::config::{self, Cli, Command, Config, GatewayArgs, LogFormat};
-use mcp_reattach::tls::{Reload, ServerTls};
+use mcp_reattach::{Reload, ServerTls};
 use mcp_reattach::{Shutdown, ShutdownMode as Mode};
 use tokio::net::TcpListener;
 use tracing_subscriber::prelude::*;
@@ -140,7 +140,7 @@ enum StartError {
         source: std::io::Error,
     },
     #[error("{0}")]
-    Tls(#[from] mcp_reattach::tls::TlsError),
+    Tls(#[from] mcp_reattach::TlsError),
     #[error("{0}")]
     Store(#[from] mcp_reattach::config::StoreError),
     #[error("{0}")]
@@ -358,7 +358,7 @@ async fn sessions(args: &config::SessionsArgs, gateway: &GatewayArgs) -> ExitCod
         },
     };
     let mut out = String::new();
-    let result = mcp_reattach::admin::client::run(args, token.as_deref(), &mut out).await;
+    let result = mcp_reattach::run_sessions_command(args, token.as_deref(), &mut out).await;
     print!("{out}");
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -373,7 +373,7 @@ async fn sessions(args: &config::SessionsArgs, gateway: &GatewayArgs) -> ExitCod
 async fn demo(args: GatewayArgs) -> Result<(), StartError> {
     let upstream_listener = TcpListener::bind("127.0.0.1:0").await?;
     let upstream_addr = upstream_listener.local_addr()?;
-    tokio::spawn(mcp_reattach::demo::serve_upstream(
+    tokio::spawn(mcp_reattach::serve_demo_upstream(
         upstream_listener,
         std::future::pending(),
     ));

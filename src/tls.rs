@@ -27,7 +27,7 @@ use crate::metrics::ConnectionErrorKind;
 /// How often the certificate and key files are checked for changes unless told otherwise
 /// (`--tls-reload-interval`'s default, `config::defaults::TLS_RELOAD_INTERVAL`; a config test
 /// keeps the two equal).
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A certificate, key or CA file that cannot be used; names the flag it came from.
 #[derive(Debug, thiserror::Error)]
@@ -330,7 +330,7 @@ impl ServerTls {
 }
 
 /// The subject of a verified client certificate (RFC 4514 style, e.g. `CN=alice, O=Acme`).
-pub fn client_subject(conn: &rustls::ServerConnection) -> Option<Arc<str>> {
+pub(crate) fn client_subject(conn: &rustls::ServerConnection) -> Option<Arc<str>> {
     let der = conn.peer_certificates()?.first()?;
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     Some(Arc::from(cert.subject().to_string()))
@@ -362,7 +362,7 @@ pub fn upstream_client_config(upstream_ca: Option<&Path>) -> Result<ClientConfig
 }
 
 /// A client config that trusts no one (for http:// upstreams, where it is never used).
-pub fn no_roots_client_config() -> ClientConfig {
+pub(crate) fn no_roots_client_config() -> ClientConfig {
     client_builder()
         .with_root_certificates(RootCertStore::empty())
         .with_no_client_auth()
@@ -370,7 +370,7 @@ pub fn no_roots_client_config() -> ClientConfig {
 
 /// A client config trusting the platform's CA roots, or Mozilla's (built in) when the
 /// platform has none (a scratch container).
-pub fn platform_client_config() -> ClientConfig {
+pub(crate) fn platform_client_config() -> ClientConfig {
     let native = rustls_native_certs::load_native_certs();
     let mut roots = RootCertStore::empty();
     let (added, _) = roots.add_parsable_certificates(native.certs);
@@ -384,14 +384,14 @@ pub fn platform_client_config() -> ClientConfig {
 }
 
 /// A client connection on the proxy listener: plain TCP or TLS over it.
-pub enum Stream {
+pub(crate) enum Stream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 impl Stream {
     /// The protocol the TLS handshake agreed on by ALPN (`h2`, `http/1.1`), if any.
-    pub fn alpn_protocol(&self) -> Option<&[u8]> {
+    pub(crate) fn alpn_protocol(&self) -> Option<&[u8]> {
         match self {
             Stream::Plain(_) => None,
             Stream::Tls(s) => s.get_ref().1.alpn_protocol(),
@@ -458,19 +458,22 @@ impl AsyncWrite for Stream {
 }
 
 /// Why a TLS connection was not established.
-#[derive(Debug)]
-pub enum AcceptError {
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AcceptError {
     /// The client spoke plain HTTP; it was answered 400 and closed.
+    #[error("plain HTTP on the TLS port")]
     Plaintext,
     /// The handshake did not finish within the header-read timeout.
+    #[error("the handshake did not finish within --header-read-timeout")]
     Timeout,
     /// The handshake failed (bad client certificate, no shared protocol, …).
+    #[error("handshake: {0}")]
     Handshake(io::Error),
 }
 
 impl AcceptError {
     /// The `connection_errors_total` kind.
-    pub fn kind(&self) -> ConnectionErrorKind {
+    pub(crate) fn kind(&self) -> ConnectionErrorKind {
         match self {
             AcceptError::Plaintext => ConnectionErrorKind::PlaintextOnTls,
             AcceptError::Timeout => ConnectionErrorKind::TlsHandshakeTimeout,
@@ -486,7 +489,7 @@ connection: close\r\ncontent-length: 47\r\n\r\nthis port speaks TLS: use https:/
 /// Accepts TLS on `tcp` within `timeout`. A client whose first byte cannot begin a TLS
 /// handshake (a plain-HTTP request) is answered `400` in plain HTTP and closed, not left
 /// hanging until the timeout.
-pub async fn accept(
+pub(crate) async fn accept(
     tls: &ServerTls,
     mut tcp: TcpStream,
     timeout: Duration,

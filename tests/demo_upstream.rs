@@ -1,4 +1,4 @@
-//! Integration tests for the embedded legacy MCP demo upstream (`mcp_reattach::demo`), driven
+//! Integration tests for the embedded legacy MCP demo upstream (`mcp_reattach::serve_demo_upstream`), driven
 //! with hand-written HTTP/1.1 over plain TCP so every byte on the wire is visible.
 
 // Real processes and sockets run on the wall clock (the ban in clippy.toml is for src/).
@@ -27,7 +27,7 @@ async fn start() -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local addr");
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(mcp_reattach::demo::serve_upstream(listener, async move {
+    let task = tokio::spawn(mcp_reattach::serve_demo_upstream(listener, async move {
         let _ = stopped.await;
     }));
     Server {

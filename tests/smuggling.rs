@@ -352,7 +352,7 @@ async fn tls_gateway_before(up: SocketAddr, name: &str) -> Front {
     std::fs::write(&cert_path, cert.pem()).unwrap();
     std::fs::write(&key_path, key.serialize_pem()).unwrap();
     let mut cfg = Config::new(format!("http://{up}").parse().unwrap());
-    cfg.tls = Some(mcp_reattach::tls::ServerTls::load(&cert_path, &key_path, None).unwrap());
+    cfg.tls = Some(mcp_reattach::ServerTls::load(&cert_path, &key_path, None).unwrap());
     let addr = serve(cfg).await;
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {

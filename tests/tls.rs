@@ -31,7 +31,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use mcp_reattach::config::PrincipalSource;
-use mcp_reattach::tls::ServerTls;
+use mcp_reattach::ServerTls;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
@@ -878,7 +878,7 @@ async fn https_upstream_with_a_private_ca_and_sni_from_the_host() {
     let upstream: http::Uri = format!("https://localhost:{}", front.port())
         .parse()
         .unwrap();
-    let tls = mcp_reattach::tls::upstream_client_config(Some(&ca_path)).unwrap();
+    let tls = mcp_reattach::upstream_client_config(Some(&ca_path)).unwrap();
     let gw = gateway(mock.addr, |cfg| {
         cfg.upstream = upstream.clone();
         cfg.upstream_tls = Some(Arc::new(tls));

@@ -16,7 +16,7 @@ use crate::config::{SessionsAction, SessionsArgs};
 use crate::session::{Listing, SessionView};
 
 /// The most of one admin answer the command reads (a page of the list is far less).
-pub const MAX_ANSWER: usize = 16 << 20;
+pub(crate) const MAX_ANSWER: usize = 16 << 20;
 
 /// Why a `sessions` command failed; its text is the whole message.
 #[derive(Debug, thiserror::Error)]

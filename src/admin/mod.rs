@@ -13,7 +13,7 @@
 //! [`Shutdown::drained`]: crate::shutdown::Shutdown::drained
 
 mod access;
-pub mod client;
+pub(crate) mod client;
 mod sessions;
 mod ui;
 
@@ -33,8 +33,6 @@ use tokio::net::TcpListener;
 use crate::config::AdminAccess;
 use crate::proxy::Gateway;
 use crate::shutdown::Health;
-
-pub use crate::session::{Listing, SessionView, StreamView};
 
 /// How long an admin client may take to send a request's headers.
 const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);

@@ -147,7 +147,7 @@ pub async fn serve_gateway(
                         },
                         Err(e) => {
                             metrics.connection_error(e.kind());
-                            tracing::debug!(%remote, error = ?e, "TLS connection not established");
+                            tracing::debug!(%remote, error = %e, "TLS connection not established");
                             metrics.connections.dec();
                             return;
                         }

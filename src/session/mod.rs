@@ -74,7 +74,7 @@ pub use self::open::OpenStream;
 pub(crate) use self::publish::Published;
 pub(crate) use self::view::unix_ms;
 pub(crate) use self::view::{host_name, merge, page};
-pub use self::view::{Listing, SessionView, StreamView};
+pub(crate) use self::view::{Listing, SessionView};
 
 /// The last frame of a client that must resume from `here` elsewhere (the store stopped
 /// answering its follower).

@@ -155,7 +155,7 @@ pub(crate) fn host_name() -> &'static str {
 
 /// The sessions of a gateway, or of a fleet, as the admin listener answers `/sessions`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Listing {
+pub(crate) struct Listing {
     /// The replica that answered.
     pub replica: String,
     /// Whether the list covers a fleet (a shared store), not one process.
