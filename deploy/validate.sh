@@ -64,7 +64,7 @@ done
 
 echo "== haproxy"
 # The HAProxy example is parsed by HAProxy itself (`haproxy -c`), with its environment set as a
-# deployment would; tests/scale_out.rs runs it. Without HAProxy this is skipped, loudly, unless
+# deployment would; tests/fleet/scale_out.rs runs it. Without HAProxy this is skipped, loudly, unless
 # CI_REQUIRE_HAPROXY is set (.ci/run installs the Debian package and sets it).
 haproxy_cfg="$deploy/loadbalancers/haproxy/haproxy.cfg"
 haproxy_bin="${HAPROXY:-$(command -v haproxy || echo /usr/sbin/haproxy)}"

@@ -380,7 +380,7 @@ mod tests {
     use std::time::Duration;
 
     /// One of every variant (and every `ResumeError`), except `Upstream`, whose hyper error
-    /// cannot be built outside a failed request (tests/gateway.rs covers it end to end).
+    /// cannot be built outside a failed request (tests/fast/gateway.rs covers it end to end).
     fn every_error() -> Vec<ProxyError> {
         vec![
             ProxyError::BadSessionHeader,

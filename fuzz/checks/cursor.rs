@@ -7,13 +7,13 @@
 //!    at most `MAX_CURSOR_LEN` bytes.
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/cursor.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
+//! (`tests/fast/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
 
 use mcp_reattach::internals::is_valid_id;
 use mcp_reattach::internals::{Cursor, CursorError, MAX_CURSOR_LEN};
 
 /// Checks every property above on one input; panics on a violation. Called by the fuzz
-/// target and by the corpus replay in `tests/fuzz_corpora.rs`.
+/// target and by the corpus replay in `tests/fast/fuzz_corpora.rs`.
 pub fn check(input: &[u8]) {
     match Cursor::parse(input) {
         Ok(c) => {

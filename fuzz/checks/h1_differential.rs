@@ -6,7 +6,7 @@
 //! refuses or that is not whole is not compared (stricter is allowed).
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/h1_differential.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`, over the `h1_request` corpus).
+//! (`tests/fast/fuzz_corpora.rs`, over the `h1_request` corpus).
 
 use std::time::Duration;
 

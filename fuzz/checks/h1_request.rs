@@ -13,7 +13,7 @@
 //! 4. The body decoder, fed the rest of the input, hands out only bytes of it, in order.
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/h1_request.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`).
+//! (`tests/fast/fuzz_corpora.rs`).
 
 use bytes::Bytes;
 use mcp_reattach::internals::{parse_request, BodyDecoder, Framing};

@@ -14,7 +14,7 @@
 //!    a trailer when the first seed says so), decode to exactly themselves, ending at the end.
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/h1_response.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`).
+//! (`tests/fast/fuzz_corpora.rs`).
 
 use mcp_reattach::internals::{parse_head, take_head, BodyDecoder, Framing, Http1Error as Error};
 

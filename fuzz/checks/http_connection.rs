@@ -16,7 +16,7 @@
 //! input the gateway still answers a normal `initialize` on a new connection within 5 s.
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/http_connection.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
+//! (`tests/fast/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -217,7 +217,7 @@ async fn one(addr: SocketAddr, mode: u8, data: &[u8]) {
 
 /// Checks every property above on one input; panics on a violation. Bounded: at most 1 s of
 /// writing, 2 s of reading and 5 s for the normal request. Called by the fuzz target and by
-/// the corpus replay in `tests/fuzz_corpora.rs`.
+/// the corpus replay in `tests/fast/fuzz_corpora.rs`.
 pub fn check(input: &[u8]) {
     let h = harness();
     let panics = GATEWAY_PANICS.load(Ordering::SeqCst);

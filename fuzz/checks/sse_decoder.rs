@@ -16,7 +16,7 @@
 //!    built as it was decoded) is byte-identical to `encode`.
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/sse_decoder.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
+//! (`tests/fast/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
 
 use std::sync::atomic::{AtomicIsize, Ordering};
 
@@ -95,7 +95,7 @@ fn raw_mode(limit: usize, seeds: &[u8], data: &[u8]) {
     // Split invariance, against a few splits: the given one and a byte-at-a-time one.
     // No split point inside the first bytes is special: a BOM-like prefix held back across
     // chunks counts toward the limit like any other byte (a bug this target found, fixed in
-    // e60bd98; the regression test is in tests/cut_schedule.rs).
+    // e60bd98; the regression test is in tests/slow/cut_schedule.rs).
     let keep_head = 0;
     let pieces = split(data, seeds, keep_head);
     let got = decode(limit, &pieces);
@@ -203,7 +203,7 @@ fn round_trip(seeds: &[u8], data: &[u8]) {
 }
 
 /// Checks every property above on one input; panics on a violation. Called by the fuzz
-/// target and by the corpus replay in `tests/fuzz_corpora.rs`.
+/// target and by the corpus replay in `tests/fast/fuzz_corpora.rs`.
 pub fn check(input: &[u8]) {
     let [mode, limit, rest @ ..] = input else {
         return;

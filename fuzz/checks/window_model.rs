@@ -13,7 +13,7 @@
 //! the model says, and both bounds hold; at the end, every stream's retained entries in order.
 //!
 //! Shared by the fuzz target (`fuzz/fuzz_targets/window_model.rs`) and the corpus replay
-//! (`tests/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
+//! (`tests/fast/fuzz_corpora.rs`), so every input the fuzzer ever kept stays a regression test.
 
 use arbitrary::{Arbitrary, Unstructured};
 use mcp_reattach::internals::{Entry, Window};
@@ -21,7 +21,7 @@ use mcp_reattach::internals::{Entry, Window};
 /// Checks every property above on one input; panics on a violation. Returns whether the
 /// bytes decoded into a [`Case`] (if not, nothing was checked, and the fuzz target tells
 /// libFuzzer to reject the input, as a typed `fuzz_target!` does). Called by the fuzz target
-/// and by the corpus replay in `tests/fuzz_corpora.rs`.
+/// and by the corpus replay in `tests/fast/fuzz_corpora.rs`.
 pub fn check(input: &[u8]) -> bool {
     if input.len() < <Case as Arbitrary>::size_hint(0).0 {
         return false;

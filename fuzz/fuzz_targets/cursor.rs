@@ -1,5 +1,5 @@
 //! Fuzz target: the cursor (event id) codec. The properties and the check are in
-//! `fuzz/checks/cursor.rs`, which `tests/fuzz_corpora.rs` also runs over this target's corpus.
+//! `fuzz/checks/cursor.rs`, which `tests/fast/fuzz_corpora.rs` also runs over this target's corpus.
 #![no_main]
 
 #[path = "../checks/cursor.rs"]

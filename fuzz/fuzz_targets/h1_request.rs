@@ -1,6 +1,6 @@
 //! Fuzz target: the client side's request reader (head and body framing) against arbitrary
 //! bytes. The properties and the check are in `fuzz/checks/h1_request.rs`, which
-//! `tests/fuzz_corpora.rs` also runs over this target's corpus.
+//! `tests/fast/fuzz_corpora.rs` also runs over this target's corpus.
 #![no_main]
 
 #[path = "../checks/h1_request.rs"]

@@ -1,6 +1,6 @@
 //! Fuzz target: a whole client connection through the real gateway in front of a stub
 //! upstream. The harness, the properties and the check are in `fuzz/checks/http_connection.rs`,
-//! which `tests/fuzz_corpora.rs` also runs over this target's corpus. Ignoring SIGPIPE is here:
+//! which `tests/fast/fuzz_corpora.rs` also runs over this target's corpus. Ignoring SIGPIPE is here:
 //! it is unsafe code, which the main crate's tests forbid (and do not need: Rust's own `main`
 //! already ignores it).
 #![no_main]

@@ -1,5 +1,5 @@
 //! Fuzz target: the SSE decoder (and encoder) against arbitrary bytes. The properties and the
-//! check are in `fuzz/checks/sse_decoder.rs`, which `tests/fuzz_corpora.rs` also runs over
+//! check are in `fuzz/checks/sse_decoder.rs`, which `tests/fast/fuzz_corpora.rs` also runs over
 //! this target's corpus. The counting allocator (for the bounded-memory property) is here:
 //! it is unsafe code, which the main crate's tests forbid.
 #![no_main]

@@ -1,5 +1,5 @@
 //! Fuzz target: the bounded window against a plain `Vec` model. The input decoding, the
-//! properties and the check are in `fuzz/checks/window_model.rs`, which `tests/fuzz_corpora.rs`
+//! properties and the check are in `fuzz/checks/window_model.rs`, which `tests/fast/fuzz_corpora.rs`
 //! also runs over this target's corpus.
 #![no_main]
 

@@ -23,7 +23,7 @@ pub(super) trait Delivery {
     /// Whether the client of `stream` is still attached and reading at `now`: taking writes
     /// (one within the last [`INFLIGHT_AGE`]) or caught up. A client whose connection stopped
     /// taking writes holds its batches: bytes stuck on a path that is being cut were lost
-    /// when the age alone released them (tests/flow_control.rs saw it under a loaded CI).
+    /// when the age alone released them (tests/slow/flow_control.rs saw it under a loaded CI).
     fn reading(&self, stream: u32, now: Instant) -> bool;
     /// Every event of `stream` up to `last` counts as delivered from now on; returns whether
     /// the stream's delivered mark moved.

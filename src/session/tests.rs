@@ -580,7 +580,7 @@ fn resume_from_the_opening(
 /// A connection that stopped taking writes (a path being cut, a peer that stopped reading)
 /// keeps its written batches in the reserve however old they get: the upstream waits instead,
 /// and the client that comes back gets every event. Released by age alone, they were evicted
-/// and lost (tests/flow_control.rs, a cut under a loaded CI: 1,411 events in a gap).
+/// and lost (tests/slow/flow_control.rs, a cut under a loaded CI: 1,411 events in a gap).
 #[tokio::test(start_paused = true)]
 async fn written_events_of_a_connection_that_stopped_taking_writes_are_not_aged_out() {
     let s = session(cfg(|c| c.window_events = 8));

@@ -4,7 +4,7 @@
 // real servers come in. The package itself has no switch for either (its `streamableHttp`
 // transport is always stateful, SSE answers, with an event store; it reads only `PORT`), so
 // this file is its dist/transports/streamableHttp.js with the transport options a user would
-// change (tests/interop_conformance.rs).
+// change (tests/sdk/interop_conformance.rs).
 //
 // Usage: node conf-everything-server.mjs <stateless|json|stateless-json>
 //   stateless       `sessionIdGenerator: undefined`: a fresh server and transport per POST (as

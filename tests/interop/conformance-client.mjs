@@ -1,4 +1,4 @@
-// The TypeScript-SDK client for the conformance suite's client scenarios (tests/interop_conformance.rs).
+// The TypeScript-SDK client for the conformance suite's client scenarios (tests/sdk/interop_conformance.rs).
 //
 // Usage (by the runner): node conformance-client.mjs <server-url>
 //   `conformance client --command "node conformance-client.mjs" --scenario sse-retry` appends the

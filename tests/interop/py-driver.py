@@ -1,5 +1,5 @@
 # The Python-SDK MCP client (`mcp` 1.x, `streamable_http_client` + `ClientSession`, default
-# reconnection behaviour) driven by the interop matrix (tests/interop_matrix.rs). Same plan and
+# reconnection behaviour) driven by the interop matrix (tests/sdk/interop_matrix.rs). Same plan and
 # output format as ts-driver.mjs (see there) and the in-process rmcp driver.
 #
 # Usage: tests/interop/.venv/bin/python py-driver.py <url> '<plan json>'

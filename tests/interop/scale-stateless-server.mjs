@@ -1,5 +1,5 @@
 // A stateless TypeScript-SDK MCP server (Streamable HTTP, legacy protocol) for the scale-out
-// test with a stateless upstream (tests/scale_out.rs): `sessionIdGenerator: undefined`, a fresh
+// test with a stateless upstream (tests/fleet/scale_out.rs): `sessionIdGenerator: undefined`, a fresh
 // server and transport per POST (as the SDK's examples/server/simpleStatelessStreamableHttp.js),
 // no Mcp-Session-Id on any answer, SSE answers without ids (no event store); GET and DELETE
 // are answered 405.

@@ -1,5 +1,5 @@
 // The TypeScript-SDK MCP client (Streamable HTTP, default reconnection options) driven by the
-// interop matrix (tests/interop_matrix.rs). Same plan and output format as py-driver.py and the
+// interop matrix (tests/sdk/interop_matrix.rs). Same plan and output format as py-driver.py and the
 // in-process rmcp driver.
 //
 // Usage: node ts-driver.mjs <url> '<plan json>'

@@ -1,5 +1,5 @@
 // The TypeScript-SDK MCP client (Streamable HTTP, unmodified) in the standalone-stream race of
-// issue 14, driven by tests/interop_standalone_race.rs.
+// issue 14, driven by tests/sdk/interop_standalone_race.rs.
 //
 // Usage: node ts-race-client.mjs <url> '{"tool":"notify_now"|"elicit_now","trials":12,"parallel":4,
 //                                        "wait_ms":2000,"elicit_timeout_ms":3000}'

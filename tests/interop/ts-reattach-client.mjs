@@ -1,5 +1,5 @@
 // The TypeScript-SDK MCP client (Streamable HTTP, default reconnection options) driven by
-// tests/interop_reattach.rs. Two scenarios:
+// tests/sdk/interop_reattach.rs. Two scenarios:
 //
 // Usage: node ts-reattach-client.mjs flood <url> '{"count":3000,"size":4000,"timeout_ms":120000}'
 //   Calls the server's `flood` tool with a progress callback (timeout `timeout_ms`, reset on

@@ -1,6 +1,6 @@
 // Many TypeScript-SDK MCP clients at once (one Client + StreamableHTTPClientTransport each,
 // default reconnection options), driven by commands on stdin, for the scale-out test
-// (tests/scale_out.rs: HAProxy in front of several mcp-reattach replicas).
+// (tests/fleet/scale_out.rs: HAProxy in front of several mcp-reattach replicas).
 //
 // Usage: node ts-scale-client.mjs <url>
 //

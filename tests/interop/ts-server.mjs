@@ -24,7 +24,7 @@
 //                                        stream
 //   flood {count, size}                  `count` progress notifications with a `message` padded to
 //                                        ~`size` bytes, with no delay between them, then
-//                                        `flooded <count>` (flow control: tests/interop_reattach.rs)
+//                                        `flooded <count>` (flow control: tests/sdk/interop_reattach.rs)
 //   counter {}                           increments a per-process counter, sends 2 notifications
 //                                        (progress if the call has a progressToken, else log)
 //                                        ~100 ms apart, then returns `applied <counter>`
@@ -38,7 +38,7 @@
 //                                        is open: no event store); returns the JSON text
 //                                        {"tag":…,"standalone_open":bool} (whether a standalone
 //                                        stream was registered when it was sent)
-//                                        (tests/interop_standalone_race.rs)
+//                                        (tests/sdk/interop_standalone_race.rs)
 //   elicit_now {tag, timeout_ms?}        at once sends `elicitation/create` (form: {answer: string})
 //                                        NOT related to the call (server.elicitInput without
 //                                        relatedRequestId: the standalone GET stream), awaits the
@@ -49,7 +49,7 @@
 //   work {key, steps, interval_ms}       progress 1..steps, `interval_ms` apart, then returns the JSON
 //                                        text {"replica":…,"key":…,"executions":n}: the process's
 //                                        $MCP_REPLICA and how many times a call with this key has
-//                                        run in this process (exactly-once checks: tests/scale_out.rs)
+//                                        run in this process (exactly-once checks: tests/fleet/scale_out.rs)
 //   whoami {}                            returns the JSON text {"replica":…} ($MCP_REPLICA)
 // Routing follows the SDK example dist/esm/examples/server/simpleStreamableHttp.js, on node:http.
 

@@ -1,5 +1,5 @@
 // The admin listener's operator page (`/ui`) in a real browser: Debian's headless Chromium
-// driven by playwright-core (never a browser of Playwright's own). Run by tests/admin_ui.rs
+// driven by playwright-core (never a browser of Playwright's own). Run by tests/binary/admin_ui.rs
 // against the real gateway binary, which has made the sessions this reads.
 //
 //   node ui-check.mjs '<json>'   {chromium, open, guarded, token, hostile, out}

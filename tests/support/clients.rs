@@ -1,5 +1,5 @@
 //! Real MCP client drivers and their runs, shared by the interop tests that drive them
-//! (tests/interop_matrix.rs, tests/interop_shapes.rs): [`Driver`] (the TypeScript SDK's
+//! (tests/sdk/interop_matrix.rs, tests/sdk/interop_shapes.rs): [`Driver`] (the TypeScript SDK's
 //! `tests/interop/ts-driver.mjs`, the Python SDK's `tests/interop/py-driver.py`, or an in-process
 //! driver such as the matrix's rmcp one), [`run_client`] (reads its JSON event lines into a
 //! [`Run`] while a hook injects [`Faults`] through the client's [`Relay`]), [`run_pairs`]
@@ -48,7 +48,7 @@ pub enum Driver {
 impl Driver {
     /// Spawns the TypeScript or Python driver process (`tests/interop/ts-driver.mjs`,
     /// `tests/interop/py-driver.py`) with `plan` against `url`. rmcp runs in process: its driver
-    /// lives in tests/interop_matrix.rs, which builds [`Driver::Channel`] itself.
+    /// lives in tests/sdk/interop_matrix.rs, which builds [`Driver::Channel`] itself.
     pub fn spawn_process(client: Cl, url: &str, plan: &Value) -> Driver {
         let plan_s = plan.to_string();
         match client {
@@ -66,7 +66,7 @@ impl Driver {
                     &interop_dir(),
                 ))
             }
-            Cl::Rmcp => panic!("the rmcp driver runs in process (tests/interop_matrix.rs)"),
+            Cl::Rmcp => panic!("the rmcp driver runs in process (tests/sdk/interop_matrix.rs)"),
         }
     }
 

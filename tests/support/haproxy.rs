@@ -1,7 +1,7 @@
 //! Real HAProxy (the Debian package) in front of the gateways of a test: the shipped
 //! `deploy/loadbalancers/haproxy/haproxy.cfg` (or it without its stick lines, plain round
 //! robin), three pods, started and waited on until every pod is UP; its stats page read back.
-//! Used by tests/scale_out.rs and tests/fleet_interop.rs.
+//! Used by tests/fleet/scale_out.rs and tests/fleet/fleet_interop.rs.
 
 use super::*;
 use std::collections::BTreeMap;

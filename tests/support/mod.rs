@@ -1,5 +1,5 @@
-//! The one test harness of the integration tests (`mod support;` in a test file, then
-//! `use support::*;` or named imports). Every wait here is bounded.
+//! The one test harness of the integration tests (`mod support;` in each tier's `main.rs`,
+//! then `use crate::support::*;` or named imports in its files). Every wait here is bounded.
 //!
 //! In-process (the gateway in the test's runtime):
 //! - [`mock`]: the scriptable mock upstream [`Mock`]: each request reaches the test, which

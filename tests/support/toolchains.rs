@@ -440,7 +440,7 @@ pub async fn install_interop_deps() {
 }
 
 /// [`install_interop_deps`] plus the TypeScript SDK v2 packages and FastMCP 4.x's virtualenv
-/// ([`ensure_npm_v2_deps`], [`ensure_fastmcp_venv`]): what `tests/interop_shapes.rs` runs.
+/// ([`ensure_npm_v2_deps`], [`ensure_fastmcp_venv`]): what `tests/sdk/interop_shapes.rs` runs.
 pub async fn install_shape_deps() {
     install_interop_deps().await;
     tokio::task::spawn_blocking(|| {

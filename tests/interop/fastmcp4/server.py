@@ -1,5 +1,5 @@
 # A FastMCP 4.x server (PyPI `fastmcp` 4.2.3, on the Python SDK 2) used as an unmodified upstream
-# by the mcp-reattach interop tests (tests/interop_shapes.rs).
+# by the mcp-reattach interop tests (tests/sdk/interop_shapes.rs).
 #
 # Usage: tests/interop/.venv-fastmcp/bin/python fastmcp4/server.py [--stateless] [--json] [port]
 #   port defaults to 0 (a free ephemeral port, picked here); always binds 127.0.0.1.

@@ -1,7 +1,7 @@
 // A TypeScript SDK v2 MCP server served by the v2 recommended HTTP entry `createMcpHandler`
 // (npm @modelcontextprotocol/server 2.4.0, mounted on node:http with toNodeHandler from
 // @modelcontextprotocol/node 2.1.2), used as an unmodified upstream by the mcp-reattach interop
-// tests (tests/interop_shapes.rs).
+// tests (tests/sdk/interop_shapes.rs).
 //
 // Usage: node ts2-server.mjs [--response-mode auto|sse|json] [port]
 //   port defaults to 0 (an ephemeral port); always binds 127.0.0.1.
