@@ -1224,3 +1224,143 @@ async fn a_store_needs_the_fleets_secret() {
     assert_eq!(refused.code, Some(64));
     assert!(refused.stderr.contains("at least 32"), "{}", refused.stderr);
 }
+
+/// The events of a call's stream as a client reads them: whether it got the call's result,
+/// and whether it got the explicit `owner-lost` failure (with the call's -32011 error).
+fn result_or_lost(events: &[Event], id: u64) -> (bool, bool) {
+    let got_result = events
+        .iter()
+        .filter_map(|e| e.data.as_deref())
+        .any(|d| d == result(id));
+    let lost = events.iter().any(|e| {
+        e.event.as_deref() == Some("mcp-reattach/upstream-failed")
+            && e.data.as_deref().is_some_and(|d| d.contains("owner-lost"))
+    });
+    if lost {
+        let error = events
+            .iter()
+            .filter_map(|e| e.data.as_deref())
+            .find(|d| d.contains("\"error\"") && d.contains(&format!("\"id\":{id}")));
+        assert!(
+            error.is_some(),
+            "owner-lost carries the call's error: {events:?}"
+        );
+    }
+    (got_result, lost)
+}
+
+/// Issue 56, R5-6: an owner only paused (SIGSTOP) long enough for its lease to lapse is
+/// dead to the fleet, and stays so for that call: its follower's client gets exactly one of
+/// the result or `owner-lost`, and once told `owner-lost` the fleet never serves the result
+/// the owner read after it woke (its lease's generation is dead: it publishes nothing under
+/// it, and the stream ended once, in the store).
+#[tokio::test]
+async fn a_paused_owner_never_answers_a_call_the_fleet_told_lost() {
+    let Some(redis) = Redis::start("paused").await else {
+        return;
+    };
+    let key = key_file("paused", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "paused-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 4).await;
+    // The client comes back on B, which follows A's stream from the store.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut follow = loop {
+        let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+        if resp.status() == 200 {
+            let mut reader = SseReader::new(resp);
+            let first = reader.next().await.unwrap();
+            assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+            break reader;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "B follows the call");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let writes_before = metric(&a, "mcp_reattach_store_writes_total").await;
+    // A is paused longer than its lease (3 s); B's client learns what B can.
+    a.proc.signal("STOP");
+    let paused = tokio::time::Instant::now();
+    let told = tokio::spawn(async move { follow.rest().await });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.proc.signal("CONT");
+    println!("A paused for {:?}", paused.elapsed());
+    // A wakes and its upstream answers the call: A reads the result.
+    upstream.message(&result(4)).await;
+    drop(upstream);
+    let told = told.await.unwrap();
+    let (got_result, lost) = result_or_lost(&told, 4);
+    println!("B's client: result {got_result}, owner-lost {lost}");
+    assert!(
+        got_result != lost,
+        "exactly one of the result or owner-lost: {told:?}"
+    );
+    // Whatever A writes once awake is in the store...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while metric(&a, "mcp_reattach_store_writes_total").await <= writes_before {
+        assert!(tokio::time::Instant::now() < deadline, "A writes again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...and a later resume of the same call through B, from the same cursor, agrees with
+    // what the client was told.
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let again = SseReader::new(resp).rest().await;
+    let (again_result, again_lost) = result_or_lost(&again, 4);
+    assert_eq!(
+        (again_result, again_lost),
+        (got_result, lost),
+        "the fleet tells one end of the call: first {told:?}, then {again:?}"
+    );
+}
+
+/// Issue 56: the store's tasks have one owner. A gateway dropped stops renewing its lease
+/// (and its writer, poll and listener stop with it): its lease lapses in the store.
+#[tokio::test]
+async fn a_dropped_gateway_stops_renewing_its_lease() {
+    let Some(redis) = Redis::start("dropped").await else {
+        return;
+    };
+    let key = key_file("dropped", 32);
+    let mut cfg = mcp_reattach::Config::new("http://127.0.0.1:1".parse().unwrap());
+    cfg.store = Some(mcp_reattach::config::StoreSettings {
+        url: redis.url.clone(),
+        secret: std::fs::read(&key).unwrap(),
+        timeout: Duration::from_millis(100),
+        drain_timeout: Duration::from_secs(1),
+        seal: false,
+    });
+    let gateway = mcp_reattach::Gateway::new(cfg);
+    let mut conn = store_conn(&redis).await;
+    let leases = |conn: &mut ::redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            ::redis::cmd("KEYS")
+                .arg("mra:{r:*}:alive")
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while leases(&mut conn).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the lease is taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Held while the gateway lives (renewed every second for 3 s)...
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(leases(&mut conn).await.len(), 1, "renewed while it lives");
+    // ...and lapses once it is dropped.
+    drop(gateway);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        leases(&mut conn).await,
+        Vec::<String>::new(),
+        "nobody renews a dropped gateway's lease"
+    );
+}

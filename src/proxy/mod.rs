@@ -76,6 +76,8 @@ pub struct Gateway {
     bodies: Arc<bodies::Bodies>,
     /// The fleet's shared store (`--store`), or `Off`.
     store: Store,
+    /// The store's background tasks: stopped when the gateway drops.
+    _store_tasks: crate::store::Tasks,
 }
 
 impl Gateway {
@@ -92,7 +94,7 @@ impl Gateway {
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
         registry.on_shed(end_upstream(upstream.clone(), cfg.upstream_header_timeout));
-        let store = Store::new(&cfg, &registry);
+        let (store, store_tasks) = Store::new(&cfg, &registry);
         if let Some(key) = store.label_key() {
             crate::session::set_label_key(key);
         }
@@ -112,6 +114,7 @@ impl Gateway {
         });
         Arc::new(Gateway {
             store,
+            _store_tasks: store_tasks,
             registry,
             upstream,
             bodies: Arc::new(bodies::Bodies::new(cfg.max_buffered_request_bytes)),

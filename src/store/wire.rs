@@ -129,6 +129,10 @@ pub(super) fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The cause a stream's meta ends with when its owner lost its lease (as its clients are
+/// told: `upstream-failed`, cause `owner-lost`).
+pub(super) const OWNER_LOST: &str = "owner-lost: the replica reading this call upstream is gone";
+
 /// The lease of the replica named `replica` (its own hash tag: one key per replica).
 pub(super) fn lease_key(replica: &str) -> String {
     format!("mra:{{r:{replica}}}:alive")
