@@ -1364,3 +1364,63 @@ async fn a_dropped_gateway_stops_renewing_its_lease() {
         "nobody renews a dropped gateway's lease"
     );
 }
+
+/// Issue 56, R5-7: the store restarted empty mid-call. A resume through a replica that never
+/// held the session is never told the session does not exist (404 ends a client's session)
+/// while it lives on the replica that reads its call: it is paced (503 + `Retry-After`) until
+/// that replica has written the session and its stream again, then served.
+#[tokio::test]
+async fn a_store_restarted_empty_never_ends_a_live_session() {
+    let Some(mut redis) = Redis::start("reborn").await else {
+        return;
+    };
+    let key = key_file("reborn", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "reborn-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 4).await;
+    // The replicas have seen the store (their leases' first turns).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart().await;
+    let restarted = tokio::time::Instant::now();
+    let deadline = restarted + Duration::from_secs(15);
+    let mut statuses = Vec::new();
+    let resp = loop {
+        let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+        let status = resp.status().as_u16();
+        if statuses.last() != Some(&status) {
+            statuses.push(status);
+        }
+        if status == 200 {
+            break resp;
+        }
+        assert_eq!(status, 503, "paced, never refused: {statuses:?}");
+        assert_eq!(resp.headers()["retry-after"], "1");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "served: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "after the store restarted empty, B answered {statuses:?}, served after {:?}",
+        restarted.elapsed()
+    );
+    let mut reader = SseReader::new(resp);
+    let first = reader.next().await.unwrap();
+    assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+    upstream.message(&result(4)).await;
+    drop(upstream);
+    let data: Vec<String> = reader
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .filter(|d| d.contains("\"id\":4"))
+        .collect();
+    assert_eq!(data, vec![result(4)], "the call's result, once");
+}

@@ -395,7 +395,11 @@ impl Follower {
                 && self.meta.end.is_none()
             {
                 owner_checked = Some(tokio::time::Instant::now());
-                if self.shared.alive(&self.meta.o).await == Some(false) {
+                // A store restarted empty moments ago lost every lease with it: the owners
+                // take theirs again, and are not dead for it.
+                if self.shared.alive(&self.meta.o).await == Some(false)
+                    && !self.shared.newborn().await
+                {
                     // The owner's lease lapsed (it died, or was paused or cut off long enough:
                     // it publishes nothing under that lease again). The stream ends `lost` in
                     // the store where this client is, unless it ended first: one end in the

@@ -37,7 +37,14 @@ const MARGIN: Duration = Duration::from_millis(500);
 
 /// Renews `KEYS[1]` for `ARGV[2]` ms only if it holds `ARGV[1]` (this replica's generation):
 /// 1 when it did, 0 when the key is gone or holds another generation.
-const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end return 0";
+/// -1 when it holds another generation.
+const RENEW: &str = "local v = redis.call('GET', KEYS[1]) if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end if v then return -1 end return 0";
+
+/// Reads the store's birth mark (`KEYS[1]`), setting it to `ARGV[1]` when absent; when it was
+/// absent and this replica had read one before (`ARGV[2]` = 1: the store restarted empty),
+/// marks the store reborn (`KEYS[2]`) for `ARGV[3]` ms in the same step, so no replica sees
+/// the new birth mark without the reborn one.
+const MARK: &str = "local b = redis.call('GET', KEYS[1]) if b then return b end redis.call('SET', KEYS[1], ARGV[1]) if ARGV[2] == '1' then redis.call('SET', KEYS[2], 1, 'PX', ARGV[3]) end return ARGV[1]";
 
 /// This replica's lease: its name, its generation, and until when that is surely held.
 pub(super) struct Lease {
@@ -52,7 +59,30 @@ pub(super) struct Lease {
     started: tokio::time::Instant,
     /// Wakes the renewal at once (the writer found the generation dead).
     renew_now: Notify,
+    /// The store's birth mark as last read ([`BORN`]): another one, the store restarted empty.
+    born: std::sync::Mutex<Option<String>>,
+    /// The store was found restarted empty and the replica has not written again what it
+    /// holds yet (`progress` does, at its next round).
+    restarted: std::sync::atomic::AtomicBool,
 }
+
+/// The store's birth mark: the Unix time (ms) a replica first found the store without it.
+/// Every replica sets it (if absent) and reads it at each turn of its lease: changed, the
+/// store restarted empty (or was flushed) since, and what the replica holds is written again
+/// at once ([`Lease::take_restarted`]), and the replica marks the store [`REBORN`] for
+/// [`RESTART_GRACE`]. A replica that finds no record of a session while the store has no
+/// birth mark or is marked reborn does not say there is none: the holders may not have
+/// written it again yet.
+pub(super) const BORN: &str = "mra:{fleet}:born";
+/// Set, for [`RESTART_GRACE`], by each replica that finds the store restarted empty.
+pub(super) const REBORN: &str = "mra:{fleet}:reborn";
+
+/// How long after a replica found the store restarted empty a missing record is not taken
+/// for a session's absence: each holder finds the restart within [`OWNER_CHECK`] of it (its
+/// lease's next turn; the store has no birth mark until the first does) and queues its
+/// records and streams at its next progress round (100 ms), written within the writer's
+/// round trip; the lease (3 s) on top covers a holder slow to turn, so 4 s in all.
+pub(crate) const RESTART_GRACE: Duration = Duration::from_secs(4);
 
 impl Lease {
     pub(super) fn new(replica: std::sync::Arc<str>) -> Lease {
@@ -68,6 +98,54 @@ impl Lease {
             held_until: AtomicU64::new(ms(LEASE - MARGIN)),
             started,
             renew_now: Notify::new(),
+            born: std::sync::Mutex::new(None),
+            restarted: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the store was found restarted empty since the last call.
+    pub(super) fn take_restarted(&self) -> bool {
+        self.restarted.swap(false, Ordering::AcqRel)
+    }
+
+    /// Sets the store's birth mark if it has none, and reads it: a mark other than the one
+    /// read last means the store restarted empty since (see [`BORN`]).
+    async fn mark_born(&self, conn: &mut ConnectionManager, timeout: Duration) {
+        let seen = super::lock(&self.born).is_some();
+        let now = super::wire::unix_ms().to_string();
+        let mut mark = redis::cmd("EVAL");
+        mark.arg(MARK)
+            .arg(2)
+            .arg(BORN)
+            .arg(REBORN)
+            .arg(&now)
+            .arg(u8::from(seen))
+            .arg(super::ttl_ms(RESTART_GRACE));
+        let Ok(Ok(born)) = tokio::time::timeout(timeout, mark.query_async::<String>(conn)).await
+        else {
+            return;
+        };
+        let restarted = {
+            let mut last = super::lock(&self.born);
+            let restarted = last.as_ref().is_some_and(|last| *last != born);
+            *last = Some(born.clone());
+            restarted
+        };
+        if restarted {
+            tracing::warn!("the store restarted empty: this replica writes again what it holds");
+            self.restarted.store(true, Ordering::Release);
+            if born == now {
+                // This replica's mark: the store was marked reborn with it.
+                return;
+            }
+            // Another replica set the new mark: the grace runs from this one's finding too.
+            let mut reborn = redis::cmd("SET");
+            reborn
+                .arg(REBORN)
+                .arg(1)
+                .arg("PX")
+                .arg(super::ttl_ms(RESTART_GRACE));
+            let _ = tokio::time::timeout(timeout, reborn.exec_async(conn)).await;
         }
     }
 
@@ -132,8 +210,10 @@ impl Lease {
                         .fetch_max(sent + ms(LEASE - MARGIN), Ordering::AcqRel);
                     return;
                 }
-                // Gone (it lapsed), or another generation: this one is dead.
-                Ok(Ok(_)) if generation == 1 && sent < ms(LEASE - MARGIN) => {}
+                // Gone while surely held (it was never taken, or the store restarted empty and
+                // its followers wait for the replicas to write again: see `BORN`): taken again.
+                Ok(Ok(0)) => {}
+                // Another generation: this one is dead.
                 Ok(Ok(_)) => self.kill(generation),
                 _ => {
                     tracing::debug!("the store did not take this replica's lease renewal");
@@ -182,6 +262,7 @@ pub(super) async fn keep(
             () = lease.renew_now.notified() => {}
         }
         lease.renew(&mut conn, timeout).await;
+        lease.mark_born(&mut conn, timeout).await;
     }
 }
 

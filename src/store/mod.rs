@@ -450,6 +450,12 @@ impl Store {
             return Adoption::Unanswered;
         };
         let Some((sn, pairs)) = found else {
+            // No record: none, unless the store restarted empty moments ago and the replicas
+            // holding the session have not written it again yet (then nothing is known).
+            if s.newborn().await {
+                s.metrics.store_busy.inc();
+                return Adoption::Unanswered;
+            }
             return Adoption::None;
         };
         let Some(record) = Record::parse(&pairs) else {
@@ -598,9 +604,10 @@ impl Store {
         // Owned under the generation it opened in, for its life: once that is dead, nothing
         // of it is published again (its meta says `lost`).
         let generation = if p.opened {
-            let generation = s.lease.generation();
-            lock(&s.owned).insert(at.clone(), generation);
-            generation
+            // Published again (the store restarted empty): under the generation it opened in.
+            *lock(&s.owned)
+                .entry(at.clone())
+                .or_insert_with(|| s.lease.generation())
         } else {
             lock(&s.owned).get(&at).copied().unwrap_or(0)
         };
@@ -698,6 +705,62 @@ impl Shared {
             let meta = serde_json::from_str(&meta).ok()?;
             Some((decided == 1, meta))
         }))
+    }
+
+    /// Whether the store restarted empty moments ago (no replica has marked it born yet, or
+    /// one found it restarted less than [`lease::RESTART_GRACE`] ago): what it lacks may be on
+    /// its way from the replicas that hold it. One round trip, on the path of a session the
+    /// store has no record of only; a store that does not say is taken as one that may have.
+    async fn newborn(&self) -> bool {
+        let mut pipe = redis::pipe();
+        pipe.exists(lease::BORN).exists(lease::REBORN);
+        let Some((born, reborn)) = self.run::<(bool, bool)>(&pipe, "born").await else {
+            return true;
+        };
+        !born || reborn
+    }
+
+    /// The store restarted empty: every session this replica holds is recorded again, and
+    /// every stream it reads upstream published again from its opening (what its window
+    /// still holds), all queued at once, so a replica that finds no record waits for them
+    /// ([`lease::RESTART_GRACE`]) rather than say there is no such session.
+    fn write_again(self: &Arc<Self>, registry: &Registry) {
+        lock(&self.touched).clear();
+        let held: Vec<Arc<str>> = lock(&self.tags).values().cloned().collect();
+        let mut sessions = 0;
+        for id in held {
+            let Some(session) = registry.get(&id) else {
+                continue;
+            };
+            sessions += 1;
+            self.mark_touched(&session);
+            self.queue.push(Write::Record {
+                tag: self.tag_of(&session),
+                record: record_of(&session),
+                sn: rewritten_block(),
+                ttl: ttl_ms(self.session_ttl),
+            });
+        }
+        // Streams fenced (their generation dead) stay so: the fleet may have been told they
+        // were lost.
+        let owned: Vec<(Arc<str>, u32)> = lock(&self.owned)
+            .iter()
+            .filter(|(_, &generation)| self.lease.publishes(generation))
+            .map(|(at, _)| at.clone())
+            .collect();
+        let store = Store::Redis(self.clone());
+        let mut streams = 0;
+        for (id, stream) in owned {
+            if let Some(session) = registry.get(&id).filter(|s| s.republish(stream)) {
+                streams += 1;
+                store.publish(&session, stream);
+            }
+        }
+        tracing::info!(
+            sessions,
+            streams,
+            "the store restarted empty: sessions recorded and streams published again"
+        );
     }
 
     /// Runs `pipe`, bounded by `--store-timeout`; `None` (counted, logged) when it failed.
