@@ -1424,3 +1424,67 @@ async fn a_store_restarted_empty_never_ends_a_live_session() {
         .collect();
     assert_eq!(data, vec![result(4)], "the call's result, once");
 }
+
+/// Issue 56, R5-7, a stateless upstream's fleet: a minted session id certifies itself under
+/// the fleet's key, so a replica that never saw the session holds it from its id alone when
+/// the store cannot say (it was flushed, restarted empty): the session's next request is
+/// served, never a 404; a stranger with the same id is still told nothing.
+#[tokio::test]
+async fn a_minted_session_lives_on_any_replica_when_the_store_forgot_it() {
+    let Some(redis) = Redis::start("minted-reborn").await else {
+        return;
+    };
+    let key = key_file("minted-reborn", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_json(
+        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
+    );
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let sid = resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(sid.starts_with("mra-"), "{sid}");
+    // The store forgets everything (as one restarted without persistence).
+    let mut conn = store_conn(&redis).await;
+    let () = ::redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A stranger naming the id on B: nothing.
+    let resp = send(b.addr, as_(BOB, post(&call(1), Some(&sid)))).await;
+    assert_eq!(resp.status(), 404, "a stranger gets nothing");
+    // Its owner's next request lands on B, which never saw it: served.
+    let mut pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(2), Some(&sid)))));
+    let seen = tokio::select! {
+        seen = mock.next() => seen,
+        resp = &mut pending => panic!(
+            "answered without reaching the upstream: {}",
+            resp.unwrap().status()
+        ),
+    };
+    assert_eq!(seen.json_body()["id"], 2);
+    assert!(
+        seen.headers.get("mcp-session-id").is_none(),
+        "the stateless upstream never sees the gateway's id"
+    );
+    let upstream = seen.respond_sse(None);
+    upstream.message(&result(2)).await;
+    drop(upstream);
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200, "a live minted session is never a 404");
+    let data: Vec<String> = SseReader::new(resp)
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .filter(|d| d.contains("\"id\":2"))
+        .collect();
+    assert_eq!(data, vec![result(2)]);
+}

@@ -383,6 +383,30 @@ impl Store {
         }
     }
 
+    /// The key minted session ids certify themselves under: the fleet's; `None` without a
+    /// store.
+    pub(crate) fn mint_key(&self) -> Option<[u8; 32]> {
+        match self {
+            Store::Off => None,
+            Store::Redis(s) => Some(s.keys.minted),
+        }
+    }
+
+    /// A minted session this replica rebuilt from its id alone (the store did not say what it
+    /// is): recorded in the store as soon as it answers, and a block of stream numbers of its
+    /// own to number from (where a record written again hands them out: see
+    /// [`rewritten_block`]).
+    pub(crate) fn rebuilt(&self, session: &Session) {
+        if let Store::Redis(s) = self {
+            lock(&s.unrecorded).insert(session.hashed_id().clone());
+        }
+    }
+
+    /// The first stream number of a block for a session rebuilt without the store.
+    pub(crate) fn rebuilt_block() -> u32 {
+        rewritten_block()
+    }
+
     /// This replica as operators see it: its host's name, and with a store its name in the
     /// fleet.
     pub(crate) fn display_name(&self) -> String {

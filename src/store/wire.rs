@@ -31,6 +31,8 @@ pub(crate) struct Keys {
     seal: [u8; 32],
     /// Session labels (logs, metrics, the admin listener): the same on every replica.
     pub labels: [u8; 32],
+    /// Minted session ids certify themselves under it (`session::mint_fleet_id`).
+    pub minted: [u8; 32],
 }
 
 impl Keys {
@@ -40,6 +42,7 @@ impl Keys {
             names: blake3::derive_key("mcp-reattach 2026-12 store key names", secret),
             seal: blake3::derive_key("mcp-reattach 2026-12 store seal", secret),
             labels: blake3::derive_key("mcp-reattach 2026-12 session labels", secret),
+            minted: blake3::derive_key("mcp-reattach 2026-12 minted session ids", secret),
         }
     }
 
