@@ -13,7 +13,9 @@
 //!   that resumes it on another replica (`follow`).
 //!
 //! Inside: `wire` (keys, the record, a stream's meta, packed events: pure), `writer` (the one
-//! task that sends every queued write, pipelined), `follow` (a resume served from the store),
+//! task that sends every queued write, pipelined), `lease` (this replica's lease, its
+//! generation and the fence on what it publishes; the store's birth mark), `follow` (a resume
+//! served from the store),
 //! `progress` (followers' progress, polled by owners), `gone` (ends announced to the fleet,
 //! and the listener of the fleet's channels), `ask` (an operator's questions to every
 //! replica: the sessions each holds, an end).
