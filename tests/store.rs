@@ -1256,10 +1256,32 @@ fn result_or_lost(events: &[Event], id: u64) -> (bool, bool) {
 /// it, and the stream ended once, in the store).
 #[tokio::test]
 async fn a_paused_owner_never_answers_a_call_the_fleet_told_lost() {
-    let Some(redis) = Redis::start("paused").await else {
+    let Some((got_result, lost)) = paused_owner("paused", Duration::from_secs(5)).await else {
         return;
     };
-    let key = key_file("paused", 32);
+    assert!(
+        lost,
+        "paused past its lease: the owner is lost to the fleet"
+    );
+    assert!(!got_result);
+}
+
+/// A pause shorter than the lease is no death: the follower's client gets the result.
+#[tokio::test]
+async fn an_owner_paused_within_its_lease_answers_its_call() {
+    let Some((got_result, lost)) = paused_owner("paused-briefly", Duration::from_millis(800)).await
+    else {
+        return;
+    };
+    assert!(got_result && !lost, "the result, not owner-lost");
+}
+
+/// A call of A's followed from B, A paused for `pause` mid-call and its upstream's result read
+/// after it wakes: what B's client got (the result, owner-lost), once it was checked that it
+/// got exactly one and that a later resume of the call through B agrees.
+async fn paused_owner(case: &str, pause: Duration) -> Option<(bool, bool)> {
+    let redis = Redis::start(case).await?;
+    let key = key_file(case, 32);
     let mut mock = Mock::start().await;
     let (a, b) = (
         replica(&mock, &redis, &key).await,
@@ -1286,7 +1308,7 @@ async fn a_paused_owner_never_answers_a_call_the_fleet_told_lost() {
     a.proc.signal("STOP");
     let paused = tokio::time::Instant::now();
     let told = tokio::spawn(async move { follow.rest().await });
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(pause).await;
     a.proc.signal("CONT");
     println!("A paused for {:?}", paused.elapsed());
     // A wakes and its upstream answers the call: A reads the result.
@@ -1317,6 +1339,7 @@ async fn a_paused_owner_never_answers_a_call_the_fleet_told_lost() {
         (got_result, lost),
         "the fleet tells one end of the call: first {told:?}, then {again:?}"
     );
+    Some((got_result, lost))
 }
 
 /// Issue 56: the store's tasks have one owner. A gateway dropped stops renewing its lease
