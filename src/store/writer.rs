@@ -160,11 +160,14 @@ impl Write {
                 ttl,
                 ended_ttl,
             } => {
-                if fenced {
-                    return fenced_publication(pipe, tag, *stream, owner, p, *ended_ttl);
-                }
                 let record = tag.record();
-                let ttl = if p.end.is_some() { *ended_ttl } else { *ttl };
+                let ttl = if p.end.is_some() || fenced {
+                    *ended_ttl
+                } else {
+                    *ttl
+                };
+                // A fenced stream's requests still point at it (ended `lost`): a
+                // retransmission elsewhere is told the explicit failure, never run again.
                 for k in carries {
                     if p.opened {
                         pipe.cmd("SET")
@@ -176,6 +179,9 @@ impl Write {
                     } else {
                         pipe.pexpire(k, ttl).ignore();
                     }
+                }
+                if fenced {
+                    return fenced_publication(pipe, tag, *stream, owner, p, ttl);
                 }
                 let meta = |end: Option<MetaEnd>| Meta {
                     o: owner.to_string(),
@@ -280,8 +286,7 @@ fn set_meta(pipe: &mut redis::Pipeline, tag: &Tag, stream: u32, m: &str, ttl: i6
 
 /// A publication under a dead generation of the lease: no event of it is written, the
 /// stream's meta ends `lost` where the store's events of it end (`p.prev`: what was published
-/// before), unless it ended already. The requests it carries still point at it (a
-/// retransmission elsewhere is told the explicit failure, never run again).
+/// before), unless it ended already.
 fn fenced_publication(
     pipe: &mut redis::Pipeline,
     tag: &Tag,
