@@ -1328,17 +1328,19 @@ async fn paused_owner(case: &str, pause: Duration) -> Option<(bool, bool)> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // ...and a later resume of the same call through B, from the same cursor, agrees with
-    // what the client was told.
-    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
-    assert_eq!(resp.status(), 200);
-    let again = SseReader::new(resp).rest().await;
-    let (again_result, again_lost) = result_or_lost(&again, 4);
-    assert_eq!(
-        (again_result, again_lost),
-        (got_result, lost),
-        "the fleet tells one end of the call: first {told:?}, then {again:?}"
-    );
+    // ...and a later resume of the same call, from the same cursor, through B or through A
+    // (awake, its window holding the result), agrees with what the client was told.
+    for (gw, on) in [(&b, "B"), (&a, "A")] {
+        let resp = send(gw.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+        assert_eq!(resp.status(), 200, "on {on}");
+        let again = SseReader::new(resp).rest().await;
+        let (again_result, again_lost) = result_or_lost(&again, 4);
+        assert_eq!(
+            (again_result, again_lost),
+            (got_result, lost),
+            "the fleet tells one end of the call: first {told:?}, then on {on} {again:?}"
+        );
+    }
     Some((got_result, lost))
 }
 

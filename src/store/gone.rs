@@ -71,4 +71,5 @@ fn ended(s: &Shared, registry: &Registry, tag: &str) {
 pub(super) fn prune(s: &Shared, registry: &Registry) {
     lock(&s.tags).retain(|_, id| registry.get(id).is_some());
     lock(&s.owned).retain(|(id, _), _| registry.get(id).is_some());
+    lock(&s.fenced).retain(|(id, _)| registry.get(id).is_some());
 }

@@ -189,6 +189,10 @@ pub(crate) struct Shared {
     /// The generation each stream this replica reads upstream was opened under (by session
     /// id and number): what it publishes is fenced with it ([`lease`]).
     owned: Mutex<std::collections::HashMap<(Arc<str>, u32), u64>>,
+    /// The streams of this replica's that it found fenced when it published them (their
+    /// generation dead): the fleet may have been told they were lost, so a resume of them
+    /// here is answered from the store, as on any replica, not from the window.
+    fenced: Mutex<std::collections::HashSet<(Arc<str>, u32)>>,
     /// Sessions created while the store did not take their record: written at their next
     /// request once it does (by hashed id).
     unrecorded: Mutex<std::collections::HashSet<Arc<str>>>,
@@ -355,6 +359,7 @@ impl Store {
             unrecorded: Default::default(),
             running: Default::default(),
             owned: Default::default(),
+            fenced: Default::default(),
             tags: Default::default(),
             draining: tokio::sync::watch::Sender::new(false),
         });
@@ -609,6 +614,19 @@ impl Store {
         });
     }
 
+    /// Whether `stream`, which this replica reads upstream, is fenced (owned under a dead
+    /// generation of its lease): the fleet may have ended it `lost`, so a resume of it is
+    /// answered from the store, as another replica answers it, never from the window.
+    pub(crate) fn fenced(&self, session: &Session, stream: u32) -> bool {
+        let Store::Redis(s) = self else { return false };
+        let at: (Arc<str>, u32) = (session.id().into(), stream);
+        if lock(&s.fenced).contains(&at) {
+            return true;
+        }
+        let generation = lock(&s.owned).get(&at).copied();
+        generation.is_some_and(|g| !s.lease.publishes(g))
+    }
+
     /// The session ended (DELETE, the upstream's 404): its record becomes a tombstone nobody
     /// adopts (queued).
     pub(crate) fn ended(&self, session: &Session) {
@@ -637,6 +655,9 @@ impl Store {
         } else {
             lock(&s.owned).get(&at).copied().unwrap_or(0)
         };
+        if !s.lease.publishes(generation) {
+            lock(&s.fenced).insert(at.clone());
+        }
         if p.end.is_some() {
             lock(&s.owned).remove(&at);
             lock(&s.running).remove(&at);
