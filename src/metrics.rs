@@ -286,6 +286,7 @@ pub struct Metrics {
     /// Awaited requests to the store not sent: too many were ahead of them for too long.
     pub store_busy: Counter,
     pub store_dropped_bytes: Counter,
+    pub store_dropped_writes: Counter,
     pub store_follows: Counter,
     pub store_follow_gaps: Counter,
     pub store_owners_lost: Counter,
@@ -407,6 +408,7 @@ impl Metrics {
             store_errors: Counter::default(),
             store_busy: Counter::default(),
             store_dropped_bytes: Counter::default(),
+            store_dropped_writes: Counter::default(),
             store_follows: Counter::default(),
             store_follow_gaps: Counter::default(),
             store_owners_lost: Counter::default(),
@@ -613,6 +615,7 @@ impl Metrics {
             ("store_errors", "Requests to the fleet's store that failed or timed out", &m.store_errors),
             ("store_busy", "Requests to the fleet's store not sent: too many of this replica's were ahead of them for a second (a resume gets 503 + Retry-After)", &m.store_busy),
             ("store_dropped_bytes", "Event bytes not written to the fleet's store: its queue was full (a resume elsewhere gets the explicit gap)", &m.store_dropped_bytes),
+            ("store_dropped_writes", "Writes not queued for the fleet's store: its queue held its bound of writes (events and touches first; a stream's facts past twice the bound)", &m.store_dropped_writes),
             ("store_follows", "Resumes served from the fleet's store (a stream another replica reads)", &m.store_follows),
             ("store_follow_gaps", "Resumes from the fleet's store that ended with the explicit gap", &m.store_follow_gaps),
             ("store_owners_lost", "Resumes from the fleet's store whose stream's owner (the replica reading it upstream) was gone: ended with the explicit upstream failure", &m.store_owners_lost),

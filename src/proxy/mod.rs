@@ -77,6 +77,8 @@ pub struct Gateway {
     bodies: Arc<bodies::Bodies>,
     /// The fleet's shared store (`--store`), or `Off`.
     store: Store,
+    /// The store's background tasks: stopped when the gateway drops.
+    _store_tasks: crate::store::Tasks,
 }
 
 impl Gateway {
@@ -92,13 +94,16 @@ impl Gateway {
             cfg.upstream.authority().map_or("-", |a| a.as_str()).into();
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
-        let store = Store::new(&cfg, &registry);
+        let (store, store_tasks) = Store::new(&cfg, &registry);
         registry.on_end(on_end(
             store.clone(),
             end_upstream(upstream.clone(), cfg.upstream_header_timeout),
         ));
         if let Some(key) = store.label_key() {
             crate::session::set_label_key(key);
+        }
+        if let Some(key) = store.mint_key() {
+            registry.set_mint_key(key);
         }
         if store.is_on() {
             let publishing = store.clone();
@@ -116,6 +121,7 @@ impl Gateway {
         });
         Arc::new(Gateway {
             store,
+            _store_tasks: store_tasks,
             registry,
             upstream,
             bodies: Arc::new(bodies::Bodies::new(cfg.max_buffered_request_bytes)),
@@ -313,7 +319,7 @@ impl Gateway {
             .and_then(|sid| self.registry.get(sid));
         let held = match held {
             None if self.store.is_on() && !inb.modern => match inb.sid.clone() {
-                Some(sid) => match self.adopt(sid, inb.principal).await {
+                Some(sid) => match self.adopt(sid, Caller::of(&inb)).await {
                     Ok(adopted) => adopted,
                     // A resume the store could not say anything about: not a session this
                     // gateway never saw (404 ends a client's session), but a busy one: the
@@ -378,6 +384,29 @@ impl Gateway {
 /// The fleet's store said nothing of a session (see [`Adoption::Unanswered`]).
 struct Unanswered;
 
+/// Who asks for a session this replica does not hold, and where.
+struct Caller<'a> {
+    principal: crate::session::Principal,
+    share: crate::session::Principal,
+    path: &'a str,
+    version: Option<&'a str>,
+}
+
+impl Caller<'_> {
+    fn of(inb: &Inbound) -> Caller<'_> {
+        Caller {
+            principal: inb.principal,
+            share: inb.share,
+            path: inb.parts.uri.path(),
+            version: inb
+                .parts
+                .headers
+                .get(MCP_PROTOCOL_VERSION)
+                .and_then(|v| v.to_str().ok()),
+        }
+    }
+}
+
 impl Gateway {
     /// A session this replica does not hold, adopted from the fleet's store when it is there,
     /// live and the caller's (any caller's with `--resume-auth none`): held from now on, with
@@ -385,15 +414,20 @@ impl Gateway {
     async fn adopt(
         &self,
         sid: String,
-        principal: crate::session::Principal,
+        caller: Caller<'_>,
     ) -> Result<Option<Arc<Session>>, Unanswered> {
         let sid = sid.as_str();
         let principal =
-            (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(principal);
+            (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(caller.principal);
         let (record, first_stream) = match self.store.adopt(sid, principal).await {
             Adoption::Adopt(record, first_stream) => (record, first_stream),
             Adoption::None => return Ok(None),
-            Adoption::Unanswered => return Err(Unanswered),
+            Adoption::Unanswered => {
+                return self
+                    .rebuild_minted(sid, &caller)
+                    .map(Some)
+                    .ok_or(Unanswered)
+            }
         };
         let owner = Owner::new(record.principal, &record.endpoint)
             .in_share(record.share)
@@ -410,6 +444,26 @@ impl Gateway {
         }
         tracing::debug!(mcp.session = %s.hashed_id(), "session adopted from the fleet's store");
         Ok(Some(s))
+    }
+
+    /// A minted session the store said nothing of (down, or restarted empty moments ago),
+    /// held from its id alone when the id certifies itself under the fleet's key for this
+    /// caller on this endpoint (`session::mint_fleet_id`): its epoch is in it, its streams
+    /// numbered from a block of this replica's, and its record written once the store answers.
+    fn rebuild_minted(&self, sid: &str, caller: &Caller<'_>) -> Option<Arc<Session>> {
+        let epoch = self
+            .registry
+            .minted_epoch(sid, caller.principal, caller.path)?;
+        let owner = Owner::new(caller.principal, caller.path)
+            .in_share(caller.share)
+            .adopted(epoch, Store::rebuilt_block());
+        let s = self.registry.adopt(sid, owner, true).ok()?;
+        if let Some(v) = caller.version {
+            s.set_protocol_version(v);
+        }
+        self.store.rebuilt(&s);
+        tracing::debug!(mcp.session = %s.hashed_id(), "minted session held from its id: the store did not say");
+        Some(s)
     }
 
     /// The fleet's hand-over at the end of a drain: with a store, the calls this replica

@@ -48,9 +48,11 @@ impl Gateway {
         }
         if self.store.is_on()
             && cursor.epoch == session.epoch()
-            && !session.holds_stream(cursor.stream)
+            && (!session.holds_stream(cursor.stream) || self.store.fenced(&session, cursor.stream))
         {
             // Another replica's stream, perhaps: served from the fleet's store if it is there.
+            // So is one of this replica's own that its lease no longer covers: the fleet
+            // decided its end, and every replica answers it alike.
             let who = (self.cfg.resume_auth != ResumeAuth::None).then_some(inb.principal);
             let charge = self.registry.budget().charge();
             match self

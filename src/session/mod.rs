@@ -479,6 +479,13 @@ impl Session {
         lock(&self.state).unpublished(stream, event)
     }
 
+    /// The fleet's store restarted empty: `stream` is published again from its opening (what
+    /// the window still holds of it), as if it had never been. `false` when it is not held or
+    /// its end was published.
+    pub(crate) fn republish(&self, stream: u32) -> bool {
+        lock(&self.state).republish(stream)
+    }
+
     /// A client following `stream` on another replica reached `acked`, `age` ago (the fleet's
     /// store says): guarded like a local client's position. Whether the stream still runs here.
     pub(crate) fn remote_progress(

@@ -57,6 +57,18 @@ impl State {
         true
     }
 
+    /// `stream` is published again from its opening (the store lost it: restarted empty);
+    /// `false` when it is not held, or its end was published already.
+    pub(super) fn republish(&mut self, stream: u32) -> bool {
+        match self.streams.get_mut(&stream) {
+            Some(s) if !s.published_end => {
+                s.published = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// What the store does not have yet of `stream` (see [`Published`]): each event after the
     /// last publication goes to `event`, in order (the window's, and the stream's overflow
     /// slot's in its place). `None` when there is nothing new: no new event, no end, already

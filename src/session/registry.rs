@@ -245,6 +245,9 @@ pub struct Registry {
     /// Told of every change to a stream's content the fleet's store must learn (see
     /// [`Registry::on_publish`]); unset without a store.
     on_publish: std::sync::OnceLock<Arc<Publisher>>,
+    /// The fleet's key for minted ids (with a store): a minted id then certifies itself on
+    /// every replica ([`mint_fleet_id`]); unset, a minted id is random only.
+    mint_key: std::sync::OnceLock<[u8; 32]>,
 }
 
 type Sessions = HashMap<String, Slot>;
@@ -371,7 +374,21 @@ impl Registry {
             reserved: Arc::new(AtomicUsize::new(0)),
             on_end: std::sync::OnceLock::new(),
             on_publish: std::sync::OnceLock::new(),
+            mint_key: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Mints ids that certify themselves under the fleet's `key` from now on (once, before
+    /// any session: the fleet's store).
+    pub fn set_mint_key(&self, key: [u8; 32]) {
+        let _ = self.mint_key.set(key);
+    }
+
+    /// The epoch of minted session `id` when it certifies itself under the fleet's key for a
+    /// caller of `principal` on `endpoint` (see [`mint_fleet_id`]): any replica may then hold
+    /// it without the store. `None` without a fleet key or for any other id.
+    pub fn minted_epoch(&self, id: &str, principal: Principal, endpoint: &str) -> Option<u64> {
+        verify_minted(self.mint_key.get()?, id, principal, endpoint)
     }
 
     /// Sets who is told of every stream change of the sessions created from now on (once,
@@ -452,8 +469,19 @@ impl Registry {
         if reservation.is_none() {
             self.make_room(&mut map, owner.share)?;
         }
+        let key = self.mint_key.get();
+        // In a fleet the id carries its epoch, under the fleet's key.
+        let owner = match key {
+            Some(_) => owner.adopted(crate::cursor::new_epoch(), 0),
+            None => owner,
+        };
         let id = loop {
-            let id = mint_id();
+            let id = match (key, owner.adopted) {
+                (Some(key), Some((epoch, _))) => {
+                    mint_fleet_id(key, epoch, owner.principal, &owner.endpoint)
+                }
+                _ => mint_id(),
+            };
             if !map.contains_key(&id) {
                 break id;
             }
@@ -780,10 +808,93 @@ pub(super) fn mint_id() -> String {
     id
 }
 
-/// Whether `id` has the form of an id [`mint_id`] makes.
+/// Hex digits of a fleet's minted id after [`MINTED_PREFIX`]: 16 random bytes, the epoch
+/// (8), the MAC (16).
+const FLEET_MINTED_HEX: usize = 80;
+
+/// A new session id of a fleet's (a store and its key): [`MINTED_PREFIX`], 16 random bytes,
+/// the session's epoch and a MAC of them, the caller's principal and the endpoint under the
+/// fleet's key (keyed BLAKE3, 16 bytes), as 80 lowercase hex digits. Any replica that sees
+/// it from that caller on that endpoint knows it is the fleet's, and with which epoch,
+/// without the store ([`verify_minted`]): a stateless upstream's fleet holds a live minted
+/// session on any replica, even one that reaches the store only after it restarted empty.
+pub(super) fn mint_fleet_id(
+    key: &[u8; 32],
+    epoch: u64,
+    principal: Principal,
+    endpoint: &str,
+) -> String {
+    let mut random = [0u8; 16];
+    getrandom::getrandom(&mut random).expect("the OS random number generator, for a session id");
+    let mac = minted_mac(key, &random, epoch, principal, endpoint);
+    let mut id = String::with_capacity(MINTED_PREFIX.len() + FLEET_MINTED_HEX);
+    id.push_str(MINTED_PREFIX);
+    for b in random.iter().chain(&epoch.to_be_bytes()).chain(&mac) {
+        use std::fmt::Write;
+        let _ = write!(id, "{b:02x}");
+    }
+    id
+}
+
+fn minted_mac(
+    key: &[u8; 32],
+    random: &[u8; 16],
+    epoch: u64,
+    principal: Principal,
+    endpoint: &str,
+) -> [u8; 16] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"mcp-reattach minted session v1\0");
+    h.update(random);
+    h.update(&epoch.to_be_bytes());
+    h.update(&principal.0);
+    h.update(endpoint.as_bytes());
+    let mut mac = [0u8; 16];
+    mac.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    mac
+}
+
+/// The epoch of `id` when it is a fleet's minted id made under `key` for `principal` on
+/// `endpoint` ([`mint_fleet_id`]); `None` otherwise. The MAC is compared in constant time.
+pub(crate) fn verify_minted(
+    key: &[u8; 32],
+    id: &str,
+    principal: Principal,
+    endpoint: &str,
+) -> Option<u64> {
+    let hex = id.strip_prefix(MINTED_PREFIX)?;
+    if hex.len() != FLEET_MINTED_HEX {
+        return None;
+    }
+    let mut raw = [0u8; FLEET_MINTED_HEX / 2];
+    for (i, b) in raw.iter_mut().enumerate() {
+        let pair = hex.get(2 * i..2 * i + 2)?;
+        if !pair
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        {
+            return None;
+        }
+        *b = u8::from_str_radix(pair, 16).ok()?;
+    }
+    let random: [u8; 16] = raw[..16].try_into().ok()?;
+    let epoch = u64::from_be_bytes(raw[16..24].try_into().ok()?);
+    let mac = minted_mac(key, &random, epoch, principal, endpoint);
+    let given: [u8; 16] = raw[24..].try_into().ok()?;
+    (blake3::Hash::from(pad(mac)) == blake3::Hash::from(pad(given))).then_some(epoch)
+}
+
+/// A 16-byte MAC in a BLAKE3 hash's 32 bytes, for its constant-time comparison.
+fn pad(mac: [u8; 16]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&mac);
+    out
+}
+
+/// Whether `id` has the form of an id [`mint_id`] or [`mint_fleet_id`] makes.
 pub(crate) fn is_minted_form(id: &str) -> bool {
     id.strip_prefix(MINTED_PREFIX).is_some_and(|hex| {
-        hex.len() == 32
+        (hex.len() == 32 || hex.len() == FLEET_MINTED_HEX)
             && hex
                 .bytes()
                 .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
@@ -843,6 +954,47 @@ mod tests {
         assert_eq!(a, hash_id("4f9c-session"));
         assert_ne!(a, hash_id("4f9c-session2"));
         assert_eq!(a.len(), 16);
+    }
+
+    #[test]
+    fn a_fleets_minted_id_certifies_itself_for_its_caller_only() {
+        let key = [7u8; 32];
+        let alice = Principal([1; 16]);
+        let id = mint_fleet_id(&key, 0x0123_4567_89ab_cdef, alice, "/mcp");
+        assert!(is_minted_form(&id), "{id}");
+        assert_eq!(
+            verify_minted(&key, &id, alice, "/mcp"),
+            Some(0x0123_4567_89ab_cdef)
+        );
+        assert_eq!(
+            verify_minted(&key, &id, Principal([2; 16]), "/mcp"),
+            None,
+            "another caller"
+        );
+        assert_eq!(
+            verify_minted(&key, &id, alice, "/other"),
+            None,
+            "another endpoint"
+        );
+        assert_eq!(
+            verify_minted(&[8u8; 32], &id, alice, "/mcp"),
+            None,
+            "another fleet"
+        );
+        let mut forged = id.clone().into_bytes();
+        let last = forged.len() - 1;
+        forged[last] = if forged[last] == b'0' { b'1' } else { b'0' };
+        let forged = String::from_utf8(forged).unwrap();
+        assert_eq!(verify_minted(&key, &forged, alice, "/mcp"), None, "altered");
+        assert_eq!(
+            verify_minted(&key, &mint_id(), alice, "/mcp"),
+            None,
+            "a random one"
+        );
+        assert_ne!(
+            id,
+            mint_fleet_id(&key, 0x0123_4567_89ab_cdef, alice, "/mcp")
+        );
     }
 
     #[test]

@@ -283,9 +283,14 @@ impl Shared {
             (meta, range, None)
         };
         let meta = meta.and_then(|m| serde_json::from_str::<Meta>(&m).ok());
+        // A stream ended (by its owner, or `lost` by a follower when the owner's lease lapsed)
+        // is what the store held up to its end: entries an owner fenced too late wrote after
+        // it are nothing.
+        let end = meta.as_ref().and_then(|m| m.end.as_ref()).map(|e| e.last);
         let entries = range
             .ids
             .into_iter()
+            .filter(|id| end.is_none_or(|last| wire::entry_seq(&id.id).is_none_or(|s| s <= last)))
             .map(|id| {
                 let prev = match id.map.get("p") {
                     Some(redis::Value::BulkString(b)) => {
@@ -462,11 +467,36 @@ impl Follower {
                 && self.meta.end.is_none()
             {
                 owner_checked = Some(tokio::time::Instant::now());
-                if self.shared.alive(&self.meta.o).await == Some(false) {
-                    // The owner died with the call: what it published was written, and no
-                    // more will ever come. Said at once, never left to the client's timeout.
-                    let _ = tx.send(self.owner_lost()).await;
-                    return;
+                // A store restarted empty moments ago lost every lease with it: the owners
+                // take theirs again, and are not dead for it.
+                if self.shared.alive(&self.meta.o).await == Some(false)
+                    && !self.shared.newborn().await
+                {
+                    // The owner's lease lapsed (it died, or was paused or cut off long enough:
+                    // it publishes nothing under that lease again). The stream ends `lost` in
+                    // the store where this client is, unless it ended first: one end in the
+                    // fleet, told to whoever resumes it. Said at once, never left to the
+                    // client's timeout.
+                    match self
+                        .shared
+                        .lose(&self.tag, self.cursor.stream, self.at)
+                        .await
+                    {
+                        Some(Some((decided, meta))) => {
+                            if decided {
+                                self.owner_lost_counted();
+                            }
+                            // The end, as the store has it, is served by the next read.
+                            self.meta = meta;
+                        }
+                        Some(None) => {
+                            self.owner_lost_counted();
+                            let _ = tx.send(self.owner_lost()).await;
+                            return;
+                        }
+                        // The store did not say: looked at again at the next check.
+                        None => {}
+                    }
                 }
             }
             tokio::select! {
@@ -538,14 +568,18 @@ impl Follower {
     /// The end of a stream whose owner is gone: the upstream failure, and an error for each
     /// request its client has no answer to.
     fn owner_lost(&self) -> Bytes {
-        self.shared.metrics.store_owners_lost.inc();
-        tracing::info!(mcp.stream = self.cursor.stream, owner = %self.meta.o, "the replica reading this stream upstream is gone");
         crate::jsonrpc::upstream_failure_frames(
             &self.cursor.end().text(),
             true,
-            "owner-lost: the replica reading this call upstream is gone",
+            wire::OWNER_LOST,
             &self.meta.unanswered_at(self.at),
         )
+    }
+
+    /// This replica found the stream's owner gone: counted and said.
+    fn owner_lost_counted(&self) {
+        self.shared.metrics.store_owners_lost.inc();
+        tracing::info!(mcp.stream = self.cursor.stream, owner = %self.meta.o, "the replica reading this stream upstream is gone");
     }
 
     /// The client's last frame when the store stops answering, or this replica drains: resume

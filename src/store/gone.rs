@@ -66,7 +66,10 @@ fn ended(s: &Shared, registry: &Registry, tag: &str) {
     }
 }
 
-/// Forgets the tags of sessions this replica no longer holds (the map only serves `ended`).
+/// Forgets the tags of sessions this replica no longer holds (the map only serves `ended`),
+/// and the generations of their streams.
 pub(super) fn prune(s: &Shared, registry: &Registry) {
     lock(&s.tags).retain(|_, id| registry.get(id).is_some());
+    lock(&s.owned).retain(|(id, _), _| registry.get(id).is_some());
+    lock(&s.fenced).retain(|(id, _)| registry.get(id).is_some());
 }

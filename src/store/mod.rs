@@ -13,7 +13,9 @@
 //!   that resumes it on another replica (`follow`).
 //!
 //! Inside: `wire` (keys, the record, a stream's meta, packed events: pure), `writer` (the one
-//! task that sends every queued write, pipelined), `follow` (a resume served from the store),
+//! task that sends every queued write, pipelined), `lease` (this replica's lease, its
+//! generation and the fence on what it publishes; the store's birth mark), `follow` (a resume
+//! served from the store),
 //! `progress` (followers' progress, polled by owners), `gone` (ends announced to the fleet,
 //! and the listener of the fleet's channels), `ask` (an operator's questions to every
 //! replica: the sessions each holds, an end).
@@ -24,6 +26,7 @@
 mod ask;
 mod follow;
 mod gone;
+mod lease;
 mod progress;
 mod wire;
 mod writer;
@@ -43,6 +46,8 @@ pub(crate) use self::follow::{FollowBody, FollowError, Followed, Start};
 use self::wire::{Keys, Record, Tag, STREAM_BLOCK};
 
 use self::writer::{Queue, Write};
+
+use self::lease::OWNER_CHECK;
 
 /// Whether the store answers, as this replica sees it. After [`DOWN_AFTER`] failures in a
 /// row it is down: no request tries it (none pays `--store-timeout`) but one probe a
@@ -115,6 +120,27 @@ impl Breaker {
     }
 }
 
+/// The store's background tasks (the writer, the lease's renewal, the owners' poll of their
+/// followers' progress, the listener of the fleet's channels): one owner, whose drop stops
+/// them all (mini-redis's `DbDropGuard`). The gateway holds it; without it no replica renews
+/// a lease it no longer serves under.
+#[derive(Default)]
+pub(crate) struct Tasks(Vec<tokio::task::AbortHandle>);
+
+impl Tasks {
+    fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.0.push(tokio::spawn(task).abort_handle());
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// The seam: no store, or a Redis-protocol one.
 #[derive(Clone)]
 pub(crate) enum Store {
@@ -130,6 +156,8 @@ pub(crate) struct Shared {
     seal: bool,
     /// This replica's name in the store (the owner of the streams it reads), random per process.
     replica: Arc<str>,
+    /// Its lease, and the generation its streams are owned under ([`lease`]).
+    lease: Arc<lease::Lease>,
     /// The longest a request waits for the store (`--store-timeout`).
     timeout: Duration,
     session_ttl: Duration,
@@ -159,6 +187,13 @@ pub(crate) struct Shared {
     /// The streams this replica reads upstream (by session id and number): whose followers'
     /// progress it polls ([`progress`]).
     running: Mutex<std::collections::HashSet<(Arc<str>, u32)>>,
+    /// The generation each stream this replica reads upstream was opened under (by session
+    /// id and number): what it publishes is fenced with it ([`lease`]).
+    owned: Mutex<std::collections::HashMap<(Arc<str>, u32), u64>>,
+    /// The streams of this replica's that it found fenced when it published them (their
+    /// generation dead): the fleet may have been told they were lost, so a resume of them
+    /// here is answered from the store, as on any replica, not from the window.
+    fenced: Mutex<std::collections::HashSet<(Arc<str>, u32)>>,
     /// Sessions created while the store did not take their record: written at their next
     /// request once it does (by hashed id).
     unrecorded: Mutex<std::collections::HashSet<Arc<str>>>,
@@ -250,11 +285,14 @@ return {sn, redis.call('HGETALL', KEYS[1])}
 ";
 
 impl Store {
-    /// The store `cfg` asks for, its writer started (needs the runtime); `Off` without one.
-    pub(crate) fn new(cfg: &Config, registry: &Arc<Registry>) -> Store {
+    /// The store `cfg` asks for, its tasks started (needs the runtime) and owned by the
+    /// [`Tasks`] returned with it: the caller holds them as long as the store serves (their
+    /// drop stops them); `Off` without one.
+    pub(crate) fn new(cfg: &Config, registry: &Arc<Registry>) -> (Store, Tasks) {
         let metrics = registry.metrics();
+        let mut tasks = Tasks::default();
         let Some(settings) = &cfg.store else {
-            return Store::Off;
+            return (Store::Off, tasks);
         };
         let client = match redis::Client::open(settings.url.as_str()) {
             Ok(c) => c,
@@ -262,7 +300,7 @@ impl Store {
                 // The URL was checked for its scheme at startup; a client that cannot be made
                 // of it is a configuration error the operator must see.
                 tracing::error!(error = %e, "--store: not a Redis URL the client accepts; running without the store");
-                return Store::Off;
+                return (Store::Off, tasks);
             }
         };
         // The connection's own bound is the writer's: a request bounds itself tighter
@@ -279,7 +317,7 @@ impl Store {
             (Ok(c), Ok(w)) => (c, w),
             (Err(e), _) | (_, Err(e)) => {
                 tracing::error!(error = %e, "--store: cannot make its connection; running without the store");
-                return Store::Off;
+                return (Store::Off, tasks);
             }
         };
         // The operators' own (`ask`): their questions never take the requests' turns.
@@ -287,26 +325,34 @@ impl Store {
             Ok(o) => ask::Operator::new(o),
             Err(e) => {
                 tracing::error!(error = %e, "--store: cannot make its connection; running without the store");
-                return Store::Off;
+                return (Store::Off, tasks);
             }
         };
         let mut replica = [0u8; 6];
         let _ = getrandom::getrandom(&mut replica);
-        let replica: String = replica.iter().map(|b| format!("{b:02x}")).collect();
+        let replica: Arc<str> = replica
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+            .into();
         let breaker = Arc::new(Breaker::new(metrics.clone()));
+        let lease = Arc::new(lease::Lease::new(replica.clone()));
         let queue = writer::spawn(
+            &mut tasks,
             writes.clone(),
             BACKGROUND_TIMEOUT,
             cfg.memory_budget / 16,
             breaker.clone(),
+            lease.clone(),
             metrics.clone(),
         );
-        tokio::spawn(keep_lease(writes, wire::lease_key(&replica), OWNER_CHECK));
+        tasks.spawn(lease::keep(lease.clone(), writes, OWNER_CHECK));
         let shared = Arc::new(Shared {
             conn,
             keys: Keys::derive(&settings.secret),
             seal: settings.seal,
-            replica: replica.into(),
+            replica,
+            lease,
             timeout: settings.timeout,
             session_ttl: cfg.session_ttl,
             ended_ttl: ttl_ms(
@@ -324,17 +370,19 @@ impl Store {
             awaited: tokio::sync::Semaphore::new(AWAITED_IN_FLIGHT),
             unrecorded: Default::default(),
             running: Default::default(),
+            owned: Default::default(),
+            fenced: Default::default(),
             tags: Default::default(),
             draining: tokio::sync::watch::Sender::new(false),
             operator,
         });
-        tokio::spawn(progress::poll(Arc::downgrade(&shared), registry.clone()));
-        tokio::spawn(gone::listen(
+        tasks.spawn(progress::poll(Arc::downgrade(&shared), registry.clone()));
+        tasks.spawn(gone::listen(
             client,
             Arc::downgrade(&shared),
             registry.clone(),
         ));
-        Store::Redis(shared)
+        (Store::Redis(shared), tasks)
     }
 
     /// The key principals are bound with: the fleet's (from its shared secret), so a session's
@@ -353,6 +401,30 @@ impl Store {
             Store::Off => None,
             Store::Redis(s) => Some(s.keys.labels),
         }
+    }
+
+    /// The key minted session ids certify themselves under: the fleet's; `None` without a
+    /// store.
+    pub(crate) fn mint_key(&self) -> Option<[u8; 32]> {
+        match self {
+            Store::Off => None,
+            Store::Redis(s) => Some(s.keys.minted),
+        }
+    }
+
+    /// A minted session this replica rebuilt from its id alone (the store did not say what it
+    /// is): recorded in the store as soon as it answers, and a block of stream numbers of its
+    /// own to number from (where a record written again hands them out: see
+    /// [`rewritten_block`]).
+    pub(crate) fn rebuilt(&self, session: &Session) {
+        if let Store::Redis(s) = self {
+            lock(&s.unrecorded).insert(session.hashed_id().clone());
+        }
+    }
+
+    /// The first stream number of a block for a session rebuilt without the store.
+    pub(crate) fn rebuilt_block() -> u32 {
+        rewritten_block()
     }
 
     /// This replica as operators see it: its host's name, and with a store its name in the
@@ -422,6 +494,12 @@ impl Store {
             return Adoption::Unanswered;
         };
         let Some((sn, pairs)) = found else {
+            // No record: none, unless the store restarted empty moments ago and the replicas
+            // holding the session have not written it again yet (then nothing is known).
+            if s.newborn().await {
+                s.metrics.store_busy.inc();
+                return Adoption::Unanswered;
+            }
             return Adoption::None;
         };
         let Some(record) = Record::parse(&pairs) else {
@@ -549,6 +627,19 @@ impl Store {
         });
     }
 
+    /// Whether `stream`, which this replica reads upstream, is fenced (owned under a dead
+    /// generation of its lease): the fleet may have ended it `lost`, so a resume of it is
+    /// answered from the store, as another replica answers it, never from the window.
+    pub(crate) fn fenced(&self, session: &Session, stream: u32) -> bool {
+        let Store::Redis(s) = self else { return false };
+        let at: (Arc<str>, u32) = (session.id().into(), stream);
+        if lock(&s.fenced).contains(&at) {
+            return true;
+        }
+        let generation = lock(&s.owned).get(&at).copied();
+        generation.is_some_and(|g| !s.lease.publishes(g))
+    }
+
     /// The session ended here (a DELETE, the upstream's 404, an operator, the cap or the
     /// budget): its record becomes a tombstone nobody adopts, and its end is announced
     /// (queued). One that another replica ended and announced ([`Eviction::Fleet`]) is
@@ -603,10 +694,25 @@ impl Store {
         }) else {
             return;
         };
+        let at: (Arc<str>, u32) = (session.id().into(), stream);
+        // Owned under the generation it opened in, for its life: once that is dead, nothing
+        // of it is published again (its meta says `lost`).
+        let generation = if p.opened {
+            // Published again (the store restarted empty): under the generation it opened in.
+            *lock(&s.owned)
+                .entry(at.clone())
+                .or_insert_with(|| s.lease.generation())
+        } else {
+            lock(&s.owned).get(&at).copied().unwrap_or(0)
+        };
+        if !s.lease.publishes(generation) {
+            lock(&s.fenced).insert(at.clone());
+        }
         if p.end.is_some() {
-            lock(&s.running).remove(&(Arc::<str>::from(session.id()), stream));
+            lock(&s.owned).remove(&at);
+            lock(&s.running).remove(&at);
         } else if p.opened {
-            lock(&s.running).insert((session.id().into(), stream));
+            lock(&s.running).insert(at);
         }
         let tag = s.tag_of(session);
         if s.seal && !packed.is_empty() {
@@ -626,7 +732,8 @@ impl Store {
             carries,
             tag,
             stream,
-            owner: s.replica.clone(),
+            owner: s.lease.owner(generation),
+            generation,
             published: p,
             packed,
             ttl: ttl_ms(s.session_ttl),
@@ -639,29 +746,6 @@ impl Store {
 /// given up is an event lost to the fleet, so it waits longer than a request would (a busy
 /// store is slow, not gone; a gone one trips the breaker at the requests' pace).
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How long a replica's lease lasts without renewal: a follower of a stream whose owner's
-/// lease lapsed answers the explicit failure, within this plus [`OWNER_CHECK`] and
-/// `--store-timeout` of the owner's death (about 4.1 s by default).
-pub(crate) const LEASE: Duration = Duration::from_secs(3);
-/// How often a replica renews its lease, and a follower looks at its stream's owner's.
-pub(crate) const OWNER_CHECK: Duration = Duration::from_secs(1);
-
-/// Keeps this replica's lease in the store while the process lives: renewed every
-/// [`OWNER_CHECK`] for [`LEASE`]. A renewal that fails is tried again at the next turn.
-async fn keep_lease(mut conn: ConnectionManager, key: String, timeout: Duration) {
-    let mut every = tokio::time::interval(OWNER_CHECK);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        let mut renew = redis::cmd("SET");
-        renew.arg(&key).arg(1).arg("PX").arg(ttl_ms(LEASE));
-        let renewed = tokio::time::timeout(timeout, renew.exec_async(&mut conn)).await;
-        if !matches!(renewed, Ok(Ok(()))) {
-            tracing::debug!("the store did not take this replica's lease renewal");
-        }
-    }
-}
 
 impl Shared {
     /// `session` ended: its record a tombstone, its end announced (queued).
@@ -692,12 +776,93 @@ impl Shared {
         }))
     }
 
-    /// Whether the replica named `owner` holds its lease: `None` when the store did not say.
+    /// Whether `owner` (`<replica>/<generation>`, as a meta names it) still holds its lease:
+    /// `false` when the lease is gone or holds another generation; `None` when the store did
+    /// not say.
     async fn alive(&self, owner: &str) -> Option<bool> {
         let mut pipe = redis::pipe();
-        pipe.exists(wire::lease_key(owner));
-        let (alive,): (bool,) = self.run(&pipe, "lease").await?;
-        Some(alive)
+        pipe.get(wire::lease_key(lease::replica_of(owner)));
+        let (held,): (Option<String>,) = self.run(&pipe, "lease").await?;
+        Some(lease::owner_holds(owner, held.as_deref()))
+    }
+
+    /// The owner of `stream` lost its lease: the stream's meta ends `lost` at `at` (the
+    /// position the deciding follower's client is at), unless it ended already, in one
+    /// compare-and-set, so one replica decides and the stream ends in the fleet once. The
+    /// meta as it stands after, and whether this replica decided; `None` when the store did
+    /// not answer; `Some(None)` when the stream has no meta any more.
+    async fn lose(&self, tag: &Tag, stream: u32, at: u64) -> Option<Option<(bool, wire::Meta)>> {
+        static SCRIPT: std::sync::LazyLock<redis::Script> =
+            std::sync::LazyLock::new(|| redis::Script::new(writer::LOSE));
+        let mut invocation = SCRIPT.key(tag.meta(stream));
+        invocation
+            .arg(at)
+            .arg(serde_json::to_string(wire::OWNER_LOST).unwrap_or_default())
+            .arg(self.ended_ttl);
+        let mut conn = self.conn.clone();
+        let reply: Option<(i64, String)> = self
+            .guarded("lost", invocation.invoke_async(&mut conn))
+            .await?;
+        Some(reply.and_then(|(decided, meta)| {
+            let meta = serde_json::from_str(&meta).ok()?;
+            Some((decided == 1, meta))
+        }))
+    }
+
+    /// Whether the store restarted empty moments ago (no replica has marked it born yet, or
+    /// one found it restarted less than [`lease::RESTART_GRACE`] ago): what it lacks may be on
+    /// its way from the replicas that hold it. One round trip, on the path of a session the
+    /// store has no record of only; a store that does not say is taken as one that may have.
+    async fn newborn(&self) -> bool {
+        let mut pipe = redis::pipe();
+        pipe.exists(lease::BORN).exists(lease::REBORN);
+        let Some((born, reborn)) = self.run::<(bool, bool)>(&pipe, "born").await else {
+            return true;
+        };
+        !born || reborn
+    }
+
+    /// The store restarted empty: every session this replica holds is recorded again, and
+    /// every stream it reads upstream published again from its opening (what its window
+    /// still holds), all queued at once, so a replica that finds no record waits for them
+    /// ([`lease::RESTART_GRACE`]) rather than say there is no such session.
+    fn write_again(self: &Arc<Self>, registry: &Registry) {
+        lock(&self.touched).clear();
+        let held: Vec<Arc<str>> = lock(&self.tags).values().cloned().collect();
+        let mut sessions = 0;
+        for id in held {
+            let Some(session) = registry.get(&id) else {
+                continue;
+            };
+            sessions += 1;
+            self.mark_touched(&session);
+            self.queue.push(Write::Record {
+                tag: self.tag_of(&session),
+                record: record_of(&session),
+                sn: rewritten_block(),
+                ttl: ttl_ms(self.session_ttl),
+            });
+        }
+        // Streams fenced (their generation dead) stay so: the fleet may have been told they
+        // were lost.
+        let owned: Vec<(Arc<str>, u32)> = lock(&self.owned)
+            .iter()
+            .filter(|(_, &generation)| self.lease.publishes(generation))
+            .map(|(at, _)| at.clone())
+            .collect();
+        let store = Store::Redis(self.clone());
+        let mut streams = 0;
+        for (id, stream) in owned {
+            if let Some(session) = registry.get(&id).filter(|s| s.republish(stream)) {
+                streams += 1;
+                store.publish(&session, stream);
+            }
+        }
+        tracing::info!(
+            sessions,
+            streams,
+            "the store restarted empty: sessions recorded and streams published again"
+        );
     }
 
     /// Runs `pipe`, bounded by `--store-timeout`; `None` (counted, logged) when it failed.

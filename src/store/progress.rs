@@ -25,6 +25,9 @@ pub(super) async fn poll(shared: Weak<Shared>, registry: Arc<Registry>) {
     loop {
         every.tick().await;
         let Some(s) = shared.upgrade() else { return };
+        if s.lease.take_restarted() {
+            s.write_again(&registry);
+        }
         round(&s, &registry).await;
         rounds = rounds.wrapping_add(1);
         if rounds.is_multiple_of(PRUNE_EVERY) {

@@ -33,6 +33,8 @@ pub(crate) struct Keys {
     pub labels: [u8; 32],
     /// The admin channel's MACs (`ask`): a question or an answer no replica made is dropped.
     pub admin: [u8; 32],
+    /// Minted session ids certify themselves under it (`session::mint_fleet_id`).
+    pub minted: [u8; 32],
 }
 
 impl Keys {
@@ -43,6 +45,7 @@ impl Keys {
             seal: blake3::derive_key("mcp-reattach 2026-12 store seal", secret),
             labels: blake3::derive_key("mcp-reattach 2026-12 session labels", secret),
             admin: blake3::derive_key("mcp-reattach 2026-12 admin channel", secret),
+            minted: blake3::derive_key("mcp-reattach 2026-12 minted session ids", secret),
         }
     }
 
@@ -131,6 +134,10 @@ pub(super) fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// The cause a stream's meta ends with when its owner lost its lease (as its clients are
+/// told: `upstream-failed`, cause `owner-lost`).
+pub(super) const OWNER_LOST: &str = "owner-lost: the replica reading this call upstream is gone";
 
 /// The lease of the replica named `replica` (its own hash tag: one key per replica).
 pub(super) fn lease_key(replica: &str) -> String {

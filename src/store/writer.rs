@@ -1,25 +1,37 @@
 //! The one task that writes to the store what the replica queues (publications, touches,
 //! tombstones): whatever is queued while a pipeline is out goes in the next one, so a burst
-//! costs a round trip per batch, not per write. The queue's bytes are bounded (a sixteenth of
-//! `--memory-budget`): past it, a publication's events are dropped and its stream's chain in
-//! the store shows the hole (a reader answers the explicit gap), its facts still go.
+//! costs a round trip per batch, not per write. The queue is bounded in bytes (a sixteenth of
+//! `--memory-budget`: past it, a publication's events are dropped and its stream's chain in
+//! the store shows the hole, a reader answers the explicit gap, its facts still go) and in
+//! writes ([`MAX_WRITES`]: past it, what can be lost is, see [`Queue::push`]); followers'
+//! progress is coalesced per stream, outside the queue (only the last report counts).
+//!
+//! Fencing: a publication of a stream opened under a generation of the lease that is dead
+//! (`lease`) writes no event; it ends the stream's meta `lost` instead, and an owner's meta
+//! never replaces one that ended (the store decides which end came first: [`META`]).
 //!
 //! Knows the store's wire form and the Redis client; nothing of sessions' rules.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 
+use super::lease::Lease;
 use super::wire::{self, entry_id, Meta, MetaEnd, Record, Tag};
-use super::Breaker;
+use super::{lock, Breaker};
 use crate::metrics::Metrics;
 use crate::session::{End, Published, StreamKind};
 
 /// Most writes in one pipeline.
 const MAX_BATCH: usize = 64;
+
+/// Writes queued at most that may be lost (publications of events only, touches): past it
+/// they are dropped; the writes of a stream's or a session's facts, at most twice as many.
+const MAX_WRITES: usize = 1 << 14;
 
 /// How long a tombstone stays, so that replicas holding the session learn it ended.
 const TOMBSTONE_MS: i64 = 60_000;
@@ -32,7 +44,9 @@ pub(super) enum Write {
         /// it at the opening, their TTL shortened at the end.
         carries: Vec<String>,
         stream: u32,
+        /// `<replica>/<generation>`: the owner, under the generation the stream opened in.
         owner: Arc<str>,
+        generation: u64,
         published: Published,
         /// The events, packed (`wire::pack_event`); empty when dropped for the queue's bound.
         packed: Vec<u8>,
@@ -53,7 +67,8 @@ pub(super) enum Write {
         tag: Tag,
     },
     /// Where a client following `stream` from the store is (its owner polls it: flow
-    /// control across replicas); `None`: it left, the field goes.
+    /// control across replicas); `None`: it left, the field goes. Coalesced per stream: only
+    /// the last one queued is written.
     Progress {
         tag: Tag,
         stream: u32,
@@ -61,6 +76,8 @@ pub(super) enum Write {
         /// A report is worth nothing after the stall budget.
         ttl: i64,
     },
+    /// Progress is waiting in the coalesced reports (the writer takes them all).
+    Progressed,
     /// A POST's claimed request ids given back, unless a stream took them meanwhile.
     Release {
         keys: Vec<String>,
@@ -87,6 +104,23 @@ pub(super) fn record(pipe: &mut redis::Pipeline, tag: &Tag, r: &Record, sn: u32,
     cmd.ignore();
 }
 
+/// Sets a stream's meta (`KEYS[1]`) to `ARGV[1]` for `ARGV[2]` ms unless the one there ended
+/// (its owner's end, or `lost` decided by a follower, came first: a stream ends once).
+/// `"end":` appears in a meta's JSON only as its key: a quote inside a string is escaped.
+const META: &str = "local m = redis.call('GET', KEYS[1]) if m and string.find(m, '\"end\":', 1, true) then return 0 end redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1";
+
+/// Ends a stream's meta (`KEYS[1]`) `lost` at `ARGV[1]` (cause `ARGV[2]`, JSON; kept
+/// `ARGV[3]` ms) unless it ended already: `{1, meta}` when this call decided, `{0, meta}` when
+/// the meta had ended, nil without a meta.
+pub(super) const LOSE: &str = r#"
+local m = redis.call('GET', KEYS[1])
+if not m then return false end
+if string.find(m, '"end":', 1, true) then return {0, m} end
+m = string.sub(m, 1, -2) .. ',"end":{"last":' .. ARGV[1] .. ',"failed":' .. ARGV[2] .. '}}'
+redis.call('SET', KEYS[1], m, 'PX', ARGV[3])
+return {1, m}
+"#;
+
 /// Forgets the record's (`KEYS[1]`) held standalone stream if it is still `ARGV[1]`.
 const UNHOLD: &str = "if redis.call('HGET', KEYS[1], 'hold') == ARGV[1] then redis.call('HDEL', KEYS[1], 'hold') end";
 
@@ -101,21 +135,39 @@ impl Write {
         }
     }
 
-    /// Adds this write's commands to `pipe`.
-    fn commands(&self, pipe: &mut redis::Pipeline) {
+    /// Whether losing it costs the fleet no fact: a publication of events only (its
+    /// stream's chain shows the hole), a touch (the next one writes it), a progress report.
+    fn may_be_lost(&self) -> bool {
+        match self {
+            Write::Publish { published: p, .. } => !(p.opened || p.answered || p.end.is_some()),
+            Write::Record { .. } | Write::Progress { .. } | Write::Progressed => true,
+            Write::Gone { .. } | Write::Release { .. } => false,
+        }
+    }
+
+    /// Adds this write's commands to `pipe`; `fenced`: a publication under a dead generation
+    /// of the lease (its events are not written, its meta ends `lost`).
+    fn commands(&self, pipe: &mut redis::Pipeline, fenced: bool) {
         match self {
             Write::Publish {
                 tag,
                 carries,
                 stream,
                 owner,
+                generation: _,
                 published: p,
                 packed,
                 ttl,
                 ended_ttl,
             } => {
                 let record = tag.record();
-                let ttl = if p.end.is_some() { *ended_ttl } else { *ttl };
+                let ttl = if p.end.is_some() || fenced {
+                    *ended_ttl
+                } else {
+                    *ttl
+                };
+                // A fenced stream's requests still point at it (ended `lost`): a
+                // retransmission elsewhere is told the explicit failure, never run again.
                 for k in carries {
                     if p.opened {
                         pipe.cmd("SET")
@@ -127,6 +179,9 @@ impl Write {
                     } else {
                         pipe.pexpire(k, ttl).ignore();
                     }
+                }
+                if fenced {
+                    return fenced_publication(pipe, tag, *stream, owner, p, ttl);
                 }
                 let meta = |end: Option<MetaEnd>| Meta {
                     o: owner.to_string(),
@@ -182,12 +237,7 @@ impl Write {
                         },
                     });
                     let m = serde_json::to_string(&meta(end)).unwrap_or_default();
-                    pipe.cmd("SET")
-                        .arg(tag.meta(*stream))
-                        .arg(m)
-                        .arg("PX")
-                        .arg(ttl)
-                        .ignore();
+                    set_meta(pipe, tag, *stream, &m, ttl);
                 }
             }
             Write::Record {
@@ -201,19 +251,8 @@ impl Write {
                 stream,
                 at,
                 ttl,
-            } => {
-                let key = tag.progress(*stream);
-                match at {
-                    Some(at) => pipe
-                        .cmd("SET")
-                        .arg(key)
-                        .arg(at)
-                        .arg("PX")
-                        .arg(*ttl)
-                        .ignore(),
-                    None => pipe.del(key).ignore(),
-                };
-            }
+            } => progress(pipe, tag.progress(*stream), at.as_deref(), *ttl),
+            Write::Progressed => {}
             Write::Release { keys, token } => {
                 if !keys.is_empty() {
                     pipe.cmd("EVAL")
@@ -234,18 +273,107 @@ impl Write {
     }
 }
 
-/// The writer's queue: unbounded in writes, bounded in the bytes of their events.
+/// Adds the commands that set a stream's meta to `m` unless it ended (see [`META`]).
+fn set_meta(pipe: &mut redis::Pipeline, tag: &Tag, stream: u32, m: &str, ttl: i64) {
+    pipe.cmd("EVAL")
+        .arg(META)
+        .arg(1)
+        .arg(tag.meta(stream))
+        .arg(m)
+        .arg(ttl)
+        .ignore();
+}
+
+/// A publication under a dead generation of the lease: no event of it is written, the
+/// stream's meta ends `lost` where the store's events of it end (`p.prev`: what was published
+/// before), unless it ended already.
+fn fenced_publication(
+    pipe: &mut redis::Pipeline,
+    tag: &Tag,
+    stream: u32,
+    owner: &str,
+    p: &Published,
+    ttl: i64,
+) {
+    let meta = Meta {
+        o: owner.to_owned(),
+        k: p.kind.as_str().to_owned(),
+        pr: wire::principal_text(p.principal),
+        f: p.first_seq,
+        end: Some(MetaEnd {
+            last: p.prev,
+            failed: Some(wire::OWNER_LOST.to_owned()),
+        }),
+        req: p
+            .requests
+            .iter()
+            .map(|(id, at)| (id.clone(), at.filter(|&at| at <= p.prev).unwrap_or(0)))
+            .collect(),
+    };
+    let m = serde_json::to_string(&meta).unwrap_or_default();
+    set_meta(pipe, tag, stream, &m, ttl);
+    if p.kind == StreamKind::Standalone && (p.opened || p.end.is_some()) {
+        pipe.cmd("EVAL")
+            .arg(UNHOLD)
+            .arg(1)
+            .arg(tag.record())
+            .arg(stream)
+            .ignore();
+    }
+}
+
+fn progress(pipe: &mut redis::Pipeline, key: String, at: Option<&str>, ttl: i64) {
+    match at {
+        Some(at) => pipe.cmd("SET").arg(key).arg(at).arg("PX").arg(ttl).ignore(),
+        None => pipe.del(key).ignore(),
+    };
+}
+
+/// Followers' reports, coalesced: the last one per progress key, with its TTL.
+type Reports = Mutex<HashMap<String, (Option<String>, i64)>>;
+
+/// The writer's queue: bounded in writes ([`MAX_WRITES`]) and in the bytes of their events.
 pub(super) struct Queue {
     tx: mpsc::UnboundedSender<Write>,
     bytes: Arc<AtomicUsize>,
+    writes: Arc<AtomicUsize>,
+    reports: Arc<Reports>,
     limit: usize,
     metrics: Arc<Metrics>,
 }
 
 impl Queue {
     /// Queues `w`; its events are dropped (the store's chain shows the hole) when the queue
-    /// holds its bound already.
+    /// holds its bound of bytes already. Past [`MAX_WRITES`] queued, a write that may be lost
+    /// is dropped; past twice that, any (counted, and said once a while).
     pub(super) fn push(&self, mut w: Write) {
+        if let Write::Progress {
+            tag,
+            stream,
+            at,
+            ttl,
+        } = w
+        {
+            let mut reports = lock(&self.reports);
+            let first = reports.is_empty();
+            reports.insert(tag.progress(stream), (at, ttl));
+            drop(reports);
+            if !first {
+                return;
+            }
+            w = Write::Progressed;
+        }
+        let queued = self.writes.load(Ordering::Relaxed);
+        if queued >= 2 * MAX_WRITES || (queued >= MAX_WRITES && w.may_be_lost()) {
+            self.metrics.store_dropped_writes.inc();
+            if !w.may_be_lost() {
+                tracing::warn!("the store's write queue is full: a stream's or a session's fact is not written to the fleet");
+            }
+            if let Write::Progressed = w {
+                lock(&self.reports).clear();
+            }
+            return;
+        }
         let len = w.bytes();
         if len > 0 && self.bytes.load(Ordering::Relaxed) + len > self.limit {
             if let Write::Publish { packed, .. } = &mut w {
@@ -255,78 +383,190 @@ impl Queue {
         } else {
             self.bytes.fetch_add(len, Ordering::Relaxed);
         }
-        let _ = self.tx.send(w);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(w).is_err() {
+            // The writer stopped with its owner: nothing is written any more.
+            self.writes.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
-/// Starts the writer on `conn`: each pipeline bounded by `timeout`, the queue's events by
-/// `limit` bytes.
+/// Starts the writer on `conn`, owned by `tasks`: each pipeline bounded by `timeout`, the
+/// queue's events by `limit` bytes, what it publishes fenced by `lease`.
 pub(super) fn spawn(
+    tasks: &mut super::Tasks,
     conn: ConnectionManager,
     timeout: Duration,
     limit: usize,
     breaker: Arc<Breaker>,
+    lease: Arc<Lease>,
     metrics: Arc<Metrics>,
 ) -> Queue {
     let (tx, rx) = mpsc::unbounded_channel();
-    let bytes = Arc::new(AtomicUsize::new(0));
-    tokio::spawn(run(
+    let queue = Queue {
+        tx,
+        bytes: Arc::new(AtomicUsize::new(0)),
+        writes: Arc::new(AtomicUsize::new(0)),
+        reports: Arc::default(),
+        limit: limit.max(1 << 20),
+        metrics: metrics.clone(),
+    };
+    tasks.spawn(run(Writer {
         conn,
         rx,
-        bytes.clone(),
+        bytes: queue.bytes.clone(),
+        writes: queue.writes.clone(),
+        reports: queue.reports.clone(),
         timeout,
         breaker,
-        metrics.clone(),
-    ));
-    Queue {
-        tx,
-        bytes,
-        limit: limit.max(1 << 20),
+        lease,
         metrics,
-    }
+    }));
+    queue
 }
 
-async fn run(
-    mut conn: ConnectionManager,
-    mut rx: mpsc::UnboundedReceiver<Write>,
+/// The writer task's own.
+struct Writer {
+    conn: ConnectionManager,
+    rx: mpsc::UnboundedReceiver<Write>,
     bytes: Arc<AtomicUsize>,
+    writes: Arc<AtomicUsize>,
+    reports: Arc<Reports>,
     timeout: Duration,
     breaker: Arc<Breaker>,
+    lease: Arc<Lease>,
     metrics: Arc<Metrics>,
-) {
+}
+
+async fn run(mut w: Writer) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        if !breaker.allows() {
+    while w.rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let held: usize = batch.iter().map(Write::bytes).sum();
+        w.writes.fetch_sub(batch.len(), Ordering::Relaxed);
+        let reports = std::mem::take(&mut *lock(&w.reports));
+        if !w.breaker.allows() {
             // The store is down for this replica: what it would have taken is lost to it (a
             // stream's chain shows the hole, a resume elsewhere the explicit gap).
-            let held: usize = batch.iter().map(Write::bytes).sum();
-            bytes.fetch_sub(held, Ordering::Relaxed);
-            metrics.store_dropped_bytes.inc_by(held as u64);
+            w.bytes.fetch_sub(held, Ordering::Relaxed);
+            w.metrics.store_dropped_bytes.inc_by(held as u64);
             batch.clear();
             continue;
         }
         let mut pipe = redis::pipe();
-        let mut held = 0;
-        for w in &batch {
-            w.commands(&mut pipe);
-            held += w.bytes();
+        for write in &batch {
+            // Looked at for each, in order: a generation found dead mid-batch fences the rest.
+            let fenced = match write {
+                Write::Publish { generation, .. } => !w.lease.publishes(*generation),
+                _ => false,
+            };
+            write.commands(&mut pipe, fenced);
         }
-        let sent = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
-        bytes.fetch_sub(held, Ordering::Relaxed);
+        for (key, (at, ttl)) in reports {
+            progress(&mut pipe, key, at.as_deref(), ttl);
+        }
+        let sent = tokio::time::timeout(w.timeout, pipe.query_async::<()>(&mut w.conn)).await;
+        w.bytes.fetch_sub(held, Ordering::Relaxed);
         match sent {
             Ok(Ok(())) => {
-                breaker.succeeded();
-                metrics.store_writes.inc_by(batch.len() as u64);
+                w.breaker.succeeded();
+                w.metrics.store_writes.inc_by(batch.len() as u64);
             }
             Ok(Err(e)) => {
-                breaker.failed();
+                w.breaker.failed();
                 tracing::debug!(error = %e, writes = batch.len(), "store writes failed");
             }
             Err(_) => {
-                breaker.failed();
-                tracing::debug!(?timeout, writes = batch.len(), "store writes timed out");
+                w.breaker.failed();
+                tracing::debug!(timeout = ?w.timeout, writes = batch.len(), "store writes timed out");
             }
         }
         batch.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Principal;
+
+    fn queue() -> (Queue, mpsc::UnboundedReceiver<Write>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = Queue {
+            tx,
+            bytes: Arc::default(),
+            writes: Arc::default(),
+            reports: Arc::default(),
+            limit: 1 << 20,
+            metrics: Arc::new(Metrics::new()),
+        };
+        (queue, rx)
+    }
+
+    fn touch(n: usize) -> Write {
+        Write::Record {
+            tag: Tag::from_text(format!("{n:032x}").into()),
+            record: Record {
+                minted: false,
+                epoch: 1,
+                endpoint: "/mcp".into(),
+                principal: Principal::default(),
+                share: Principal::default(),
+                protocol_version: None,
+                gone: false,
+            },
+            sn: 0,
+            ttl: 1000,
+        }
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_writes_and_keeps_facts_longest() {
+        let (q, mut rx) = queue();
+        for n in 0..MAX_WRITES + 10 {
+            q.push(touch(n));
+        }
+        assert_eq!(
+            q.writes.load(Ordering::Relaxed),
+            MAX_WRITES,
+            "touches stop at the bound"
+        );
+        for n in 0..2 * MAX_WRITES {
+            q.push(Write::Gone {
+                tag: Tag::from_text(format!("{n:032x}").into()),
+            });
+        }
+        assert_eq!(
+            q.writes.load(Ordering::Relaxed),
+            2 * MAX_WRITES,
+            "facts, at twice it"
+        );
+        assert_eq!(q.metrics.store_dropped_writes.get(), 10 + MAX_WRITES as u64);
+        let mut n = 0;
+        while rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 2 * MAX_WRITES);
+    }
+
+    #[test]
+    fn progress_is_coalesced_per_stream() {
+        let (q, mut rx) = queue();
+        let tag = Tag::from_text("0123".into());
+        for at in 0..1000u64 {
+            for stream in [1, 2] {
+                q.push(Write::Progress {
+                    tag: tag.clone(),
+                    stream,
+                    at: Some(format!("{at}:0")),
+                    ttl: 100,
+                });
+            }
+        }
+        // One wake-up queued; the last report of each stream waits for the writer.
+        assert!(matches!(rx.try_recv(), Ok(Write::Progressed)));
+        assert!(rx.try_recv().is_err());
+        let reports = lock(&q.reports);
+        assert_eq!(reports.len(), 2);
+        assert_eq!(reports[&tag.progress(1)].0.as_deref(), Some("999:0"));
     }
 }

@@ -33,7 +33,7 @@
 //! gateway's access lines (`--log-format json`), and HAProxy's log; the replicas adopted the
 //! session from the store and at least one resume was served from the store by another replica
 //! than the one reading the call (`store_follows_total`), with no explicit gap; the session id is
-//! the server's for the stateful server and one the gateway minted (`mra-<32 hex>`) for the
+//! the server's for the stateful server and one the gateway minted (`mra-<80 hex>`, self-certifying in a fleet) for the
 //! stateless ones. Each case prints one `SUMMARY` line with its numbers.
 //!
 //! **The stateful server's standalone stream.** A replica holds it (`--hold-standalone`,
@@ -277,10 +277,11 @@ fn refused(status: u16) -> bool {
     status == 404 || status == 409 || status >= 500
 }
 
-/// `mra-` and 32 lowercase hex digits: a session id the gateway minted.
+/// `mra-` and 80 lowercase hex digits: a session id a fleet's gateway minted (random, the
+/// epoch and the fleet's MAC; 32 without a store).
 fn is_minted(id: &str) -> bool {
     id.strip_prefix("mra-").is_some_and(|h| {
-        h.len() == 32
+        h.len() == 80
             && h.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })

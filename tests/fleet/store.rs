@@ -1487,3 +1487,292 @@ async fn a_cursor_gets_the_same_answer_from_the_owner_and_from_another_replica()
         assert_eq!(on_b, on_a, "{case}: the other replica");
     }
 }
+
+/// The events of a call's stream as a client reads them: whether it got the call's result,
+/// and whether it got the explicit `owner-lost` failure (with the call's -32011 error).
+fn result_or_lost(events: &[Event], id: u64) -> (bool, bool) {
+    let got_result = events
+        .iter()
+        .filter_map(|e| e.data.as_deref())
+        .any(|d| d == result(id));
+    let lost = events.iter().any(|e| {
+        e.event.as_deref() == Some("mcp-reattach/upstream-failed")
+            && e.data.as_deref().is_some_and(|d| d.contains("owner-lost"))
+    });
+    if lost {
+        let error = events
+            .iter()
+            .filter_map(|e| e.data.as_deref())
+            .find(|d| d.contains("\"error\"") && d.contains(&format!("\"id\":{id}")));
+        assert!(
+            error.is_some(),
+            "owner-lost carries the call's error: {events:?}"
+        );
+    }
+    (got_result, lost)
+}
+
+/// Issue 56, R5-6: an owner only paused (SIGSTOP) long enough for its lease to lapse is
+/// dead to the fleet, and stays so for that call: its follower's client gets exactly one of
+/// the result or `owner-lost`, and once told `owner-lost` the fleet never serves the result
+/// the owner read after it woke (its lease's generation is dead: it publishes nothing under
+/// it, and the stream ended once, in the store).
+#[tokio::test]
+async fn a_paused_owner_never_answers_a_call_the_fleet_told_lost() {
+    let Some((got_result, lost)) = paused_owner("paused", Duration::from_secs(5)).await else {
+        return;
+    };
+    assert!(
+        lost,
+        "paused past its lease: the owner is lost to the fleet"
+    );
+    assert!(!got_result);
+}
+
+/// A pause shorter than the lease is no death: the follower's client gets the result.
+#[tokio::test]
+async fn an_owner_paused_within_its_lease_answers_its_call() {
+    let Some((got_result, lost)) = paused_owner("paused-briefly", Duration::from_millis(800)).await
+    else {
+        return;
+    };
+    assert!(got_result && !lost, "the result, not owner-lost");
+}
+
+/// A call of A's followed from B, A paused for `pause` mid-call and its upstream's result read
+/// after it wakes: what B's client got (the result, owner-lost), once it was checked that it
+/// got exactly one and that a later resume of the call through B agrees.
+async fn paused_owner(case: &str, pause: Duration) -> Option<(bool, bool)> {
+    let redis = Redis::start(case).await?;
+    let key = key_file(case, 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "paused-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 4).await;
+    // The client comes back on B, which follows A's stream from the store.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut follow = loop {
+        let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+        if resp.status() == 200 {
+            let mut reader = SseReader::new(resp);
+            let first = reader.next().await.unwrap();
+            assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+            break reader;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "B follows the call");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let writes_before = metric(&a, "mcp_reattach_store_writes_total").await;
+    // A is paused longer than its lease (3 s); B's client learns what B can.
+    a.proc.signal("STOP");
+    let paused = tokio::time::Instant::now();
+    let told = tokio::spawn(async move { follow.rest().await });
+    tokio::time::sleep(pause).await;
+    a.proc.signal("CONT");
+    println!("A paused for {:?}", paused.elapsed());
+    // A wakes and its upstream answers the call: A reads the result.
+    upstream.message(&result(4)).await;
+    drop(upstream);
+    let told = told.await.unwrap();
+    let (got_result, lost) = result_or_lost(&told, 4);
+    println!("B's client: result {got_result}, owner-lost {lost}");
+    assert!(
+        got_result != lost,
+        "exactly one of the result or owner-lost: {told:?}"
+    );
+    // Whatever A writes once awake is in the store...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while metric(&a, "mcp_reattach_store_writes_total").await <= writes_before {
+        assert!(tokio::time::Instant::now() < deadline, "A writes again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...and a later resume of the same call, from the same cursor, through B or through A
+    // (awake, its window holding the result), agrees with what the client was told.
+    for (gw, on) in [(&b, "B"), (&a, "A")] {
+        let resp = send(gw.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+        assert_eq!(resp.status(), 200, "on {on}");
+        let again = SseReader::new(resp).rest().await;
+        let (again_result, again_lost) = result_or_lost(&again, 4);
+        assert_eq!(
+            (again_result, again_lost),
+            (got_result, lost),
+            "the fleet tells one end of the call: first {told:?}, then on {on} {again:?}"
+        );
+    }
+    Some((got_result, lost))
+}
+
+/// Issue 56: the store's tasks have one owner. A gateway dropped stops renewing its lease
+/// (and its writer, poll and listener stop with it): its lease lapses in the store.
+#[tokio::test]
+async fn a_dropped_gateway_stops_renewing_its_lease() {
+    let Some(redis) = Redis::start("dropped").await else {
+        return;
+    };
+    let key = key_file("dropped", 32);
+    let mut cfg = mcp_reattach::Config::new("http://127.0.0.1:1".parse().unwrap());
+    cfg.store = Some(mcp_reattach::config::StoreSettings {
+        url: redis.url.clone(),
+        secret: std::fs::read(&key).unwrap(),
+        timeout: Duration::from_millis(100),
+        drain_timeout: Duration::from_secs(1),
+        seal: false,
+    });
+    let gateway = mcp_reattach::Gateway::new(cfg);
+    let mut conn = store_conn(&redis).await;
+    let leases = |conn: &mut ::redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            ::redis::cmd("KEYS")
+                .arg("mra:{r:*}:alive")
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while leases(&mut conn).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the lease is taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Held while the gateway lives (renewed every second for 3 s)...
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(leases(&mut conn).await.len(), 1, "renewed while it lives");
+    // ...and lapses once it is dropped.
+    drop(gateway);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        leases(&mut conn).await,
+        Vec::<String>::new(),
+        "nobody renews a dropped gateway's lease"
+    );
+}
+
+/// Issue 56, R5-7: the store restarted empty mid-call. A resume through a replica that never
+/// held the session is never told the session does not exist (404 ends a client's session)
+/// while it lives on the replica that reads its call: it is paced (503 + `Retry-After`) until
+/// that replica has written the session and its stream again, then served.
+#[tokio::test]
+async fn a_store_restarted_empty_never_ends_a_live_session() {
+    let Some(mut redis) = Redis::start("reborn").await else {
+        return;
+    };
+    let key = key_file("reborn", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "reborn-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 4).await;
+    // The replicas have seen the store (their leases' first turns).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart().await;
+    let restarted = tokio::time::Instant::now();
+    let deadline = restarted + Duration::from_secs(15);
+    let mut statuses = Vec::new();
+    let resp = loop {
+        let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+        let status = resp.status().as_u16();
+        if statuses.last() != Some(&status) {
+            statuses.push(status);
+        }
+        if status == 200 {
+            break resp;
+        }
+        assert_eq!(status, 503, "paced, never refused: {statuses:?}");
+        assert_eq!(resp.headers()["retry-after"], "1");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "served: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "after the store restarted empty, B answered {statuses:?}, served after {:?}",
+        restarted.elapsed()
+    );
+    let mut reader = SseReader::new(resp);
+    let first = reader.next().await.unwrap();
+    assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+    upstream.message(&result(4)).await;
+    drop(upstream);
+    let data: Vec<String> = reader
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .filter(|d| d.contains("\"id\":4"))
+        .collect();
+    assert_eq!(data, vec![result(4)], "the call's result, once");
+}
+
+/// Issue 56, R5-7, a stateless upstream's fleet: a minted session id certifies itself under
+/// the fleet's key, so a replica that never saw the session holds it from its id alone when
+/// the store cannot say (it was flushed, restarted empty): the session's next request is
+/// served, never a 404; a stranger with the same id is still told nothing.
+#[tokio::test]
+async fn a_minted_session_lives_on_any_replica_when_the_store_forgot_it() {
+    let Some(redis) = Redis::start("minted-reborn").await else {
+        return;
+    };
+    let key = key_file("minted-reborn", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_json(
+        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
+    );
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let sid = resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(sid.starts_with("mra-"), "{sid}");
+    // The store forgets everything (as one restarted without persistence).
+    let mut conn = store_conn(&redis).await;
+    let () = ::redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A stranger naming the id on B: nothing.
+    let resp = send(b.addr, as_(BOB, post(&call(1), Some(&sid)))).await;
+    assert_eq!(resp.status(), 404, "a stranger gets nothing");
+    // Its owner's next request lands on B, which never saw it: served.
+    let mut pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(2), Some(&sid)))));
+    let seen = tokio::select! {
+        seen = mock.next() => seen,
+        resp = &mut pending => panic!(
+            "answered without reaching the upstream: {}",
+            resp.unwrap().status()
+        ),
+    };
+    assert_eq!(seen.json_body()["id"], 2);
+    assert!(
+        seen.headers.get("mcp-session-id").is_none(),
+        "the stateless upstream never sees the gateway's id"
+    );
+    let upstream = seen.respond_sse(None);
+    upstream.message(&result(2)).await;
+    drop(upstream);
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200, "a live minted session is never a 404");
+    let data: Vec<String> = SseReader::new(resp)
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .filter(|d| d.contains("\"id\":2"))
+        .collect();
+    assert_eq!(data, vec![result(2)]);
+}
