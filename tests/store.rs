@@ -1224,3 +1224,273 @@ async fn a_store_needs_the_fleets_secret() {
     assert_eq!(refused.code, Some(64));
     assert!(refused.stderr.contains("at least 32"), "{}", refused.stderr);
 }
+
+/// `req` carrying the client's `Last-Event-ID` (a retransmission of a POST it was cut from).
+fn with_cursor(cursor: &str, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    req.headers_mut()
+        .insert("last-event-id", cursor.parse().unwrap());
+    req
+}
+
+/// The refusal's reason, and its `Retry-After` if any.
+async fn refusal(resp: http::Response<hyper::body::Incoming>) -> (u16, Option<String>, String) {
+    let status = resp.status().as_u16();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let reason = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|b| b["error"]["data"]["reason"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+    (status, retry, reason)
+}
+
+/// Issue 56, R5-1: a request id is in flight fleet-wide for its session. While the owner's
+/// call id 6 runs through A, the same id posted into the session through B by anyone else
+/// (another token, or none) is refused exactly as A refuses it (409 `request-in-flight`),
+/// never forwarded, and the owner gets its result (before: B forwarded it untagged, and the
+/// stranger took the owner's remaining progress and result).
+#[tokio::test]
+async fn a_stranger_through_another_replica_never_takes_the_owners_call() {
+    let Some(redis) = Redis::start("stranger").await else {
+        return;
+    };
+    let key = key_file("stranger", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "strangers-session";
+    initialize(&a, &mut mock, SID).await;
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(6), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut owner = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = owner.next().await.unwrap();
+    while first.data.is_none() {
+        first = owner.next().await.unwrap();
+    }
+    for (who, gw) in [("bob through B", &b), ("bob through A", &a)] {
+        let resp = send(gw.addr, as_(BOB, post(&call(6), Some(SID)))).await;
+        let (status, _, reason) = refusal(resp).await;
+        assert_eq!(
+            (status, reason.as_str()),
+            (409, "request-in-flight"),
+            "{who}"
+        );
+    }
+    let resp = send(b.addr, post(&call(6), Some(SID))).await;
+    let (status, _, reason) = refusal(resp).await;
+    assert_eq!(
+        (status, reason.as_str()),
+        (409, "request-in-flight"),
+        "anonymous through B"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "no stranger's id 6 is forwarded"
+    );
+    upstream.message(&progress(2)).await;
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    let data: Vec<String> = owner
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .collect();
+    assert_eq!(
+        data,
+        vec![progress(2), result(6)],
+        "the owner's answer is the owner's"
+    );
+}
+
+/// Issue 56, R5-3: a store that refuses writes (`maxmemory` reached under `noeviction`)
+/// cannot take a retransmission's claim: B answers 503 + `Retry-After`, never forwards it
+/// (before: the claim failed open and the tool ran a second time).
+#[tokio::test]
+async fn a_retransmission_whose_claim_the_full_store_refuses_is_paced_not_run() {
+    let Some(redis) = Redis::start("full").await else {
+        return;
+    };
+    let key = key_file("full", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "full-store-session";
+    initialize(&a, &mut mock, SID).await;
+    // B adopts the session (a call through it).
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    upstream.message(&result(1)).await;
+    drop(upstream);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+
+    let mut conn = store_conn(&redis).await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let resp = send(
+            b.addr,
+            with_cursor(&cursor, as_(ALICE, post(&call(6), Some(SID)))),
+        )
+        .await;
+        let (status, retry, reason) = refusal(resp).await;
+        assert_eq!(
+            (status, retry.as_deref(), reason.as_str()),
+            (503, Some("1"), "store-unavailable")
+        );
+    }
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the tool ran once"
+    );
+    drop(upstream);
+}
+
+/// Issue 56, R5-5: `redis-server` stopped mid-call. Retransmissions through the other replica
+/// get 503 + `Retry-After` while it is down, and after it comes back (empty) none is run
+/// again: the owner's claims are written once it is back, and right after its return a
+/// retransmission nobody claimed is paced (before: 197 of 208 ran the tool again during the
+/// outage, 58 more in the 2.5 s after).
+#[tokio::test]
+async fn a_store_outage_never_runs_a_retransmission_twice() {
+    let Some(mut redis) = Redis::start("outage-twice").await else {
+        return;
+    };
+    let key = key_file("outage-twice", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "outage-twice-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+
+    redis.stop().await;
+    let retransmit = || {
+        send(
+            b.addr,
+            with_cursor(&cursor, as_(ALICE, post(&call(6), Some(SID)))),
+        )
+    };
+    for _ in 0..5 {
+        let (status, retry, reason) = refusal(retransmit().await).await;
+        assert_eq!(
+            (status, retry.as_deref(), reason.as_str()),
+            (503, Some("1"), "store-unavailable"),
+            "during the outage"
+        );
+    }
+    // The call goes on and ends on A meanwhile.
+    upstream.message(&progress(2)).await;
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    redis.restart().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(6);
+    let mut seen = std::collections::BTreeMap::new();
+    while tokio::time::Instant::now() < until {
+        let (status, _, _) = refusal(retransmit().await).await;
+        *seen.entry(status).or_insert(0) += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("after the store's return: {seen:?}");
+    assert!(seen.keys().all(|s| [200, 409, 503].contains(s)), "{seen:?}");
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the tool ran once"
+    );
+}
+
+/// Every session record in the store: its key and the length of its longest field.
+async fn records(conn: &mut ::redis::aio::MultiplexedConnection) -> Vec<(String, usize)> {
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("mra:*:rec")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for k in keys {
+        let fields: Vec<(String, Vec<u8>)> = ::redis::cmd("HGETALL")
+            .arg(&k)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let longest = fields.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+        out.push((k, longest));
+    }
+    out
+}
+
+/// Issue 56, R5-2: what a client sends that is kept is bounded. An `initialize` carrying a
+/// 100 KB `protocolVersion` (or the header) does not put it in the session's record (before:
+/// a 100 KB field in every record, kept by every adopting replica outside the budget), and a
+/// record with a field past the record's bound, written into the store by hand, is not
+/// adopted.
+#[tokio::test]
+async fn a_clients_oversized_protocol_version_is_never_kept() {
+    let Some(redis) = Redis::start("version").await else {
+        return;
+    };
+    let key = key_file("version", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    let huge = "9".repeat(100_000);
+    let init = INITIALIZE.replace("2025-06-18", &huge);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&init, None))));
+    mock.next()
+        .await
+        .respond_initialized("huge-version-session");
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let mut conn = store_conn(&redis).await;
+    let recs = records(&mut conn).await;
+    assert_eq!(recs.len(), 1);
+    assert!(
+        recs[0].1 <= 64,
+        "the record's longest field: {} bytes",
+        recs[0].1
+    );
+
+    // A record whose version field is past the bound: B does not adopt it.
+    initialize(&a, &mut mock, "tampered-session").await;
+    let recs = records(&mut conn).await;
+    for (k, _) in &recs {
+        let _: () = ::redis::cmd("HSET")
+            .arg(k)
+            .arg("ver")
+            .arg(&huge)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, get("tampered-session", None))));
+    if let Ok(seen) = tokio::time::timeout(Duration::from_secs(2), mock.next()).await {
+        seen.respond(json_response(404, &[], ""));
+    }
+    let resp = pending.await.unwrap();
+    assert_ne!(resp.status(), 200, "not served as an adopted session");
+    assert_eq!(
+        metric(&b, "mcp_reattach_store_adoptions_total").await,
+        0.0,
+        "a record past its bound is not adopted"
+    );
+}
