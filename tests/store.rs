@@ -1334,8 +1334,9 @@ async fn a_retransmission_whose_claim_the_full_store_refuses_is_paced_not_run() 
     upstream.message(&result(1)).await;
     drop(upstream);
     assert_eq!(pending.await.unwrap().status(), 200);
-    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
-
+    // The store fills up: it refuses every write from now on. The call through A is held
+    // there and forwarded (a store that cannot take its claim costs cross-replica
+    // resumability, not availability); the client is cut.
     let mut conn = store_conn(&redis).await;
     let _: () = ::redis::cmd("CONFIG")
         .arg("SET")
@@ -1344,6 +1345,8 @@ async fn a_retransmission_whose_claim_the_full_store_refuses_is_paced_not_run() 
         .query_async(&mut conn)
         .await
         .unwrap();
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+    // Its retransmission through B: the claim cannot be made there either.
     for _ in 0..3 {
         let resp = send(
             b.addr,
