@@ -1239,10 +1239,15 @@ async fn refusal(resp: http::Response<hyper::body::Incoming>) -> (u16, Option<St
         .headers()
         .get("retry-after")
         .map(|v| v.to_str().unwrap().to_owned());
-    let body = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
+    let Ok(body) = tokio::time::timeout(
+        Duration::from_secs(3),
+        http_body_util::BodyExt::collect(resp.into_body()),
+    )
+    .await
+    else {
+        return (status, retry, "a body that does not end (forwarded)".into());
+    };
+    let body = body.unwrap().to_bytes();
     let reason = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|b| b["error"]["data"]["reason"].as_str().map(str::to_owned))
