@@ -78,6 +78,7 @@ pub use self::view::{Listing, SessionView, StreamView};
 pub(crate) fn resumption_required_frame(here: &str) -> Bytes {
     control::resumption_required(here, Outcome::Shutdown, None)
 }
+pub(crate) use self::dedup::{verdict, IdHolder, IdVerdict};
 pub(crate) use self::registry::set_label_key;
 pub(crate) use self::registry::Publisher;
 pub use self::registry::{hash_id, Owner, Principal, Registry};

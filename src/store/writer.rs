@@ -29,8 +29,12 @@ pub(super) enum Write {
     Publish {
         tag: Tag,
         /// The keys of the requests the stream carries (on its opening and its end): set to
-        /// it at the opening, their TTL shortened at the end.
+        /// it at the opening, to its end (and its shorter TTL) at the end, unless another
+        /// principal's request holds them ([`CARRY`]).
         carries: Vec<String>,
+        /// The session's record, on the stream's opening and end: written (unless it is there)
+        /// only when this publication was deferred (the store may have lost the record).
+        record: Option<Record>,
         stream: u32,
         owner: Arc<str>,
         published: Published,
@@ -90,10 +94,64 @@ pub(super) fn record(pipe: &mut redis::Pipeline, tag: &Tag, r: &Record, sn: u32,
 /// Forgets the record's (`KEYS[1]`) held standalone stream if it is still `ARGV[1]`.
 const UNHOLD: &str = "if redis.call('HGET', KEYS[1], 'hold') == ARGV[1] then redis.call('HDEL', KEYS[1], 'hold') end";
 
+/// Sets each of `KEYS` (a stream's request ids) to `ARGV[1]` (what carries them) for `ARGV[3]`
+/// ms, unless another principal than `ARGV[2]` holds it (an id another principal's call
+/// answered is that call's until it expires).
+const CARRY: &str = "for _, k in ipairs(KEYS) do local v = redis.call('GET', k) if not v or string.sub(v, 3, 2 + #ARGV[2]) == ARGV[2] then redis.call('SET', k, ARGV[1], 'PX', ARGV[3]) end end";
+
 /// Deletes each of `KEYS` that still holds `ARGV[1]` (the claim's token).
 const RELEASE: &str = "for _, k in ipairs(KEYS) do if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k) end end";
 
+/// Most writes kept while the store is away ([`Write::deferred`]): past it the oldest go
+/// (counted in `store_dropped_bytes` as nothing: their facts are lost to the fleet).
+const MAX_DEFERRED: usize = 16_384;
+
 impl Write {
+    /// What of this write is kept to be written once the store is back: the facts (a stream's
+    /// opening, answers and end with its request ids' claims, and the session's record with
+    /// them; records, ends, claims given back), never the events or a follower's progress.
+    fn deferred(self, out: &mut std::collections::VecDeque<Write>) {
+        let kept = match self {
+            Write::Publish {
+                tag,
+                carries,
+                record,
+                stream,
+                owner,
+                published,
+                ttl,
+                ended_ttl,
+                packed: _,
+            } if published.opened || published.answered || published.end.is_some() => {
+                if let Some(r) = record {
+                    out.push_back(Write::Record {
+                        tag: tag.clone(),
+                        record: r,
+                        sn: super::rewritten_block(),
+                        ttl,
+                    });
+                }
+                Some(Write::Publish {
+                    tag,
+                    carries,
+                    record: None,
+                    stream,
+                    owner,
+                    published,
+                    packed: Vec::new(),
+                    ttl,
+                    ended_ttl,
+                })
+            }
+            Write::Publish { .. } | Write::Progress { .. } => None,
+            w @ (Write::Record { .. } | Write::Gone { .. } | Write::Release { .. }) => Some(w),
+        };
+        out.extend(kept);
+        while out.len() > MAX_DEFERRED {
+            out.pop_front();
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Write::Publish { packed, .. } => packed.len(),
@@ -107,6 +165,7 @@ impl Write {
             Write::Publish {
                 tag,
                 carries,
+                record: _,
                 stream,
                 owner,
                 published: p,
@@ -116,17 +175,15 @@ impl Write {
             } => {
                 let record = tag.record();
                 let ttl = if p.end.is_some() { *ended_ttl } else { *ttl };
-                for k in carries {
-                    if p.opened {
-                        pipe.cmd("SET")
-                            .arg(k)
-                            .arg(format!("s:{stream}"))
-                            .arg("PX")
-                            .arg(ttl)
-                            .ignore();
-                    } else {
-                        pipe.pexpire(k, ttl).ignore();
-                    }
+                if !carries.is_empty() {
+                    pipe.cmd("EVAL")
+                        .arg(CARRY)
+                        .arg(carries.len())
+                        .arg(carries)
+                        .arg(wire::carried(p.principal, *stream, p.end.is_some()))
+                        .arg(wire::principal_text(p.principal))
+                        .arg(ttl)
+                        .ignore();
                 }
                 let meta = |end: Option<MetaEnd>| Meta {
                     o: owner.to_string(),
@@ -286,6 +343,19 @@ pub(super) fn spawn(
     }
 }
 
+/// Whether a store's refusal of a pipeline may pass: its connection, a timeout, or a store
+/// that cannot take writes for now (`OOM` under `noeviction`, a replica, loading, busy).
+fn transient(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("OOM" | "READONLY" | "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN")
+        )
+}
+
 async fn run(
     mut conn: ConnectionManager,
     mut rx: mpsc::UnboundedReceiver<Write>,
@@ -295,38 +365,64 @@ async fn run(
     metrics: Arc<Metrics>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    // What the store did not take while it was away: written first once it is back, so a
+    // call forwarded meanwhile has its claim in the store as soon as it can be.
+    let mut deferred = std::collections::VecDeque::new();
+    loop {
+        if deferred.is_empty() {
+            if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                return;
+            }
+        } else {
+            // Nothing new for a probe's time: the deferred writes are tried again.
+            let more = rx.recv_many(&mut batch, MAX_BATCH);
+            if let Ok(0) = tokio::time::timeout(super::PROBE_EVERY, more).await {
+                return;
+            }
+        }
+        let held: usize = batch.iter().map(Write::bytes).sum();
         if !breaker.allows() {
-            // The store is down for this replica: what it would have taken is lost to it (a
-            // stream's chain shows the hole, a resume elsewhere the explicit gap).
-            let held: usize = batch.iter().map(Write::bytes).sum();
+            // The store is down for this replica: the events it would have taken are lost to
+            // it (a stream's chain shows the hole, a resume elsewhere the explicit gap); the
+            // facts wait for it.
             bytes.fetch_sub(held, Ordering::Relaxed);
             metrics.store_dropped_bytes.inc_by(held as u64);
-            batch.clear();
+            for w in batch.drain(..) {
+                w.deferred(&mut deferred);
+            }
             continue;
         }
         let mut pipe = redis::pipe();
-        let mut held = 0;
-        for w in &batch {
+        let sending: Vec<Write> = deferred.drain(..).chain(batch.drain(..)).collect();
+        for w in &sending {
             w.commands(&mut pipe);
-            held += w.bytes();
         }
         let sent = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
         bytes.fetch_sub(held, Ordering::Relaxed);
-        match sent {
+        let failed = match sent {
             Ok(Ok(())) => {
                 breaker.succeeded();
-                metrics.store_writes.inc_by(batch.len() as u64);
+                metrics.store_writes.inc_by(sending.len() as u64);
+                false
             }
             Ok(Err(e)) => {
                 breaker.failed();
-                tracing::debug!(error = %e, writes = batch.len(), "store writes failed");
+                tracing::debug!(error = %e, writes = sending.len(), "store writes failed");
+                // Kept for later only when the store may take them later (gone, full,
+                // loading): a write it refuses for what it is would be refused forever, and
+                // hold every later write back with it.
+                transient(&e)
             }
             Err(_) => {
                 breaker.failed();
-                tracing::debug!(?timeout, writes = batch.len(), "store writes timed out");
+                tracing::debug!(?timeout, writes = sending.len(), "store writes timed out");
+                true
+            }
+        };
+        if failed {
+            for w in sending {
+                w.deferred(&mut deferred);
             }
         }
-        batch.clear();
     }
 }
