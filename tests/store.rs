@@ -1502,3 +1502,53 @@ async fn a_clients_oversized_protocol_version_is_never_kept() {
         "a record past its bound is not adopted"
     );
 }
+
+/// Issue 56, R5-5: a call that says nothing while the store is away (restarted empty) has
+/// nothing deferred to write; its owner writes what the store must know of it again once it
+/// is back, so a retransmission through the other replica, well past the grace, is answered
+/// from its stream, never run again (before: the claim was lost with the store, and after the
+/// grace B forwarded the retransmission).
+#[tokio::test]
+async fn a_call_running_across_an_empty_restart_is_claimed_again() {
+    let Some(mut redis) = Redis::start("restarted-empty").await else {
+        return;
+    };
+    let key = key_file("restarted-empty", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "restarted-empty-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+    redis.stop().await;
+    // Long enough for every replica to see it gone (their leases fail every second).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.restart().await;
+    // Past the grace: whatever B gets now, it is not a second run.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let resp = send(
+        b.addr,
+        with_cursor(&cursor, as_(ALICE, post(&call(6), Some(SID)))),
+    )
+    .await;
+    let status = resp.status();
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the tool ran once (B answered {status})"
+    );
+    assert_eq!(status, 200, "resumed from the store");
+    let mut on_b = SseReader::new(resp);
+    let first = on_b.next().await.unwrap();
+    assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    let data: Vec<String> = on_b
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .collect();
+    assert!(data.contains(&result(6)), "{data:?}");
+}

@@ -152,12 +152,17 @@ impl Gateway {
         stream: u32,
     ) -> Result<Response<ResBody>, Refusal> {
         let single_id = inb.info.single_id.clone();
-        // Position 0 is before every stream's opening: from the opening, whatever it is.
-        let from = Cursor {
-            epoch: session.epoch(),
-            stream,
-            seq: 0,
-        };
+        // Exact with the client's cursor of that stream, as on the replica that holds it;
+        // else position 0, before every stream's opening: from the opening, whatever it is.
+        let from = inb
+            .cursor()
+            .and_then(|c| Cursor::parse(c.as_bytes()).ok())
+            .filter(|c| c.epoch == session.epoch() && c.stream == stream)
+            .unwrap_or(Cursor {
+                epoch: session.epoch(),
+                stream,
+                seq: 0,
+            });
         let charge = self.registry.budget().charge();
         match self
             .store

@@ -476,6 +476,11 @@ impl Session {
         lock(&self.state).unpublished(stream, event)
     }
 
+    /// `stream`'s facts again, for a store that came back (see [`State::republished`]).
+    pub(crate) fn republished(&self, stream: u32) -> Option<Published> {
+        lock(&self.state).republished(stream)
+    }
+
     /// A client following `stream` on another replica reached `acked`, `age` ago (the fleet's
     /// store says): guarded like a local client's position. Whether the stream still runs here.
     pub(crate) fn remote_progress(

@@ -59,6 +59,9 @@ pub(crate) struct Breaker {
     back_at: AtomicU64,
     /// The lease's renewal failed since the store last answered it.
     lease_failed: std::sync::atomic::AtomicBool,
+    /// The store came back: the facts of the streams this replica runs are to be written to it
+    /// again (taken by the owner's poll, `progress`).
+    rewrite: std::sync::atomic::AtomicBool,
     started: tokio::time::Instant,
     metrics: Arc<Metrics>,
 }
@@ -86,6 +89,7 @@ impl Breaker {
             down_until: AtomicU64::new(0),
             back_at: AtomicU64::new(0),
             lease_failed: std::sync::atomic::AtomicBool::new(false),
+            rewrite: std::sync::atomic::AtomicBool::new(false),
             started: tokio::time::Instant::now(),
             metrics,
         }
@@ -107,7 +111,7 @@ impl Breaker {
             self.recovered.store(true, Ordering::Relaxed);
         }
         if failures > 0 {
-            self.back_at.store(self.now() + 1, Ordering::Relaxed);
+            self.came_back(failures >= DOWN_AFTER);
         }
         self.down_until.store(0, Ordering::Relaxed);
         self.metrics.store_up.set(1);
@@ -120,8 +124,24 @@ impl Breaker {
         if !ok {
             self.lease_failed.store(true, Ordering::Relaxed);
         } else if self.lease_failed.swap(false, Ordering::Relaxed) {
-            self.back_at.store(self.now() + 1, Ordering::Relaxed);
+            self.came_back(true);
         }
+    }
+
+    /// The store answers after failing: the grace begins, and after an outage (it was down
+    /// for this replica, or did not take a lease renewal: a second at least) this replica's
+    /// running streams' facts are written again (a store restarted empty lost them, and with
+    /// them the claims that keep their calls from running twice).
+    fn came_back(&self, outage: bool) {
+        self.back_at.store(self.now() + 1, Ordering::Relaxed);
+        if outage {
+            self.rewrite.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the store came back since this was last asked.
+    pub(super) fn take_rewrite(&self) -> bool {
+        self.rewrite.swap(false, Ordering::Relaxed)
     }
 
     /// Whether the store came back less than [`GRACE`] ago: the replicas write what they
@@ -719,6 +739,38 @@ async fn keep_lease(
 }
 
 impl Shared {
+    /// Writes again what the store must know of `stream`, which this replica still reads
+    /// upstream: the session's record (unless it is there) and the stream's facts with its
+    /// request ids' claims (queued). After the store came back.
+    fn republish(&self, session: &Session, stream: u32) {
+        let Some(p) = session.republished(stream) else {
+            return;
+        };
+        let tag = self.tag_of(session);
+        self.queue.push(Write::Record {
+            tag: tag.clone(),
+            record: record_of(session),
+            sn: rewritten_block(),
+            ttl: ttl_ms(self.session_ttl),
+        });
+        let carries = p
+            .requests
+            .iter()
+            .map(|(id, _)| tag.request(&self.keys, id))
+            .collect();
+        self.queue.push(Write::Publish {
+            carries,
+            record: Some(record_of(session)),
+            tag,
+            stream,
+            owner: self.replica.clone(),
+            published: p,
+            packed: Vec::new(),
+            ttl: ttl_ms(self.session_ttl),
+            ended_ttl: self.ended_ttl,
+        });
+    }
+
     /// `session` ended: its record a tombstone, its end announced (queued).
     fn gone(&self, session: &Session) {
         lock(&self.touched).remove(session.hashed_id());
