@@ -1315,6 +1315,44 @@ async fn a_stranger_through_another_replica_never_takes_the_owners_call() {
         vec![progress(2), result(6)],
         "the owner's answer is the owner's"
     );
+
+    // Once answered, the id is free for bob through B as through A (the one rule), and his
+    // POST of it takes nothing of the owner's: the owner's retransmission through B is still
+    // answered from the owner's stream, never forwarded.
+    let pending = tokio::spawn(send(b.addr, as_(BOB, post(&call(6), Some(SID)))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 6, "bob's own id 6, forwarded");
+    seen.respond_json(result(6));
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let resp = send(
+        b.addr,
+        with_cursor(
+            &first.id.clone().unwrap(),
+            as_(ALICE, post(&call(6), Some(SID))),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let data: Vec<String> = SseReader::new(resp)
+        .rest()
+        .await
+        .into_iter()
+        .filter(|e| {
+            e.event
+                .as_deref()
+                .is_none_or(|t| !t.starts_with("mcp-reattach/"))
+        })
+        .filter_map(|e| e.data)
+        .collect();
+    assert_eq!(
+        data,
+        vec![progress(2), result(6)],
+        "the owner's stream, from its cursor"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "the owner's call ran once"
+    );
 }
 
 /// Issue 56, R5-3: a store that refuses writes (`maxmemory` reached under `noeviction`)
