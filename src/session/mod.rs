@@ -559,6 +559,13 @@ impl Session {
         })
     }
 
+    /// What a POST of `principal` carrying `ids` may do here ([`verdict`], every holder
+    /// this replica knows of).
+    #[cfg(test)]
+    pub(crate) fn id_verdict(&self, principal: Principal, ids: &[String]) -> IdVerdict {
+        lock(&self.state).id_verdict(principal, ids)
+    }
+
     /// Waits until no POST of `principal` carrying one of `ids` is in flight.
     pub async fn forward_settled(&self, principal: Principal, ids: &[String]) {
         loop {
