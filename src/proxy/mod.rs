@@ -316,7 +316,10 @@ impl Gateway {
                 Some(sid) => match self.adopt(&sid, inb.principal).await {
                     Ok(Adopted::Held(s)) => Some(s),
                     Ok(Adopted::NotYours) => {
-                        _strangers_claim = if carries_requests(&inb) {
+                        // A minted session's stranger is answered 404 as for an id nobody
+                        // holds (its stateless upstream never knew it): nothing to claim.
+                        let minted = crate::session::is_minted_form(&sid);
+                        _strangers_claim = if carries_requests(&inb) && !minted {
                             let single_id = inb.info.single_id.clone();
                             let ids = &inb.info.request_ids;
                             self.strangers_claim(&sid, inb.principal, ids, single_id)
