@@ -74,7 +74,7 @@ pub(crate) enum ProxyError {
     DuplicateRequest(String),
     #[error("request id {0} is in flight in this session for another caller; use another id")]
     RequestInFlight(String),
-    #[error("the fleet's store did not answer in time for this resume (--store-timeout, or this replica's requests to it are queued); retry shortly")]
+    #[error("the fleet's store did not answer in time for this request (--store-timeout, a store that refuses writes, or this replica's requests to it are queued), and it cannot be served safely without it; retry shortly")]
     StoreUnanswered,
 }
 

@@ -365,6 +365,18 @@ pub(crate) fn initialize_version<D: AsRef<[u8]> + ?Sized>(data: &D) -> Option<St
         .map(|r| r.result.protocol_version)
 }
 
+/// The longest protocol version the gateway keeps (a session's, its record's in the store).
+pub(crate) const MAX_PROTOCOL_VERSION: usize = 32;
+
+/// Whether `v` may be kept as a session's protocol version: 1 to [`MAX_PROTOCOL_VERSION`]
+/// bytes of `[A-Za-z0-9._-]` (every version the specification names is a date). What a
+/// client sends that fails is not kept (it is still forwarded: the upstream answers it).
+pub(crate) fn is_protocol_version(v: &str) -> bool {
+    (1..=MAX_PROTOCOL_VERSION).contains(&v.len())
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Whether a protocol version string (`YYYY-MM-DD`) is of the modern era.
 pub(crate) fn is_modern(version: &str) -> bool {
     is_date(version) && version >= FIRST_MODERN_VERSION
@@ -704,6 +716,23 @@ mod tests {
         assert!(!is_modern("2026-07-2x"));
         assert!(primes("2025-11-25"));
         assert!(!primes("2025-06-18"));
+    }
+
+    #[test]
+    fn a_protocol_version_kept_is_short_and_plain() {
+        for ok in ["2025-06-18", "2024-11-05", "draft.1_x", &"a".repeat(32)] {
+            assert!(is_protocol_version(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            &"9".repeat(33),
+            "2025 06 18",
+            "2025\u{1b}[31m",
+            "é",
+            "a/b",
+        ] {
+            assert!(!is_protocol_version(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -81,6 +81,12 @@ enum Claim {
     InFlight,
 }
 
+/// The refusal of a POST one of whose ids another principal's request holds in flight.
+pub(super) fn in_flight(single_id: Option<&serde_json::Value>, ids: &[String]) -> ProxyError {
+    let id = single_id.map_or_else(|| ids.join(", "), ToString::to_string);
+    ProxyError::RequestInFlight(id)
+}
+
 impl Gateway {
     /// [`Route::PassThrough`](super::inbound::Route::PassThrough): the modern era is the
     /// upstream's; the gateway only forwards.
@@ -236,26 +242,51 @@ impl Gateway {
                             .for_request(inb.info.single_id.clone()));
                     }
                     let limit = self.cfg.upstream_header_timeout;
+                    let single_id = || inb.info.single_id.clone();
+                    // A POST with the client's cursor is a retransmission of a call it was cut
+                    // from: forwarded only once its claim is made (STYLE 19).
+                    let retransmitted = inb.cursor().is_some();
+                    let ids = &inb.info.request_ids;
                     match self
                         .store
-                        .claim(s, inb.principal, &inb.info.request_ids, limit)
+                        .claim(s.id(), Some(s), inb.principal, ids, limit)
                         .await
                     {
+                        // Right after the store's return nothing claimed proves nothing: the
+                        // replica that ran the call may not have written its claim again yet.
+                        IdClaim::Ours(_) if retransmitted && self.store.just_recovered() => {
+                            return Err(ProxyError::StoreUnanswered.for_request(single_id()));
+                        }
                         IdClaim::Ours(held) => claimed = Some(held),
                         IdClaim::Carried(stream) => {
                             return Ok(Prepared::Elsewhere(s.clone(), stream));
                         }
-                        IdClaim::Unknown => {}
+                        IdClaim::InFlight => {
+                            return Err(in_flight(
+                                inb.info.single_id.as_ref(),
+                                &inb.info.request_ids,
+                            )
+                            .for_request(single_id()))
+                        }
+                        IdClaim::Pending => {
+                            return Err(ProxyError::StoreUnanswered.for_request(single_id()));
+                        }
+                        IdClaim::Unanswered if retransmitted => {
+                            return Err(ProxyError::StoreUnanswered.for_request(single_id()));
+                        }
+                        // A first POST of a session held here: forwarded (a store outage costs
+                        // cross-replica resumability, never availability); the stream it opens
+                        // writes its claim once the store is back (the writer defers it).
+                        IdClaim::Unanswered | IdClaim::Unknown => {}
                     }
                     Some(f)
                 }
                 Claim::Retransmission => return Ok(Prepared::Retransmission(s.clone())),
                 Claim::InFlight => {
-                    let single_id = inb.info.single_id.clone();
-                    let id = single_id
-                        .as_ref()
-                        .map_or_else(|| inb.info.request_ids.join(", "), ToString::to_string);
-                    return Err(ProxyError::RequestInFlight(id).for_request(single_id));
+                    return Err(
+                        in_flight(inb.info.single_id.as_ref(), &inb.info.request_ids)
+                            .for_request(inb.info.single_id.clone()),
+                    );
                 }
             },
         };

@@ -317,10 +317,37 @@ impl Gateway {
             .as_deref()
             .filter(|_| !inb.modern)
             .and_then(|sid| self.registry.get(sid));
+        // A stranger's POST into a session of the fleet this replica does not hold: its ids
+        // claimed in the store all the same (held until the answer's head), so an id in
+        // flight in the session is nobody else's here either.
+        let mut _strangers_claim = None;
         let held = match held {
             None if self.store.is_on() && !inb.modern => match inb.sid.clone() {
-                Some(sid) => match self.adopt(sid, Caller::of(&inb)).await {
-                    Ok(adopted) => adopted,
+                Some(sid) => match self.adopt(&sid, Caller::of(&inb)).await {
+                    Ok(Adopted::Held(s)) => Some(s),
+                    Ok(Adopted::NotYours) => {
+                        // A minted session's stranger is answered 404 as for an id nobody
+                        // holds (its stateless upstream never knew it): nothing to claim.
+                        let minted = crate::session::is_minted_form(&sid);
+                        _strangers_claim = if carries_requests(&inb) && !minted {
+                            let single_id = inb.info.single_id.clone();
+                            let ids = &inb.info.request_ids;
+                            self.strangers_claim(&sid, inb.principal, ids, single_id)
+                                .await?
+                        } else {
+                            None
+                        };
+                        None
+                    }
+                    // Right after the store's return, a session it does not have may be one
+                    // whose record its holder has not written again yet: a POST that may be a
+                    // retransmission is not forwarded as a stranger's on that account.
+                    Ok(Adopted::None) if carries_requests(&inb) && self.store.just_recovered() => {
+                        return Err(
+                            ProxyError::StoreUnanswered.for_request(inb.info.single_id.clone())
+                        );
+                    }
+                    Ok(Adopted::None) => None,
                     // A resume the store could not say anything about: not a session this
                     // gateway never saw (404 ends a client's session), but a busy one: the
                     // client comes back after `Retry-After` (every client of a lost replica
@@ -329,6 +356,15 @@ impl Gateway {
                         if inb.parts.method == Method::GET && inb.cursor().is_some() =>
                     {
                         return Err(ProxyError::StoreUnanswered.into());
+                    }
+                    // Nor is a POST carrying requests forwarded as into a session nobody
+                    // knows: it may be a retransmission of a call another replica runs, and
+                    // forwarded raw it would run again (STYLE 19: refused, never the unsafe
+                    // action).
+                    Err(Unanswered) if carries_requests(&inb) => {
+                        return Err(
+                            ProxyError::StoreUnanswered.for_request(inb.info.single_id.clone())
+                        );
                     }
                     Err(Unanswered) => None,
                 },
@@ -407,25 +443,40 @@ impl Caller<'_> {
     }
 }
 
+/// What the fleet's store made of a session this replica did not hold.
+enum Adopted {
+    /// Adopted: held from now on.
+    Held(Arc<Session>),
+    /// A live session of someone else's: not adopted for this caller.
+    NotYours,
+    /// No such session (or none that can be adopted).
+    None,
+}
+
+/// Whether `inb` is a POST carrying requests (ids the upstream answers by).
+fn carries_requests(inb: &Inbound) -> bool {
+    inb.parts.method == Method::POST && !inb.info.request_ids.is_empty()
+}
+
 impl Gateway {
     /// A session this replica does not hold, adopted from the fleet's store when it is there,
     /// live and the caller's (any caller's with `--resume-auth none`): held from now on, with
     /// the epoch it was created with and stream numbers of a block of this replica's.
     async fn adopt(
         &self,
-        sid: String,
+        sid: &str,
         caller: Caller<'_>,
-    ) -> Result<Option<Arc<Session>>, Unanswered> {
-        let sid = sid.as_str();
+    ) -> Result<Adopted, Unanswered> {
         let principal =
             (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(caller.principal);
         let (record, first_stream) = match self.store.adopt(sid, principal).await {
             Adoption::Adopt(record, first_stream) => (record, first_stream),
-            Adoption::None => return Ok(None),
+            Adoption::None => return Ok(Adopted::None),
+            Adoption::NotYours => return Ok(Adopted::NotYours),
             Adoption::Unanswered => {
                 return self
                     .rebuild_minted(sid, &caller)
-                    .map(Some)
+                    .map(Adopted::Held)
                     .ok_or(Unanswered)
             }
         };
@@ -437,13 +488,39 @@ impl Gateway {
             .adopt(sid, owner, record.minted)
             .inspect_err(|_| tracing::warn!("session cap reached with every session in use: a session of the fleet is not adopted"))
         else {
-            return Ok(None);
+            return Ok(Adopted::None);
         };
         if let Some(v) = &record.protocol_version {
             s.set_protocol_version(v);
         }
         tracing::debug!(mcp.session = %s.hashed_id(), "session adopted from the fleet's store");
-        Ok(Some(s))
+        Ok(Adopted::Held(s))
+    }
+
+    /// A stranger's POST into session `sid` of the fleet (not adopted for it): its request
+    /// ids claimed in the session as any POST's are ([`Store::claim`], the rule
+    /// [`crate::session::verdict`]): refused while another's request with one of them is in
+    /// flight, as the replica holding the session refuses it, never answered from another's
+    /// stream; forwarded (untagged) with the claim held until the answer's head otherwise.
+    async fn strangers_claim(
+        &self,
+        sid: &str,
+        principal: crate::session::Principal,
+        ids: &[String],
+        single_id: Option<serde_json::Value>,
+    ) -> Result<Option<crate::store::IdsHeld>, Refusal> {
+        use crate::store::IdClaim;
+        let limit = self.cfg.upstream_header_timeout;
+        match self.store.claim(sid, None, principal, ids, limit).await {
+            IdClaim::Ours(held) => Ok(Some(held)),
+            IdClaim::Unknown => Ok(None),
+            IdClaim::Carried(_) | IdClaim::InFlight => {
+                Err(forward::in_flight(single_id.as_ref(), ids).for_request(single_id))
+            }
+            IdClaim::Pending | IdClaim::Unanswered => {
+                Err(ProxyError::StoreUnanswered.for_request(single_id))
+            }
+        }
     }
 
     /// A minted session the store said nothing of (down, or restarted empty moments ago),

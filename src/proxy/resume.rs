@@ -155,11 +155,22 @@ impl Gateway {
         stream: u32,
     ) -> Result<Response<ResBody>, Refusal> {
         let single_id = inb.info.single_id.clone();
-        // From the stream's opening, whatever it is.
-        let from = Cursor {
-            epoch: session.epoch(),
-            stream,
-            seq: 0,
+        // Exact with the client's cursor of that stream, as on the replica that holds it;
+        // else from the stream's opening, whatever it is.
+        let exact = inb
+            .cursor()
+            .and_then(|c| Cursor::parse(c.as_bytes()).ok())
+            .filter(|c| c.epoch == session.epoch() && c.stream == stream);
+        let (from, start) = match exact {
+            Some(c) => (c, Start::After),
+            None => (
+                Cursor {
+                    epoch: session.epoch(),
+                    stream,
+                    seq: 0,
+                },
+                Start::Opening,
+            ),
         };
         let charge = self.registry.budget().charge();
         match self
@@ -167,7 +178,7 @@ impl Gateway {
             .follow(
                 &session,
                 from,
-                Start::Opening,
+                start,
                 Some(inb.principal),
                 None,
                 charge,

@@ -40,6 +40,49 @@ impl std::hash::Hasher for KeyIsHash {
     }
 }
 
+/// Who holds one request id of a session, wherever that is known: this replica's state, or
+/// the fleet's store (a request id is in flight fleet-wide for its session, whoever sent it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IdHolder {
+    /// A POST of this principal carrying it is being forwarded (no stream for it yet).
+    Forwarding(Principal),
+    /// A stream of this principal carries it and has not answered it yet.
+    Awaited(Principal, u32),
+    /// A stream of this principal carried it and answered it (or ended).
+    Answered(Principal, u32),
+}
+
+/// What a POST of a principal may do with one of its request ids, given its holder
+/// ([`verdict`]). Ordered: a POST with several ids gets the strictest of its ids' verdicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum IdVerdict {
+    /// Nobody holds it for this principal: forward it.
+    Free,
+    /// This principal's stream carries it: a retransmission, answered from that stream.
+    Carried(u32),
+    /// This principal's POST carrying it is being forwarded: wait for its stream, then it is a
+    /// retransmission.
+    Wait,
+    /// Another principal's request with it is in flight: upstreams route answers by request id
+    /// within a session, so this POST would take the other's answer. Refused, never forwarded.
+    Another,
+}
+
+/// The one rule of a request id in flight, for the replica's own state and for the fleet's
+/// store alike: a retransmission is only its sender's, an id in flight is nobody else's, and
+/// an id another principal's call has answered is free again.
+pub(crate) fn verdict(holder: Option<IdHolder>, me: Principal) -> IdVerdict {
+    match holder {
+        None => IdVerdict::Free,
+        Some(IdHolder::Forwarding(p)) if p == me => IdVerdict::Wait,
+        Some(IdHolder::Awaited(p, n) | IdHolder::Answered(p, n)) if p == me => {
+            IdVerdict::Carried(n)
+        }
+        Some(IdHolder::Forwarding(_) | IdHolder::Awaited(..)) => IdVerdict::Another,
+        Some(IdHolder::Answered(..)) => IdVerdict::Free,
+    }
+}
+
 /// Request ids of POSTs forwarded and not yet settled (no stream opened for them, no answer
 /// yet): a retransmission of one waits for it instead of being forwarded again.
 #[derive(Debug, Default)]
@@ -54,11 +97,12 @@ impl Forwarded {
             .any(|id| self.ids.iter().any(|(p, f)| *p == principal && f == id))
     }
 
-    /// Whether a POST of another principal than `principal` carrying one of `ids` is in
-    /// flight.
-    pub(super) fn any_other(&self, principal: Principal, ids: &[String]) -> bool {
-        ids.iter()
-            .any(|id| self.ids.iter().any(|(p, f)| *p != principal && f == id))
+    /// The principals forwarding `id` now.
+    pub(super) fn holders<'a>(&'a self, id: &'a str) -> impl Iterator<Item = IdHolder> + 'a {
+        self.ids
+            .iter()
+            .filter(move |(_, f)| f == id)
+            .map(|(p, _)| IdHolder::Forwarding(*p))
     }
 
     /// Marks `ids` as forwarded; `false`, marking nothing, while one of them is in flight.
@@ -249,25 +293,27 @@ impl Carried {
         self.streams.len()
     }
 
-    /// Whether a running stream of another principal than `principal` carried one of `ids`
-    /// and has not answered it yet: that request is still in flight upstream.
-    pub(super) fn awaited_by_other(
-        &self,
-        streams: &Streams,
-        principal: Principal,
-        ids: &[String],
-    ) -> bool {
-        if self.streams.is_empty() {
-            return false;
-        }
-        ids.iter().any(|id| {
+    /// The retained streams that carried `id`, each as its holder.
+    pub(super) fn holders<'a>(
+        &'a self,
+        streams: &'a Streams,
+        id: &'a str,
+    ) -> impl Iterator<Item = IdHolder> + 'a {
+        let carriers = if self.streams.is_empty() {
+            &[][..]
+        } else {
             self.streams
                 .get(&self.hash(id))
                 .map(Carriers::as_slice)
                 .unwrap_or_default()
-                .iter()
-                .filter_map(|n| streams.get(n))
-                .any(|s| s.principal != principal && s.end.is_none() && s.awaits(id))
+        };
+        carriers.iter().filter_map(move |&n| {
+            let s = streams.get(&n).filter(|s| s.carries(id))?;
+            Some(if s.end.is_none() && s.awaits(id) {
+                IdHolder::Awaited(s.principal, n)
+            } else {
+                IdHolder::Answered(s.principal, n)
+            })
         })
     }
 
@@ -332,6 +378,29 @@ mod tests {
 
     fn ids(ids: &[&str]) -> Vec<String> {
         ids.iter().map(|&i| i.to_owned()).collect()
+    }
+
+    /// The one rule of an id in flight, as a table: the replica's state and the fleet's store
+    /// both answer through it.
+    #[test]
+    fn an_ids_verdict_is_its_senders_retransmission_and_nobody_elses() {
+        let (me, other) = (p(1), p(2));
+        let table = [
+            (None, IdVerdict::Free),
+            (Some(IdHolder::Forwarding(me)), IdVerdict::Wait),
+            (Some(IdHolder::Forwarding(other)), IdVerdict::Another),
+            (Some(IdHolder::Awaited(me, 3)), IdVerdict::Carried(3)),
+            (Some(IdHolder::Awaited(other, 3)), IdVerdict::Another),
+            (Some(IdHolder::Answered(me, 3)), IdVerdict::Carried(3)),
+            (Some(IdHolder::Answered(other, 3)), IdVerdict::Free),
+        ];
+        for (holder, want) in table {
+            assert_eq!(verdict(holder, me), want, "{holder:?}");
+        }
+        // A POST of several ids gets the strictest.
+        assert!(IdVerdict::Another > IdVerdict::Wait);
+        assert!(IdVerdict::Wait > IdVerdict::Carried(9));
+        assert!(IdVerdict::Carried(0) > IdVerdict::Free);
     }
 
     #[test]

@@ -82,6 +82,7 @@ pub(crate) fn resumption_required_frame(here: &str) -> Bytes {
     control::resumption_required(here, Outcome::Shutdown, None)
 }
 pub(crate) use self::decide::{decide, Decision, Known, Stored};
+pub(crate) use self::dedup::{verdict, IdHolder, IdVerdict};
 pub(crate) use self::registry::set_label_key;
 pub(crate) use self::registry::Publisher;
 pub use self::registry::{hash_id, Owner, Principal, Registry};
@@ -486,6 +487,11 @@ impl Session {
         lock(&self.state).republish(stream)
     }
 
+    /// `stream`'s facts again, for a store that came back (see [`State::republished`]).
+    pub(crate) fn republished(&self, stream: u32) -> Option<Published> {
+        lock(&self.state).republished(stream)
+    }
+
     /// A client following `stream` on another replica reached `acked`, `age` ago (the fleet's
     /// store says): guarded like a local client's position. Whether the stream still runs here.
     pub(crate) fn remote_progress(
@@ -562,6 +568,13 @@ impl Session {
             principal,
             ids: ids.to_vec(),
         })
+    }
+
+    /// What a POST of `principal` carrying `ids` may do here ([`verdict`], every holder
+    /// this replica knows of).
+    #[cfg(test)]
+    pub(crate) fn id_verdict(&self, principal: Principal, ids: &[String]) -> IdVerdict {
+        lock(&self.state).id_verdict(principal, ids)
     }
 
     /// Waits until no POST of `principal` carrying one of `ids` is in flight.

@@ -69,6 +69,32 @@ impl State {
         }
     }
 
+    /// `stream`'s facts as of its last publication, as if it opened now (no events): what a
+    /// store that came back (perhaps empty) is given again of a stream still running here, so
+    /// its request ids' claims and its meta are in it once more. `None` when the stream is not
+    /// retained, was never published, or its end was.
+    pub(super) fn republished(&self, stream: u32) -> Option<Published> {
+        let s = self.streams.get(&stream)?;
+        let at = s.published.filter(|_| !s.published_end)?;
+        Some(Published {
+            kind: s.kind,
+            principal: s.principal,
+            first_seq: s.first_seq,
+            opened: true,
+            prev: at,
+            last: at,
+            low: s.lost_upto.max(s.first_seq) + 1,
+            events: 0,
+            requests: s
+                .requests
+                .iter()
+                .map(|r| (r.id.clone(), r.answered_at.filter(|&a| a <= at)))
+                .collect(),
+            answered: false,
+            end: None,
+        })
+    }
+
     /// What the store does not have yet of `stream` (see [`Published`]): each event after the
     /// last publication goes to `event`, in order (the window's, and the stream's overflow
     /// slot's in its place). `None` when there is nothing new: no new event, no end, already

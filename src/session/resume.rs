@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::decide::{decide, Decision, Facts, Known};
+use super::dedup::{verdict, IdVerdict};
 use super::state::State;
 use super::stream::{StreamKind, Subscriber};
 use super::{control, Attachment, Principal, Reattach};
@@ -210,15 +211,29 @@ impl State {
         principal: Principal,
         ids: &[String],
     ) -> Result<(), InFlight> {
-        if self.forwarded.any_other(principal, ids)
-            || self.carried.awaited_by_other(&self.streams, principal, ids)
-        {
-            return Err(InFlight::Another);
+        match self.id_verdict(principal, ids) {
+            IdVerdict::Another => return Err(InFlight::Another),
+            IdVerdict::Wait => return Err(InFlight::Own),
+            IdVerdict::Free | IdVerdict::Carried(_) => {}
         }
         if !self.forwarded.begin(principal, ids) {
             return Err(InFlight::Own);
         }
         Ok(())
+    }
+
+    /// What a POST of `principal` carrying `ids` may do, by the rule the fleet's store keeps
+    /// too ([`verdict`]): every holder of each id known here, the strictest verdict.
+    pub(super) fn id_verdict(&self, principal: Principal, ids: &[String]) -> IdVerdict {
+        ids.iter()
+            .flat_map(|id| {
+                self.forwarded
+                    .holders(id)
+                    .chain(self.carried.holders(&self.streams, id))
+            })
+            .map(|h| verdict(Some(h), principal))
+            .max()
+            .unwrap_or(IdVerdict::Free)
     }
 
     /// A forwarded POST's `ids` are no longer in flight.

@@ -224,6 +224,11 @@ impl State {
 
     /// Records `v` as the session's protocol version (allocating only when it changed).
     pub(super) fn set_protocol_version(&mut self, v: &str) {
+        // What a client sends is kept only when it is a version: bounded, plain characters
+        // (a 100 KB "version" would be held here and in the session's record in the store).
+        if !crate::jsonrpc::is_protocol_version(v) {
+            return;
+        }
         if self.protocol_version.as_deref() != Some(v) {
             self.protocol_version = Some(v.to_owned());
         }

@@ -1188,6 +1188,42 @@ fn an_id_in_flight_for_one_principal_is_refused_for_another() {
     );
 }
 
+/// Issue 56 (STYLE 20): the replica's own state answers an id in flight as the fleet's store
+/// does, one rule for both: at each phase of the owner's call (its POST forwarded, its stream
+/// waiting for the answer, answered), the state's verdict for the owner and for anyone else is
+/// the rule's for the holder the store's value names then (`store::wire::held_by`).
+#[test]
+fn an_ids_verdict_here_is_the_stores_for_the_same_holder() {
+    let s = Arc::new(session(cfg(|_| {})));
+    let (owner, other) = (Principal([1; 16]), Principal([2; 16]));
+    let five = vec!["5".to_owned()];
+    let both = |holder: IdHolder, phase: &str| {
+        for p in [owner, other] {
+            assert_eq!(
+                s.id_verdict(p, &five),
+                verdict(Some(holder), p),
+                "{phase}, {}",
+                if p == owner { "the owner" } else { "another" }
+            );
+        }
+    };
+    assert_eq!(
+        s.id_verdict(other, &five),
+        verdict(None, other),
+        "nobody holds it"
+    );
+    let forwarding = s.begin_forward(owner, &five).expect("nothing in flight");
+    both(IdHolder::Forwarding(owner), "forwarded");
+    let mut open = OpenStream::new(StreamKind::Post, five.clone());
+    open.principal = owner;
+    let a = s.open_stream(open);
+    drop(forwarding);
+    both(IdHolder::Awaited(owner, a.stream), "awaited");
+    let mut answer = VecDeque::from([Event::message_of(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#)]);
+    assert!(s.push_events(a.stream, &mut answer, None));
+    both(IdHolder::Answered(owner, a.stream), "answered");
+}
+
 /// Issue 46 items 1 and 6: a call's stream is resumable only by the principal that sent the
 /// call, and the detached-call quota counts each principal's own calls.
 #[test]

@@ -189,8 +189,8 @@ impl Lease {
     }
 
     /// One turn of the renewal: renews the generation, or takes the next when the current is
-    /// dead (its lease lapsed, or the store holds another).
-    async fn renew(&self, conn: &mut ConnectionManager, timeout: Duration) {
+    /// dead (its lease lapsed, or the store holds another). Whether the store answered.
+    async fn renew(&self, conn: &mut ConnectionManager, timeout: Duration) -> bool {
         let sent = self.now();
         if sent >= self.held_until.load(Ordering::Acquire) {
             self.kill(self.generation());
@@ -208,7 +208,7 @@ impl Lease {
                 Ok(Ok(1)) => {
                     self.held_until
                         .fetch_max(sent + ms(LEASE - MARGIN), Ordering::AcqRel);
-                    return;
+                    return true;
                 }
                 // Gone while surely held (it was never taken, or the store restarted empty and
                 // its followers wait for the replicas to write again: see `BORN`): taken again.
@@ -217,7 +217,7 @@ impl Lease {
                 Ok(Ok(_)) => self.kill(generation),
                 _ => {
                     tracing::debug!("the store did not take this replica's lease renewal");
-                    return;
+                    return false;
                 }
             }
         }
@@ -233,10 +233,11 @@ impl Lease {
             .arg(next)
             .arg("PX")
             .arg(super::ttl_ms(LEASE));
-        if matches!(
+        let taken = matches!(
             tokio::time::timeout(timeout, take.exec_async(conn)).await,
             Ok(Ok(()))
-        ) {
+        );
+        if taken {
             self.generation.store(next, Ordering::Release);
             self.held_until
                 .store(sent + ms(LEASE - MARGIN), Ordering::Release);
@@ -244,6 +245,7 @@ impl Lease {
                 tracing::info!(generation = next, "this replica holds its lease again");
             }
         }
+        taken
     }
 }
 
@@ -253,6 +255,7 @@ pub(super) async fn keep(
     lease: std::sync::Arc<Lease>,
     mut conn: ConnectionManager,
     timeout: Duration,
+    breaker: std::sync::Arc<super::Breaker>,
 ) {
     let mut every = tokio::time::interval(OWNER_CHECK);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -261,7 +264,10 @@ pub(super) async fn keep(
             _ = every.tick() => {}
             () = lease.renew_now.notified() => {}
         }
-        lease.renew(&mut conn, timeout).await;
+        // Every replica renews every second: each learns of an outage, and of the store's
+        // return, within a second of it, whether or not it has requests of its own.
+        let answered = lease.renew(&mut conn, timeout).await;
+        breaker.lease(answered);
         lease.mark_born(&mut conn, timeout).await;
     }
 }

@@ -39,7 +39,7 @@ use redis::aio::ConnectionManager;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::session::{EndUpstream, Eviction, Principal, Registry, Session};
+use crate::session::{EndUpstream, Eviction, IdVerdict, Principal, Registry, Session};
 
 pub(crate) use self::ask::{Busy, ANSWER_BYTES, MAX_PAGE};
 pub(crate) use self::follow::{FollowBody, FollowError, Followed, Start};
@@ -60,6 +60,14 @@ pub(crate) struct Breaker {
     recovered: std::sync::atomic::AtomicBool,
     /// Milliseconds since `started` before which the store is not tried; 0: up.
     down_until: AtomicU64,
+    /// Milliseconds since `started` (plus one) when the store last answered after failing
+    /// (a request's, or the lease's renewal); 0: never. See [`Breaker::in_grace`].
+    back_at: AtomicU64,
+    /// The lease's renewal failed since the store last answered it.
+    lease_failed: std::sync::atomic::AtomicBool,
+    /// The store came back: the facts of the streams this replica runs are to be written to it
+    /// again (taken by the owner's poll, `progress`).
+    rewrite: std::sync::atomic::AtomicBool,
     started: tokio::time::Instant,
     metrics: Arc<Metrics>,
 }
@@ -72,7 +80,11 @@ const DOWN_AFTER: u32 = 3;
 const AWAITED_IN_FLIGHT: usize = 64;
 const AWAITED_QUEUE: Duration = Duration::from_secs(1);
 /// How often a store that is down is tried again.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
+pub(super) const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long after the store's return a replica treats a claim that found nothing as
+/// unanswered ([`Breaker::in_grace`]): what the other replicas deferred is written within
+/// about two probes and a reconnect of its return; five seconds leave room for a busy store.
+const GRACE: Duration = Duration::from_secs(5);
 
 impl Breaker {
     fn new(metrics: Arc<Metrics>) -> Breaker {
@@ -81,6 +93,9 @@ impl Breaker {
             failures: AtomicU32::new(0),
             recovered: std::sync::atomic::AtomicBool::new(false),
             down_until: AtomicU64::new(0),
+            back_at: AtomicU64::new(0),
+            lease_failed: std::sync::atomic::AtomicBool::new(false),
+            rewrite: std::sync::atomic::AtomicBool::new(false),
             started: tokio::time::Instant::now(),
             metrics,
         }
@@ -96,12 +111,52 @@ impl Breaker {
     }
 
     pub(super) fn succeeded(&self) {
-        if self.failures.swap(0, Ordering::Relaxed) >= DOWN_AFTER {
+        let failures = self.failures.swap(0, Ordering::Relaxed);
+        if failures >= DOWN_AFTER {
             tracing::info!("the store answers again");
             self.recovered.store(true, Ordering::Relaxed);
         }
+        if failures > 0 {
+            self.came_back(failures >= DOWN_AFTER);
+        }
         self.down_until.store(0, Ordering::Relaxed);
         self.metrics.store_up.set(1);
+    }
+
+    /// The lease's renewal was taken (`ok`) or not: every replica renews it every second, so
+    /// each sees the store go and come back within a second of it, whether or not a request
+    /// of its own tried the store meanwhile.
+    fn lease(&self, ok: bool) {
+        if !ok {
+            self.lease_failed.store(true, Ordering::Relaxed);
+        } else if self.lease_failed.swap(false, Ordering::Relaxed) {
+            self.came_back(true);
+        }
+    }
+
+    /// The store answers after failing: the grace begins, and after an outage (it was down
+    /// for this replica, or did not take a lease renewal: a second at least) this replica's
+    /// running streams' facts are written again (a store restarted empty lost them, and with
+    /// them the claims that keep their calls from running twice).
+    fn came_back(&self, outage: bool) {
+        self.back_at.store(self.now() + 1, Ordering::Relaxed);
+        if outage {
+            self.rewrite.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the store came back since this was last asked.
+    pub(super) fn take_rewrite(&self) -> bool {
+        self.rewrite.swap(false, Ordering::Relaxed)
+    }
+
+    /// Whether the store came back less than [`GRACE`] ago: the replicas write what they
+    /// deferred while it was away (their calls' claims among it) within about
+    /// two [`PROBE_EVERY`] of its return, so until then a retransmission's claim that finds
+    /// nothing proves nothing.
+    pub(super) fn in_grace(&self) -> bool {
+        let at = self.back_at.load(Ordering::Relaxed);
+        at != 0 && self.now() + 1 < at + GRACE.as_millis() as u64
     }
 
     pub(super) fn failed(&self) {
@@ -206,22 +261,34 @@ pub(crate) struct Shared {
 pub(crate) enum Adoption {
     /// Adopt it: its record, and the first stream number of the block claimed for this replica.
     Adopt(Record, u32),
-    /// Nothing to adopt: no such session, ended, or not the caller's (told apart nowhere: the
-    /// caller gets what it would for a session the gateway never saw).
+    /// Nothing to adopt: no such session, or ended.
     None,
+    /// A live session, not the caller's: not adopted for it (it gets what it would for a
+    /// session the gateway never saw), but its request ids are the session's, in flight
+    /// fleet-wide ([`Store::claim`]).
+    NotYours,
     /// The store did not say (it failed, timed out, is down for this replica, or this
     /// replica's requests to it were queued too long): nothing is known of the session.
     Unanswered,
 }
 
-/// What the fleet says of a POST's request ids (see [`Store::claim`]).
+/// What the fleet says of a POST's request ids (see [`Store::claim`]), by the rule the
+/// session's own state keeps ([`crate::session::verdict`]).
 pub(crate) enum IdClaim {
     /// Forward it: its ids are this replica's until the guard drops (given back then, unless a
     /// stream of this replica took them).
     Ours(IdsHeld),
-    /// A stream of another replica carries them: a retransmission, resumed from the store.
+    /// A stream of the caller's carries them: a retransmission, resumed from the store.
     Carried(u32),
-    /// No store, or it did not answer in time: as without one.
+    /// Another principal's request with one of them is in flight: never forwarded.
+    InFlight,
+    /// The caller's own POST with them is still being forwarded elsewhere after the wait: a
+    /// retransmission whose claim cannot be made now.
+    Pending,
+    /// The store did not answer (down, timed out, refused the write, queued too long): the
+    /// claim is not made.
+    Unanswered,
+    /// No store, or no ids: as without one.
     Unknown,
 }
 
@@ -253,14 +320,18 @@ impl Drop for IdsHeld {
     }
 }
 
-/// The Lua script of a claim, one round trip: the first of `KEYS` (a POST's request ids)
-/// someone else holds, or, when none is, all of them set to `ARGV[1]` (this claim's token) for
-/// `ARGV[2]` ms.
+/// The Lua script of a claim, one round trip: when one of `KEYS` (a POST's request ids in
+/// its session) holds anything but `ARGV[1]` (this claim's token), the values of all of them
+/// (false where absent), for [`crate::session::verdict`] to judge; else all of them set to the
+/// token for `ARGV[2]` ms, and false.
 const CLAIM: &str = r"
-for _, k in ipairs(KEYS) do
+local vals, held = {}, false
+for i, k in ipairs(KEYS) do
   local v = redis.call('GET', k)
-  if v and v ~= ARGV[1] then return v end
+  vals[i] = v
+  if v and v ~= ARGV[1] then held = true end
 end
+if held then return vals end
 for _, k in ipairs(KEYS) do redis.call('SET', k, ARGV[1], 'PX', ARGV[2]) end
 return false
 ";
@@ -274,11 +345,12 @@ type Claimed = (i64, Vec<(String, Vec<u8>)>);
 
 /// The Lua script of an adoption, one round trip: the record's fields, and a block of stream
 /// numbers claimed for the adopting replica, only for a live record bound to the caller
-/// (`ARGV[1]`: the caller's principal, `*` for any; `ARGV[2]`: the block; `ARGV[3]`: the TTL).
+/// (`ARGV[1]`: the caller's principal, `*` for any; `ARGV[2]`: the block; `ARGV[3]`: the TTL);
+/// `{-1, {}}` for a live record bound to someone else.
 const ADOPT: &str = r"
 local st = redis.call('HGET', KEYS[1], 'state')
 if st ~= 'live' then return false end
-if ARGV[1] ~= '*' and redis.call('HGET', KEYS[1], 'pr') ~= ARGV[1] then return false end
+if ARGV[1] ~= '*' and redis.call('HGET', KEYS[1], 'pr') ~= ARGV[1] then return {-1, {}} end
 local sn = redis.call('HINCRBY', KEYS[1], 'sn', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {sn, redis.call('HGETALL', KEYS[1])}
@@ -346,7 +418,12 @@ impl Store {
             lease.clone(),
             metrics.clone(),
         );
-        tasks.spawn(lease::keep(lease.clone(), writes, OWNER_CHECK));
+        tasks.spawn(lease::keep(
+            lease.clone(),
+            writes,
+            OWNER_CHECK,
+            breaker.clone(),
+        ));
         let shared = Arc::new(Shared {
             conn,
             keys: Keys::derive(&settings.secret),
@@ -502,7 +579,11 @@ impl Store {
             }
             return Adoption::None;
         };
+        if sn < 0 {
+            return Adoption::NotYours;
+        }
         let Some(record) = Record::parse(&pairs) else {
+            tracing::warn!("a session record in the store is not one a replica wrote (a field past its bound): not adopted");
             return Adoption::None;
         };
         // The block claimed ends at `sn`; a session out of numbers is not adopted.
@@ -517,14 +598,17 @@ impl Store {
         Adoption::Adopt(record, first)
     }
 
-    /// Claims a POST's request `ids` (of `principal`, in `session`) for this replica before
-    /// it forwards the POST, so a retransmission reaching another replica is answered from the
-    /// stream that carries them, never run again: one round trip, bounded by
-    /// `--store-timeout`. While another replica forwards them and no stream carries them yet,
-    /// waits (at most `limit`) for it to open one or give them back.
+    /// Claims a POST's request `ids` (of `principal`, in session `sid`, held here as
+    /// `session` or not at all) for this replica before it forwards the POST, so a
+    /// retransmission reaching another replica is answered from the stream that carries them,
+    /// never run again, and nobody else's POST of them is forwarded while they are in flight:
+    /// one round trip, bounded by `--store-timeout`. While the caller's own POST of them is
+    /// forwarded elsewhere and no stream carries them yet, waits (at most `limit`) for it to
+    /// open one or give them back.
     pub(crate) async fn claim(
         &self,
-        session: &Arc<Session>,
+        sid: &str,
+        session: Option<&Arc<Session>>,
         principal: Principal,
         ids: &[String],
         limit: Duration,
@@ -535,51 +619,80 @@ impl Store {
         if ids.is_empty() {
             return IdClaim::Unknown;
         }
-        let tag = s.tag_of(session);
-        let keys: Vec<String> = ids
-            .iter()
-            .map(|id| tag.request(&s.keys, principal, id))
-            .collect();
+        let tag = match session {
+            Some(session) => s.tag_of(session),
+            None => s.keys.tag(sid),
+        };
+        let mut keys: Vec<String> = ids.iter().map(|id| tag.request(&s.keys, id)).collect();
         let mut nonce = [0u8; 8];
         let _ = getrandom::getrandom(&mut nonce);
-        let token = format!("p:{}:{:016x}", s.replica, u64::from_le_bytes(nonce));
+        let token = wire::pending(principal, &s.replica, u64::from_le_bytes(nonce));
         static SCRIPT: std::sync::LazyLock<redis::Script> =
             std::sync::LazyLock::new(|| redis::Script::new(CLAIM));
         let script = &*SCRIPT;
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            let mut invocation = script.prepare_invoke();
-            for k in &keys {
-                invocation.key(k);
-            }
-            invocation.arg(&token).arg(ttl_ms(s.session_ttl));
-            let mut conn = s.conn.clone();
-            let Some(held): Option<Option<String>> =
-                s.guarded("claim", invocation.invoke_async(&mut conn)).await
-            else {
-                return IdClaim::Unknown;
-            };
-            match held.as_deref().map(|v| v.split_at(v.len().min(2))) {
-                None => {
-                    return IdClaim::Ours(IdsHeld {
-                        shared: s.clone(),
-                        keys,
-                        token,
-                        session: Arc::downgrade(session),
-                        principal,
-                        ids: ids.to_vec(),
-                    })
+            let held: Option<Vec<Option<String>>> = if keys.is_empty() {
+                None
+            } else {
+                let mut invocation = script.prepare_invoke();
+                for k in &keys {
+                    invocation.key(k);
                 }
-                Some(("s:", stream)) => match stream.parse() {
-                    Ok(n) => return IdClaim::Carried(n),
-                    Err(_) => return IdClaim::Unknown,
-                },
-                // Another replica forwards them now: its stream opens, or it gives them back.
-                Some(_) if tokio::time::Instant::now() < deadline => {
+                invocation.arg(&token).arg(ttl_ms(s.session_ttl));
+                let mut conn = s.conn.clone();
+                let Some(held) = s.guarded("claim", invocation.invoke_async(&mut conn)).await
+                else {
+                    return IdClaim::Unanswered;
+                };
+                held
+            };
+            let Some(values) = held else {
+                return IdClaim::Ours(IdsHeld {
+                    shared: s.clone(),
+                    keys,
+                    token,
+                    session: session.map_or_else(std::sync::Weak::new, Arc::downgrade),
+                    principal,
+                    ids: ids.to_vec(),
+                });
+            };
+            let verdicts: Vec<IdVerdict> = values
+                .iter()
+                .map(|v| {
+                    let holder = v.as_deref().filter(|v| *v != token).and_then(wire::held_by);
+                    crate::session::verdict(holder, principal)
+                })
+                .collect();
+            match verdicts.iter().max().copied().unwrap_or(IdVerdict::Free) {
+                IdVerdict::Another => return IdClaim::InFlight,
+                IdVerdict::Carried(n) => return IdClaim::Carried(n),
+                // The caller's POST is forwarded elsewhere now: its stream opens, or it gives
+                // them back.
+                IdVerdict::Wait if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(CLAIM_POLL).await;
                 }
-                Some(_) => return IdClaim::Unknown,
+                IdVerdict::Wait => return IdClaim::Pending,
+                // Ids another principal's call answered: free for this one, and still that
+                // call's (its sender's retransmission finds them); the rest claimed.
+                IdVerdict::Free => {
+                    keys = keys
+                        .into_iter()
+                        .zip(&values)
+                        .filter(|(_, v)| v.is_none())
+                        .map(|(k, _)| k)
+                        .collect();
+                }
             }
+        }
+    }
+
+    /// Whether the store came back moments ago (for this replica): what other replicas did
+    /// while it was away (the claims of calls they forwarded) may not be in it yet.
+    pub(crate) fn just_recovered(&self) -> bool {
+        match self {
+            Store::Off => false,
+            Store::Redis(s) => s.breaker.in_grace(),
         }
     }
 
@@ -719,17 +832,22 @@ impl Store {
             wire::seal(&s.keys, &tag, stream, p.last, &mut packed);
         }
         // The stream carries its requests from its opening on: a retransmission on any
-        // replica finds it (until its keys' TTL, shortened at its end).
+        // replica finds it, another principal's POST of them is refused while it runs (until
+        // its keys' TTL, shortened at its end).
         let carries = if p.opened || p.end.is_some() {
             p.requests
                 .iter()
-                .map(|(id, _)| tag.request(&s.keys, p.principal, id))
+                .map(|(id, _)| tag.request(&s.keys, id))
                 .collect()
         } else {
             Vec::new()
         };
+        // Written again, should the store have lost it, with the facts a deferred write
+        // keeps (the writer's, while the store is away).
+        let record = (p.opened || p.end.is_some()).then(|| record_of(session));
         s.queue.push(Write::Publish {
             carries,
+            record,
             tag,
             stream,
             owner: s.lease.owner(generation),
@@ -748,6 +866,49 @@ impl Store {
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Shared {
+    /// Writes again what the store must know of `stream`, which this replica still reads
+    /// upstream: the session's record (unless it is there) and the stream's facts with its
+    /// request ids' claims (queued). After the store came back.
+    fn republish(&self, session: &Session, stream: u32) {
+        // Under the generation it opened in; a fenced stream (that generation dead) is not
+        // written again: the fleet may have been told it was lost.
+        let at: (Arc<str>, u32) = (session.id().into(), stream);
+        let Some(generation) = lock(&self.owned)
+            .get(&at)
+            .copied()
+            .filter(|&g| self.lease.publishes(g))
+        else {
+            return;
+        };
+        let Some(p) = session.republished(stream) else {
+            return;
+        };
+        let tag = self.tag_of(session);
+        self.queue.push(Write::Record {
+            tag: tag.clone(),
+            record: record_of(session),
+            sn: rewritten_block(),
+            ttl: ttl_ms(self.session_ttl),
+        });
+        let carries = p
+            .requests
+            .iter()
+            .map(|(id, _)| tag.request(&self.keys, id))
+            .collect();
+        self.queue.push(Write::Publish {
+            carries,
+            record: Some(record_of(session)),
+            tag,
+            stream,
+            owner: self.lease.owner(generation),
+            generation,
+            published: p,
+            packed: Vec::new(),
+            ttl: ttl_ms(self.session_ttl),
+            ended_ttl: self.ended_ttl,
+        });
+    }
+
     /// `session` ended: its record a tombstone, its end announced (queued).
     fn gone(&self, session: &Session) {
         self.forget(session);

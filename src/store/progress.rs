@@ -40,6 +40,14 @@ pub(super) async fn poll(shared: Weak<Shared>, registry: Arc<Registry>) {
 /// followers' progress read in one pipeline, and each handed to its session.
 async fn round(s: &Shared, registry: &Registry) {
     let running: Vec<(Arc<str>, u32)> = lock(&s.running).iter().cloned().collect();
+    if s.breaker.take_rewrite() {
+        // The store came back: what it must know of the streams read here is written again.
+        for (id, stream) in &running {
+            if let Some(session) = registry.get(id) {
+                s.republish(&session, *stream);
+            }
+        }
+    }
     let mut asked = Vec::new();
     let mut pipe = redis::pipe();
     for (id, stream) in running {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::session::{Principal, StreamKind};
+use crate::session::{IdHolder, Principal, StreamKind};
 
 /// The record's format version.
 pub(super) const RECORD_VERSION: &str = "1";
@@ -15,6 +15,15 @@ pub(super) const RECORD_VERSION: &str = "1";
 /// numbers from 0, each adoption claims the next block (`sn` in the record), so two replicas
 /// never give one number to two streams of a session.
 pub(super) const STREAM_BLOCK: u32 = 1 << 16;
+
+/// The bounds of a record read back (the longest field a replica writes is the endpoint,
+/// which `--max-request-bytes`' head limit already bounds; the path is capped here): more
+/// fields, a longer name or value, and the record is not adopted. Whole, a record is at most
+/// `MAX_RECORD_FIELDS × (MAX_FIELD_NAME + MAX_RECORD_FIELD)`, about 18 KiB, and a few hundred
+/// bytes in practice (`docs/design.md`, "Keys").
+const MAX_RECORD_FIELDS: usize = 16;
+const MAX_FIELD_NAME: usize = 8;
+const MAX_RECORD_FIELD: usize = 1024;
 
 /// Request ids longer than this are named by their keyed hash in the store's keys.
 const MAX_PLAIN_ID: usize = 32;
@@ -78,17 +87,15 @@ impl Tag {
         format!("mra:{{{}}}:rec", self.0)
     }
 
-    /// Who carries request `id` of `principal` in the session: `p:<replica>` while a replica
-    /// forwards it, `s:<stream>` once its stream opened.
-    pub(super) fn request(&self, keys: &Keys, principal: Principal, id: &str) -> String {
-        // The principal's MAC and the id's JSON text as they are (no secret in either; a key
-        // per caller and id): hashed only when the id is long, so a key stays short.
-        let mut key = String::with_capacity(8 + self.0.len() + 6 + 32 + 1 + id.len().min(34));
+    /// Who holds request `id` in the session, whoever sent it (an id is in flight fleet-wide
+    /// for its session): the value names the sender ([`held_by`]).
+    pub(super) fn request(&self, keys: &Keys, id: &str) -> String {
+        // The id's JSON text as it is (no secret in it): hashed only when it is long, so a key
+        // stays short.
+        let mut key = String::with_capacity(8 + self.0.len() + 5 + 1 + id.len().min(34));
         key.push_str("mra:{");
         key.push_str(&self.0);
         key.push_str("}:id:");
-        key.push_str(&hex(&principal.0));
-        key.push(':');
         if id.len() <= MAX_PLAIN_ID {
             key.push_str(id);
         } else {
@@ -206,6 +213,15 @@ impl Record {
     /// The record read back (`HGETALL`'s pairs); `None` for anything but a record this
     /// version wrote whole.
     pub(super) fn parse(pairs: &[(String, Vec<u8>)]) -> Option<Record> {
+        // A record is a few hundred bytes: a field past its bound was not written by a
+        // replica (which bounds what it keeps), and is not held by one.
+        if pairs.len() > MAX_RECORD_FIELDS
+            || pairs
+                .iter()
+                .any(|(f, v)| f.len() > MAX_FIELD_NAME || v.len() > MAX_RECORD_FIELD)
+        {
+            return None;
+        }
         let get = |k: &str| {
             pairs
                 .iter()
@@ -225,9 +241,38 @@ impl Record {
             endpoint: get("ep")?.to_owned(),
             principal: Principal(unhex16(get("pr")?)?),
             share: Principal(unhex16(get("share")?)?),
-            protocol_version: get("ver").map(str::to_owned),
+            protocol_version: match get("ver") {
+                Some(v) if !crate::jsonrpc::is_protocol_version(v) => return None,
+                v => v.map(str::to_owned),
+            },
             gone: get("state")? == "gone",
         })
+    }
+}
+
+/// A request id's value while a replica forwards its POST: the claim's token, naming its
+/// sender (`p:<principal>:<replica>:<nonce>`).
+pub(super) fn pending(p: Principal, replica: &str, nonce: u64) -> String {
+    format!("p:{}:{replica}:{nonce:016x}", principal_text(p))
+}
+
+/// A request id's value once stream `stream` of its sender carries it: `s:` while the stream
+/// runs, `e:` once it ended (`<kind>:<principal>:<stream>`).
+pub(super) fn carried(p: Principal, stream: u32, ended: bool) -> String {
+    let kind = if ended { 'e' } else { 's' };
+    format!("{kind}:{}:{stream}", principal_text(p))
+}
+
+/// Who holds a request id, read from its value; `None` for a value no replica wrote.
+pub(super) fn held_by(value: &str) -> Option<IdHolder> {
+    let (kind, rest) = value.split_once(':')?;
+    let (pr, rest) = rest.split_once(':')?;
+    let p = Principal(unhex16(pr)?);
+    match kind {
+        "p" => Some(IdHolder::Forwarding(p)),
+        "s" => Some(IdHolder::Awaited(p, rest.parse().ok()?)),
+        "e" => Some(IdHolder::Answered(p, rest.parse().ok()?)),
+        _ => None,
     }
 }
 
@@ -451,27 +496,83 @@ mod tests {
     }
 
     #[test]
-    fn a_request_key_is_its_callers_and_short_whatever_its_id() {
+    fn a_request_key_is_the_sessions_and_short_whatever_its_id() {
         let keys = Keys::derive(&[5; 32]);
         let t = keys.tag("s");
-        let (a, b) = (Principal([1; 16]), Principal([2; 16]));
         assert_ne!(
-            t.request(&keys, a, "7"),
-            t.request(&keys, b, "7"),
-            "per caller"
-        );
-        assert_ne!(
-            t.request(&keys, a, "7"),
-            t.request(&keys, a, "\"7\""),
+            t.request(&keys, "7"),
+            t.request(&keys, "\"7\""),
             "per id as sent"
         );
+        assert_ne!(t.request(&keys, "7"), keys.tag("s2").request(&keys, "7"));
         let long = "x".repeat(10_000);
-        let k = t.request(&keys, a, &long);
+        let k = t.request(&keys, &long);
         assert!(k.len() < 120, "{k}");
-        assert_ne!(k, t.request(&keys, a, &"x".repeat(10_001)));
+        assert_ne!(k, t.request(&keys, &"x".repeat(10_001)));
         assert!(t
-            .request(&keys, a, "7")
+            .request(&keys, "7")
             .starts_with(&format!("mra:{{{}}}:id:", t.0)));
+    }
+
+    #[test]
+    fn a_request_ids_value_names_its_sender() {
+        let (a, b) = (Principal([1; 16]), Principal([2; 16]));
+        assert_eq!(held_by(&pending(a, "r1", 7)), Some(IdHolder::Forwarding(a)));
+        assert_eq!(
+            held_by(&carried(b, 9, false)),
+            Some(IdHolder::Awaited(b, 9))
+        );
+        assert_eq!(
+            held_by(&carried(b, 9, true)),
+            Some(IdHolder::Answered(b, 9))
+        );
+        for junk in ["", "s:9", "x:0101:1", "s:zz:1", "p"] {
+            assert_eq!(held_by(junk), None, "{junk}");
+        }
+        // The carrying script compares the principal at bytes 3..=34 of every form.
+        for v in [
+            pending(a, "r", 1),
+            carried(a, 1, false),
+            carried(a, 1, true),
+        ] {
+            assert_eq!(&v[2..34], principal_text(a));
+        }
+    }
+
+    #[test]
+    fn a_record_past_its_bounds_is_not_one() {
+        let r = Record {
+            minted: false,
+            epoch: 7,
+            endpoint: "/mcp".into(),
+            principal: Principal([1; 16]),
+            share: Principal([2; 16]),
+            protocol_version: Some("2025-06-18".into()),
+            gone: false,
+        };
+        let pairs = |f: Vec<(&str, String)>| -> Vec<(String, Vec<u8>)> {
+            f.into_iter()
+                .map(|(k, v)| (k.to_owned(), v.into_bytes()))
+                .collect()
+        };
+        let fields = r.fields(64);
+        assert!(Record::parse(&pairs(fields.clone())).is_some());
+        let total: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(total < 300, "a record is a few hundred bytes: {total}");
+        let mut huge = fields.clone();
+        huge.retain(|(k, _)| *k != "ver");
+        huge.push(("ver", "9".repeat(100_000)));
+        assert!(
+            Record::parse(&pairs(huge)).is_none(),
+            "a field past its bound"
+        );
+        let mut odd = fields.clone();
+        odd.retain(|(k, _)| *k != "ver");
+        odd.push(("ver", "2025\u{1b}[2J".into()));
+        assert!(Record::parse(&pairs(odd)).is_none(), "not a version");
+        let mut many = pairs(fields);
+        many.extend((0..20).map(|i| (format!("x{i}"), vec![b'1'])));
+        assert!(Record::parse(&many).is_none(), "too many fields");
     }
 
     #[test]

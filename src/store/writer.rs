@@ -41,8 +41,12 @@ pub(super) enum Write {
     Publish {
         tag: Tag,
         /// The keys of the requests the stream carries (on its opening and its end): set to
-        /// it at the opening, their TTL shortened at the end.
+        /// it at the opening, to its end (and its shorter TTL) at the end, unless another
+        /// principal's request holds them ([`CARRY`]).
         carries: Vec<String>,
+        /// The session's record, on the stream's opening and end: written (unless it is there)
+        /// only when this publication was deferred (the store may have lost the record).
+        record: Option<Record>,
         stream: u32,
         /// `<replica>/<generation>`: the owner, under the generation the stream opened in.
         owner: Arc<str>,
@@ -124,10 +128,66 @@ return {1, m}
 /// Forgets the record's (`KEYS[1]`) held standalone stream if it is still `ARGV[1]`.
 const UNHOLD: &str = "if redis.call('HGET', KEYS[1], 'hold') == ARGV[1] then redis.call('HDEL', KEYS[1], 'hold') end";
 
+/// Sets each of `KEYS` (a stream's request ids) to `ARGV[1]` (what carries them) for `ARGV[3]`
+/// ms, unless another principal than `ARGV[2]` holds it (an id another principal's call
+/// answered is that call's until it expires).
+const CARRY: &str = "for _, k in ipairs(KEYS) do local v = redis.call('GET', k) if not v or string.sub(v, 3, 2 + #ARGV[2]) == ARGV[2] then redis.call('SET', k, ARGV[1], 'PX', ARGV[3]) end end";
+
 /// Deletes each of `KEYS` that still holds `ARGV[1]` (the claim's token).
 const RELEASE: &str = "for _, k in ipairs(KEYS) do if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k) end end";
 
+/// Most writes kept while the store is away ([`Write::deferred`]): past it the oldest go
+/// (counted in `store_dropped_bytes` as nothing: their facts are lost to the fleet).
+const MAX_DEFERRED: usize = 16_384;
+
 impl Write {
+    /// What of this write is kept to be written once the store is back: the facts (a stream's
+    /// opening, answers and end with its request ids' claims, and the session's record with
+    /// them; records, ends, claims given back), never the events or a follower's progress.
+    fn deferred(self, out: &mut std::collections::VecDeque<Write>) {
+        let kept = match self {
+            Write::Publish {
+                tag,
+                carries,
+                record,
+                stream,
+                owner,
+                generation,
+                published,
+                ttl,
+                ended_ttl,
+                packed: _,
+            } if published.opened || published.answered || published.end.is_some() => {
+                if let Some(r) = record {
+                    out.push_back(Write::Record {
+                        tag: tag.clone(),
+                        record: r,
+                        sn: super::rewritten_block(),
+                        ttl,
+                    });
+                }
+                Some(Write::Publish {
+                    tag,
+                    carries,
+                    record: None,
+                    stream,
+                    owner,
+                    generation,
+                    published,
+                    packed: Vec::new(),
+                    ttl,
+                    ended_ttl,
+                })
+            }
+            Write::Publish { .. } | Write::Progress { .. } | Write::Progressed => None,
+            w @ (Write::Record { .. } | Write::Gone { .. } | Write::Release { .. }) => Some(w),
+        };
+        out.extend(kept);
+        while out.len() > MAX_DEFERRED {
+            out.pop_front();
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Write::Publish { packed, .. } => packed.len(),
@@ -152,6 +212,7 @@ impl Write {
             Write::Publish {
                 tag,
                 carries,
+                record: _,
                 stream,
                 owner,
                 generation: _,
@@ -168,17 +229,19 @@ impl Write {
                 };
                 // A fenced stream's requests still point at it (ended `lost`): a
                 // retransmission elsewhere is told the explicit failure, never run again.
-                for k in carries {
-                    if p.opened {
-                        pipe.cmd("SET")
-                            .arg(k)
-                            .arg(format!("s:{stream}"))
-                            .arg("PX")
-                            .arg(ttl)
-                            .ignore();
-                    } else {
-                        pipe.pexpire(k, ttl).ignore();
-                    }
+                if !carries.is_empty() {
+                    pipe.cmd("EVAL")
+                        .arg(CARRY)
+                        .arg(carries.len())
+                        .arg(carries)
+                        .arg(wire::carried(
+                            p.principal,
+                            *stream,
+                            p.end.is_some() || fenced,
+                        ))
+                        .arg(wire::principal_text(p.principal))
+                        .arg(ttl)
+                        .ignore();
                 }
                 if fenced {
                     return fenced_publication(pipe, tag, *stream, owner, p, ttl);
@@ -425,6 +488,19 @@ pub(super) fn spawn(
     queue
 }
 
+/// Whether a store's refusal of a pipeline may pass: its connection, a timeout, or a store
+/// that cannot take writes for now (`OOM` under `noeviction`, a replica, loading, busy).
+fn transient(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("OOM" | "READONLY" | "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN")
+        )
+}
+
 /// The writer task's own.
 struct Writer {
     conn: ConnectionManager,
@@ -440,20 +516,38 @@ struct Writer {
 
 async fn run(mut w: Writer) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while w.rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    // What the store did not take while it was away: written first once it is back, so a
+    // call forwarded meanwhile has its claim in the store as soon as it can be.
+    let mut deferred = std::collections::VecDeque::new();
+    loop {
+        if deferred.is_empty() {
+            if w.rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                return;
+            }
+        } else {
+            // Nothing new for a probe's time: the deferred writes are tried again.
+            let more = w.rx.recv_many(&mut batch, MAX_BATCH);
+            if let Ok(0) = tokio::time::timeout(super::PROBE_EVERY, more).await {
+                return;
+            }
+        }
         let held: usize = batch.iter().map(Write::bytes).sum();
         w.writes.fetch_sub(batch.len(), Ordering::Relaxed);
         let reports = std::mem::take(&mut *lock(&w.reports));
         if !w.breaker.allows() {
-            // The store is down for this replica: what it would have taken is lost to it (a
-            // stream's chain shows the hole, a resume elsewhere the explicit gap).
+            // The store is down for this replica: the events it would have taken are lost to
+            // it (a stream's chain shows the hole, a resume elsewhere the explicit gap); the
+            // facts wait for it.
             w.bytes.fetch_sub(held, Ordering::Relaxed);
             w.metrics.store_dropped_bytes.inc_by(held as u64);
-            batch.clear();
+            for write in batch.drain(..) {
+                write.deferred(&mut deferred);
+            }
             continue;
         }
         let mut pipe = redis::pipe();
-        for write in &batch {
+        let sending: Vec<Write> = deferred.drain(..).chain(batch.drain(..)).collect();
+        for write in &sending {
             // Looked at for each, in order: a generation found dead mid-batch fences the rest.
             let fenced = match write {
                 Write::Publish { generation, .. } => !w.lease.publishes(*generation),
@@ -466,21 +560,31 @@ async fn run(mut w: Writer) {
         }
         let sent = tokio::time::timeout(w.timeout, pipe.query_async::<()>(&mut w.conn)).await;
         w.bytes.fetch_sub(held, Ordering::Relaxed);
-        match sent {
+        let failed = match sent {
             Ok(Ok(())) => {
                 w.breaker.succeeded();
-                w.metrics.store_writes.inc_by(batch.len() as u64);
+                w.metrics.store_writes.inc_by(sending.len() as u64);
+                false
             }
             Ok(Err(e)) => {
                 w.breaker.failed();
-                tracing::debug!(error = %e, writes = batch.len(), "store writes failed");
+                tracing::debug!(error = %e, writes = sending.len(), "store writes failed");
+                // Kept for later only when the store may take them later (gone, full,
+                // loading): a write it refuses for what it is would be refused forever, and
+                // hold every later write back with it.
+                transient(&e)
             }
             Err(_) => {
                 w.breaker.failed();
-                tracing::debug!(timeout = ?w.timeout, writes = batch.len(), "store writes timed out");
+                tracing::debug!(timeout = ?w.timeout, writes = sending.len(), "store writes timed out");
+                true
+            }
+        };
+        if failed {
+            for write in sending {
+                write.deferred(&mut deferred);
             }
         }
-        batch.clear();
     }
 }
 

@@ -1776,3 +1776,369 @@ async fn a_minted_session_lives_on_any_replica_when_the_store_forgot_it() {
         .collect();
     assert_eq!(data, vec![result(2)]);
 }
+
+/// `req` carrying the client's `Last-Event-ID` (a retransmission of a POST it was cut from).
+fn with_cursor(cursor: &str, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    req.headers_mut()
+        .insert("last-event-id", cursor.parse().unwrap());
+    req
+}
+
+/// The refusal's reason, and its `Retry-After` if any.
+async fn refusal(resp: http::Response<hyper::body::Incoming>) -> (u16, Option<String>, String) {
+    let status = resp.status().as_u16();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let Ok(body) = tokio::time::timeout(
+        Duration::from_secs(3),
+        http_body_util::BodyExt::collect(resp.into_body()),
+    )
+    .await
+    else {
+        return (status, retry, "a body that does not end (forwarded)".into());
+    };
+    let body = body.unwrap().to_bytes();
+    let reason = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|b| b["error"]["data"]["reason"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+    (status, retry, reason)
+}
+
+/// Issue 56, R5-1: a request id is in flight fleet-wide for its session. While the owner's
+/// call id 6 runs through A, the same id posted into the session through B by anyone else
+/// (another token, or none) is refused exactly as A refuses it (409 `request-in-flight`),
+/// never forwarded, and the owner gets its result (before: B forwarded it untagged, and the
+/// stranger took the owner's remaining progress and result).
+#[tokio::test]
+async fn a_stranger_through_another_replica_never_takes_the_owners_call() {
+    let Some(redis) = Redis::start("stranger").await else {
+        return;
+    };
+    let key = key_file("stranger", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "strangers-session";
+    initialize(&a, &mut mock, SID).await;
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(6), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    let mut owner = SseReader::new(pending.await.unwrap());
+    upstream.message(&progress(1)).await;
+    let mut first = owner.next().await.unwrap();
+    while first.data.is_none() {
+        first = owner.next().await.unwrap();
+    }
+    for (who, gw) in [("bob through B", &b), ("bob through A", &a)] {
+        let resp = send(gw.addr, as_(BOB, post(&call(6), Some(SID)))).await;
+        let (status, _, reason) = refusal(resp).await;
+        assert_eq!(
+            (status, reason.as_str()),
+            (409, "request-in-flight"),
+            "{who}"
+        );
+    }
+    let resp = send(b.addr, post(&call(6), Some(SID))).await;
+    let (status, _, reason) = refusal(resp).await;
+    assert_eq!(
+        (status, reason.as_str()),
+        (409, "request-in-flight"),
+        "anonymous through B"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "no stranger's id 6 is forwarded"
+    );
+    upstream.message(&progress(2)).await;
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    let data: Vec<String> = owner
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .collect();
+    assert_eq!(
+        data,
+        vec![progress(2), result(6)],
+        "the owner's answer is the owner's"
+    );
+
+    // Once answered, the id is free for bob through B as through A (the one rule), and his
+    // POST of it takes nothing of the owner's: the owner's retransmission through B is still
+    // answered from the owner's stream, never forwarded.
+    let pending = tokio::spawn(send(b.addr, as_(BOB, post(&call(6), Some(SID)))));
+    let seen = mock.next().await;
+    assert_eq!(seen.json_body()["id"], 6, "bob's own id 6, forwarded");
+    seen.respond_json(result(6));
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let resp = send(
+        b.addr,
+        with_cursor(
+            &first.id.clone().unwrap(),
+            as_(ALICE, post(&call(6), Some(SID))),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let data: Vec<String> = SseReader::new(resp)
+        .rest()
+        .await
+        .into_iter()
+        .filter(|e| {
+            e.event
+                .as_deref()
+                .is_none_or(|t| !t.starts_with("mcp-reattach/"))
+        })
+        .filter_map(|e| e.data)
+        .collect();
+    assert_eq!(
+        data,
+        vec![progress(2), result(6)],
+        "the owner's stream, from its cursor"
+    );
+    assert!(
+        mock.nothing_within(Duration::from_millis(200)).await,
+        "the owner's call ran once"
+    );
+}
+
+/// Issue 56, R5-3: a store that refuses writes (`maxmemory` reached under `noeviction`)
+/// cannot take a retransmission's claim: B answers 503 + `Retry-After`, never forwards it
+/// (before: the claim failed open and the tool ran a second time).
+#[tokio::test]
+async fn a_retransmission_whose_claim_the_full_store_refuses_is_paced_not_run() {
+    let Some(redis) = Redis::start("full").await else {
+        return;
+    };
+    let key = key_file("full", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "full-store-session";
+    initialize(&a, &mut mock, SID).await;
+    // B adopts the session (a call through it).
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(SID)))));
+    let upstream = mock.next().await.respond_sse(Some(SID));
+    upstream.message(&result(1)).await;
+    drop(upstream);
+    assert_eq!(pending.await.unwrap().status(), 200);
+    // The store fills up: it refuses every write from now on. The call through A is held
+    // there and forwarded (a store that cannot take its claim costs cross-replica
+    // resumability, not availability); the client is cut.
+    let mut conn = store_conn(&redis).await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+    // Its retransmission through B: the claim cannot be made there either.
+    for _ in 0..3 {
+        let resp = send(
+            b.addr,
+            with_cursor(&cursor, as_(ALICE, post(&call(6), Some(SID)))),
+        )
+        .await;
+        let (status, retry, reason) = refusal(resp).await;
+        assert_eq!(
+            (status, retry.as_deref(), reason.as_str()),
+            (503, Some("1"), "store-unavailable")
+        );
+    }
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the tool ran once"
+    );
+    drop(upstream);
+}
+
+/// Issue 56, R5-5: `redis-server` stopped mid-call. Retransmissions through the other replica
+/// get 503 + `Retry-After` while it is down, and after it comes back (empty) none is run
+/// again: the owner's claims are written once it is back, and right after its return a
+/// retransmission nobody claimed is paced (before: 197 of 208 ran the tool again during the
+/// outage, 58 more in the 2.5 s after).
+#[tokio::test]
+async fn a_store_outage_never_runs_a_retransmission_twice() {
+    let Some(mut redis) = Redis::start("outage-twice").await else {
+        return;
+    };
+    let key = key_file("outage-twice", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "outage-twice-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+
+    redis.stop().await;
+    let retransmit = || {
+        send(
+            b.addr,
+            with_cursor(&cursor, as_(ALICE, post(&call(6), Some(SID)))),
+        )
+    };
+    for _ in 0..5 {
+        let (status, retry, reason) = refusal(retransmit().await).await;
+        assert_eq!(
+            (status, retry.as_deref(), reason.as_str()),
+            (503, Some("1"), "store-unavailable"),
+            "during the outage"
+        );
+    }
+    // The call goes on and ends on A meanwhile.
+    upstream.message(&progress(2)).await;
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    redis.restart().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(6);
+    let mut seen = std::collections::BTreeMap::new();
+    while tokio::time::Instant::now() < until {
+        let (status, _, _) = refusal(retransmit().await).await;
+        *seen.entry(status).or_insert(0) += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("after the store's return: {seen:?}");
+    assert!(seen.keys().all(|s| [200, 409, 503].contains(s)), "{seen:?}");
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the tool ran once"
+    );
+}
+
+/// Every session record in the store: its key and the length of its longest field.
+async fn records(conn: &mut ::redis::aio::MultiplexedConnection) -> Vec<(String, usize)> {
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("mra:*:rec")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for k in keys {
+        let fields: Vec<(String, Vec<u8>)> = ::redis::cmd("HGETALL")
+            .arg(&k)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let longest = fields.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+        out.push((k, longest));
+    }
+    out
+}
+
+/// Issue 56, R5-2: what a client sends that is kept is bounded. An `initialize` carrying a
+/// 100 KB `protocolVersion` (or the header) does not put it in the session's record (before:
+/// a 100 KB field in every record, kept by every adopting replica outside the budget), and a
+/// record with a field past the record's bound, written into the store by hand, is not
+/// adopted.
+#[tokio::test]
+async fn a_clients_oversized_protocol_version_is_never_kept() {
+    let Some(redis) = Redis::start("version").await else {
+        return;
+    };
+    let key = key_file("version", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    let huge = "9".repeat(100_000);
+    let init = INITIALIZE.replace("2025-06-18", &huge);
+    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&init, None))));
+    mock.next()
+        .await
+        .respond_initialized("huge-version-session");
+    assert_eq!(pending.await.unwrap().status(), 200);
+    let mut conn = store_conn(&redis).await;
+    let recs = records(&mut conn).await;
+    assert_eq!(recs.len(), 1);
+    assert!(
+        recs[0].1 <= 64,
+        "the record's longest field: {} bytes",
+        recs[0].1
+    );
+
+    // A record whose version field is past the bound: B does not adopt it.
+    initialize(&a, &mut mock, "tampered-session").await;
+    let recs = records(&mut conn).await;
+    for (k, _) in &recs {
+        let _: () = ::redis::cmd("HSET")
+            .arg(k)
+            .arg("ver")
+            .arg(&huge)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let pending = tokio::spawn(send(b.addr, as_(ALICE, get("tampered-session", None))));
+    if let Ok(seen) = tokio::time::timeout(Duration::from_secs(2), mock.next()).await {
+        seen.respond(json_response(404, &[], ""));
+    }
+    let resp = pending.await.unwrap();
+    assert_ne!(resp.status(), 200, "not served as an adopted session");
+    assert_eq!(
+        metric(&b, "mcp_reattach_store_adoptions_total").await,
+        0.0,
+        "a record past its bound is not adopted"
+    );
+}
+
+/// Issue 56, R5-5: a call that says nothing while the store is away (restarted empty) has
+/// nothing deferred to write; its owner writes what the store must know of it again once it
+/// is back, so a retransmission through the other replica, well past the grace, is answered
+/// from its stream, never run again (before: the claim was lost with the store, and after the
+/// grace B forwarded the retransmission).
+#[tokio::test]
+async fn a_call_running_across_an_empty_restart_is_claimed_again() {
+    let Some(mut redis) = Redis::start("restarted-empty").await else {
+        return;
+    };
+    let key = key_file("restarted-empty", 32);
+    let mut mock = Mock::start().await;
+    let (a, b) = (
+        replica(&mock, &redis, &key).await,
+        replica(&mock, &redis, &key).await,
+    );
+    const SID: &str = "restarted-empty-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
+    redis.stop().await;
+    // Long enough for every replica to see it gone (their leases fail every second).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.restart().await;
+    // Past the grace: whatever B gets now, it is not a second run.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let resp = send(
+        b.addr,
+        with_cursor(&cursor, as_(ALICE, post(&call(6), Some(SID)))),
+    )
+    .await;
+    let status = resp.status();
+    assert!(
+        mock.nothing_within(Duration::from_millis(300)).await,
+        "the tool ran once (B answered {status})"
+    );
+    assert_eq!(status, 200, "resumed from the store");
+    let mut on_b = SseReader::new(resp);
+    let first = on_b.next().await.unwrap();
+    assert_eq!(first.event.as_deref(), Some("mcp-reattach/resumed"));
+    upstream.message(&result(6)).await;
+    drop(upstream);
+    let data: Vec<String> = on_b
+        .rest()
+        .await
+        .into_iter()
+        .filter_map(|e| e.data)
+        .collect();
+    assert!(data.contains(&result(6)), "{data:?}");
+}
