@@ -462,22 +462,22 @@ impl Gateway {
     /// A session this replica does not hold, adopted from the fleet's store when it is there,
     /// live and the caller's (any caller's with `--resume-auth none`): held from now on, with
     /// the epoch it was created with and stream numbers of a block of this replica's.
-    async fn adopt(
-        &self,
-        sid: &str,
-        caller: Caller<'_>,
-    ) -> Result<Adopted, Unanswered> {
+    async fn adopt(&self, sid: &str, caller: Caller<'_>) -> Result<Adopted, Unanswered> {
         let principal =
             (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(caller.principal);
         let (record, first_stream) = match self.store.adopt(sid, principal).await {
             Adoption::Adopt(record, first_stream) => (record, first_stream),
             Adoption::None => return Ok(Adopted::None),
             Adoption::NotYours => return Ok(Adopted::NotYours),
+            // A minted id certifies itself under the fleet's key: one that does not for this
+            // caller is not its session, whatever the store would say (404, as a minted id's
+            // stranger gets on the replica holding it).
             Adoption::Unanswered => {
-                return self
-                    .rebuild_minted(sid, &caller)
-                    .map(Adopted::Held)
-                    .ok_or(Unanswered)
+                return match self.rebuild_minted(sid, &caller) {
+                    Some(s) => Ok(Adopted::Held(s)),
+                    None if crate::session::is_minted_form(sid) => Ok(Adopted::None),
+                    None => Err(Unanswered),
+                }
             }
         };
         let owner = Owner::new(record.principal, &record.endpoint)

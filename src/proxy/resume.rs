@@ -175,14 +175,7 @@ impl Gateway {
         let charge = self.registry.budget().charge();
         match self
             .store
-            .follow(
-                &session,
-                from,
-                start,
-                Some(inb.principal),
-                None,
-                charge,
-            )
+            .follow(&session, from, start, Some(inb.principal), None, charge)
             .await
         {
             Ok(Followed::Body(body, replay)) => {

@@ -363,8 +363,11 @@ fn fenced_publication(
         k: p.kind.as_str().to_owned(),
         pr: wire::principal_text(p.principal),
         f: p.first_seq,
+        // At the last position the owner tagged, published or not: a client may have read
+        // those events from the owner itself, and its cursor is then within the stream (the
+        // events the fleet lacks are the explicit gap, the end its failure), never ahead.
         end: Some(MetaEnd {
-            last: p.prev,
+            last: p.last.max(p.prev),
             failed: Some(wire::OWNER_LOST.to_owned()),
         }),
         req: p
