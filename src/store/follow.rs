@@ -93,6 +93,23 @@ pub(crate) enum Followed {
     Gap(Bytes),
 }
 
+/// A stream's meta (`KEYS[1]`) unless it is longer than `ARGV[1]` bytes (then none).
+const META_BOUNDED: &str = "local m = redis.call('GET', KEYS[1]) if m and #m > tonumber(ARGV[1]) then return false end return m";
+
+/// `XRANGE KEYS[1] ARGV[1] + COUNT ARGV[2]`, each field value longer than `ARGV[3]` bytes
+/// replaced by the integer 0: no event, a hole in the stream's chain (the explicit gap).
+const RANGE_BOUNDED: &str = r"
+local r = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
+local max = tonumber(ARGV[3])
+for _, e in ipairs(r) do
+  local f = e[2]
+  for j = 2, #f, 2 do
+    if #f[j] > max then f[j] = 0 end
+  end
+end
+return r
+";
+
 /// The body of a follower: frames from its task.
 pub(crate) struct FollowBody {
     rx: mpsc::Receiver<Bytes>,
@@ -259,16 +276,24 @@ impl Shared {
     /// the stream's last added position if `last`; `None` when the store did not answer
     /// (counted).
     async fn read(&self, tag: &Tag, stream: u32, after: u64, last: bool) -> Option<Read> {
+        // Bounded in the store, before anything is sent: a meta or an entry's value larger than
+        // an owner writes (a store writer's, not a replica's) is not read into this replica's
+        // memory (R5-11: a follower read a 200 MiB entry whole, past its budget).
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .get(tag.meta(stream))
-            .cmd("XRANGE")
+            .cmd("EVAL")
+            .arg(META_BOUNDED)
+            .arg(1)
+            .arg(tag.meta(stream))
+            .arg(self.max_entry_bytes)
+            .cmd("EVAL")
+            .arg(RANGE_BOUNDED)
+            .arg(1)
             .arg(tag.events(stream))
             // The end's position is after every entry; one past it is no entry id.
             .arg(format!("({}", wire::entry_id(after.min(Cursor::END - 1))))
-            .arg("+")
-            .arg("COUNT")
-            .arg(READ_ENTRIES);
+            .arg(READ_ENTRIES)
+            .arg(self.max_entry_bytes);
         let (meta, range, last_added) = if last {
             pipe.cmd("EVAL")
                 .arg(LAST_ADDED)

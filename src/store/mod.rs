@@ -219,6 +219,11 @@ pub(crate) struct Shared {
     /// How long an ended stream's keys stay (ms): its `--stall-timeout`, at least 30 s, at most
     /// `--session-ttl`: long enough for a client cut at the end to come back for it.
     ended_ttl: i64,
+    /// The most a follower reads of one entry's events or of one stream's meta: what an owner
+    /// writes of one upstream read ([`writer`]: at most `--max-event-bytes` and a reader's
+    /// batch, packed and sealed). Past it, a value in the store is none this replica wrote,
+    /// and it is not read ([`follow`]: a hole, the explicit gap).
+    max_entry_bytes: usize,
     /// How long a follower's report of its progress counts (ms): the stall budget.
     progress_ttl: i64,
     keepalive: Option<Duration>,
@@ -432,6 +437,7 @@ impl Store {
             lease,
             timeout: settings.timeout,
             session_ttl: cfg.session_ttl,
+            max_entry_bytes: cfg.max_event_bytes.max(64 << 10) + (128 << 10),
             ended_ttl: ttl_ms(
                 cfg.stall_timeout
                     .max(Duration::from_secs(30))

@@ -39,6 +39,18 @@ async fn replica_with(mock: &Mock, redis: &Redis, key: &std::path::Path, extra: 
     Binary::start(mock.addr, &flags).await
 }
 
+/// A fleet of two replicas, A and B, with the default test flags on a real `redis-server`
+/// named `case`, in front of one mock upstream, and the fleet's key file; `None` without
+/// `redis-server` (the test says so and passes, unless `CI_REQUIRE_REDIS` is set).
+async fn two_replicas(case: &str) -> Option<(Redis, std::path::PathBuf, Mock, Binary, Binary)> {
+    let redis = Redis::start(case).await?;
+    let key = key_file(case, 32);
+    let mock = Mock::start().await;
+    let a = replica(&mock, &redis, &key).await;
+    let b = replica(&mock, &redis, &key).await;
+    Some((redis, key, mock, a, b))
+}
+
 fn as_(principal: &str, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     req.headers_mut()
         .insert("authorization", principal.parse().unwrap());
@@ -233,15 +245,9 @@ async fn the_live_tail_of_another_replicas_call_follows_as_it_is_read() {
 
 #[tokio::test]
 async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
-    let Some(redis) = Redis::start("gap").await else {
+    let Some((redis, _key, mut mock, a, b)) = two_replicas("gap").await else {
         return;
     };
-    let key = key_file("gap", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "gap-session";
     initialize(&a, &mut mock, SID).await;
     let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 3).await;
@@ -336,15 +342,9 @@ async fn a_store_that_lost_a_calls_events_answers_the_explicit_gap() {
 
 #[tokio::test]
 async fn a_retransmission_on_another_replica_is_a_resume_never_a_second_run() {
-    let Some(redis) = Redis::start("retransmission").await else {
+    let Some((_redis, _key, mut mock, a, b)) = two_replicas("retransmission").await else {
         return;
     };
-    let key = key_file("retransmission", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "retransmitted-session";
     initialize(&a, &mut mock, SID).await;
 
@@ -573,15 +573,9 @@ async fn a_drained_replica_hands_its_call_over_every_event_once() {
 
 #[tokio::test]
 async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
-    let Some(mut redis) = Redis::start("outage").await else {
+    let Some((mut redis, _key, mut mock, a, b)) = two_replicas("outage").await else {
         return;
     };
-    let key = key_file("outage", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "outage-session";
     const LATE: &str = "created-during-the-outage";
     initialize(&a, &mut mock, SID).await;
@@ -678,15 +672,9 @@ async fn a_store_outage_costs_the_fleet_not_the_sessions_a_replica_holds() {
 /// reads the stream (the stream's read unanswered).
 #[tokio::test]
 async fn a_resume_the_store_cannot_answer_for_is_paced_not_refused() {
-    let Some(mut redis) = Redis::start("unanswered").await else {
+    let Some((mut redis, _key, mut mock, a, b)) = two_replicas("unanswered").await else {
         return;
     };
-    let key = key_file("unanswered", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "unanswered-session";
     const OTHER: &str = "unanswered-other";
     initialize(&a, &mut mock, SID).await;
@@ -1099,15 +1087,9 @@ async fn the_owner_waits_for_a_slow_client_following_on_another_replica() {
 
 #[tokio::test]
 async fn a_session_ended_on_one_replica_is_ended_on_every_one() {
-    let Some(redis) = Redis::start("delete").await else {
+    let Some((_redis, _key, mut mock, a, b)) = two_replicas("delete").await else {
         return;
     };
-    let key = key_file("delete", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     // A stateless upstream: the gateway mints the session, the upstream never knows it.
     let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
     mock.next().await.respond_json(
@@ -1399,15 +1381,9 @@ async fn store_has_an_end(redis: &Redis) {
 /// both (not a 200 that waits for positions that will never come).
 #[tokio::test]
 async fn a_cursor_gets_the_same_answer_from_the_owner_and_from_another_replica() {
-    let Some(redis) = Redis::start("one-rule").await else {
+    let Some((redis, _key, mut mock, a, b)) = two_replicas("one-rule").await else {
         return;
     };
-    let key = key_file("one-rule", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "one-rule-session";
     initialize(&a, &mut mock, SID).await;
 
@@ -1659,15 +1635,9 @@ async fn a_dropped_gateway_stops_renewing_its_lease() {
 /// that replica has written the session and its stream again, then served.
 #[tokio::test]
 async fn a_store_restarted_empty_never_ends_a_live_session() {
-    let Some(mut redis) = Redis::start("reborn").await else {
+    let Some((mut redis, _key, mut mock, a, b)) = two_replicas("reborn").await else {
         return;
     };
-    let key = key_file("reborn", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "reborn-session";
     initialize(&a, &mut mock, SID).await;
     let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 4).await;
@@ -1719,15 +1689,9 @@ async fn a_store_restarted_empty_never_ends_a_live_session() {
 /// served, never a 404; a stranger with the same id is still told nothing.
 #[tokio::test]
 async fn a_minted_session_lives_on_any_replica_when_the_store_forgot_it() {
-    let Some(redis) = Redis::start("minted-reborn").await else {
+    let Some((redis, _key, mut mock, a, b)) = two_replicas("minted-reborn").await else {
         return;
     };
-    let key = key_file("minted-reborn", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
     mock.next().await.respond_json(
         r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
@@ -1814,15 +1778,9 @@ async fn refusal(resp: http::Response<hyper::body::Incoming>) -> (u16, Option<St
 /// stranger took the owner's remaining progress and result).
 #[tokio::test]
 async fn a_stranger_through_another_replica_never_takes_the_owners_call() {
-    let Some(redis) = Redis::start("stranger").await else {
+    let Some((_redis, _key, mut mock, a, b)) = two_replicas("stranger").await else {
         return;
     };
-    let key = key_file("stranger", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "strangers-session";
     initialize(&a, &mut mock, SID).await;
     let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&call(6), Some(SID)))));
@@ -1912,15 +1870,9 @@ async fn a_stranger_through_another_replica_never_takes_the_owners_call() {
 /// (before: the claim failed open and the tool ran a second time).
 #[tokio::test]
 async fn a_retransmission_whose_claim_the_full_store_refuses_is_paced_not_run() {
-    let Some(redis) = Redis::start("full").await else {
+    let Some((redis, _key, mut mock, a, b)) = two_replicas("full").await else {
         return;
     };
-    let key = key_file("full", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "full-store-session";
     initialize(&a, &mut mock, SID).await;
     // B adopts the session (a call through it).
@@ -1968,15 +1920,9 @@ async fn a_retransmission_whose_claim_the_full_store_refuses_is_paced_not_run() 
 /// outage, 58 more in the 2.5 s after).
 #[tokio::test]
 async fn a_store_outage_never_runs_a_retransmission_twice() {
-    let Some(mut redis) = Redis::start("outage-twice").await else {
+    let Some((mut redis, _key, mut mock, a, b)) = two_replicas("outage-twice").await else {
         return;
     };
-    let key = key_file("outage-twice", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "outage-twice-session";
     initialize(&a, &mut mock, SID).await;
     let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
@@ -2043,15 +1989,9 @@ async fn records(conn: &mut ::redis::aio::MultiplexedConnection) -> Vec<(String,
 /// adopted.
 #[tokio::test]
 async fn a_clients_oversized_protocol_version_is_never_kept() {
-    let Some(redis) = Redis::start("version").await else {
+    let Some((redis, _key, mut mock, a, b)) = two_replicas("version").await else {
         return;
     };
-    let key = key_file("version", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     let huge = "9".repeat(100_000);
     let init = INITIALIZE.replace("2025-06-18", &huge);
     let pending = tokio::spawn(send(a.addr, as_(ALICE, post(&init, None))));
@@ -2102,15 +2042,9 @@ async fn a_clients_oversized_protocol_version_is_never_kept() {
 /// its explicit failure (before the end's position was fixed: a false 409).
 #[tokio::test]
 async fn a_call_running_across_an_empty_restart_is_claimed_again() {
-    let Some(mut redis) = Redis::start("restarted-empty").await else {
+    let Some((mut redis, _key, mut mock, a, b)) = two_replicas("restarted-empty").await else {
         return;
     };
-    let key = key_file("restarted-empty", 32);
-    let mut mock = Mock::start().await;
-    let (a, b) = (
-        replica(&mock, &redis, &key).await,
-        replica(&mock, &redis, &key).await,
-    );
     const SID: &str = "restarted-empty-session";
     initialize(&a, &mut mock, SID).await;
     let (cursor, upstream) = cut_after_first(&a, &mut mock, SID, 6).await;
@@ -2145,5 +2079,80 @@ async fn a_call_running_across_an_empty_restart_is_claimed_again() {
     assert!(
         got_result != lost,
         "the result or the explicit failure: {events:?}"
+    );
+}
+
+/// Issue 56, R5-11: what a follower reads of the store is bounded by what an owner writes. A
+/// store writer's entry larger than any owner's (one upstream read, at most
+/// `--max-event-bytes` and a reader's batch) is not read into the follower's memory: a hole in
+/// the stream, the explicit gap (before: read whole and served, 2 MiB past a 256 KiB bound).
+#[tokio::test]
+async fn a_follower_reads_no_entry_larger_than_an_owner_writes() {
+    let Some(redis) = Redis::start("huge-entry").await else {
+        return;
+    };
+    let key = key_file("huge-entry", 32);
+    let mut mock = Mock::start().await;
+    let flags = ["--hold-standalone", "false", "--max-event-bytes", "256KiB"];
+    let a = replica_with(&mock, &redis, &key, &flags).await;
+    let b = replica_with(&mock, &redis, &key, &flags).await;
+    const SID: &str = "huge-entry-session";
+    initialize(&a, &mut mock, SID).await;
+    let (cursor, _upstream) = cut_after_first(&a, &mut mock, SID, 3).await;
+    let seq: u64 = cursor.rsplit('.').next().unwrap().parse().unwrap();
+    // The call's events in the store, once its first is there.
+    let mut conn = store_conn(&redis).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg(format!("mra:*:ev:{}", stream(&cursor)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if let Some(k) = keys.into_iter().next() {
+            break k;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call's events in the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // A well-formed packed event of 2 MiB right after the client's cursor, as no owner with
+    // this bound writes one.
+    let body = format!("data: {}\n\n", "x".repeat(2 << 20));
+    let mut packed = Vec::new();
+    packed.extend_from_slice(&(seq + 1).to_le_bytes());
+    packed.push(1);
+    packed.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    packed.extend_from_slice(body.as_bytes());
+    let () = ::redis::cmd("XADD")
+        .arg(&events)
+        .arg(format!("0-{}", seq + 1))
+        .arg("p")
+        .arg(seq)
+        .arg("e")
+        .arg(packed)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let resp = send(b.addr, as_(ALICE, get(SID, Some(&cursor)))).await;
+    assert_eq!(resp.status(), 200);
+    let read = SseReader::new(resp).rest().await;
+    let longest = read
+        .iter()
+        .filter_map(|e| e.data.as_ref())
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        longest < 256 << 10,
+        "the follower served an event of {longest} bytes, past what an owner writes"
+    );
+    assert!(
+        read.iter()
+            .any(|e| e.event.as_deref() == Some("mcp-reattach/resumption-failed")),
+        "the hole is the explicit gap: {:?}",
+        read.iter().map(|e| e.event.clone()).collect::<Vec<_>>()
     );
 }
