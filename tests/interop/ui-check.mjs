@@ -269,8 +269,11 @@ try {
   }
 
   // 3. What a client sent, as text: with JavaScript on, where unescaped markup would run.
+  // Since issue 56 (R5-2) a protocol version that is not 1-32 bytes of [A-Za-z0-9._-] is
+  // never kept: the hostile one must not reach the list at all. The control below still
+  // shows the markup would run if it did; the escaping itself is src/admin/ui.rs's unit test.
   const hostile = listing.sessions.find((x) => x.protocol_version === cfg.hostile);
-  check(hostile !== undefined, 'GET /sessions carries the hostile protocol version as sent');
+  check(hostile === undefined, 'GET /sessions does not carry the hostile protocol version');
   const on = await browser.newContext({ javaScriptEnabled: true });
   on.setDefaultTimeout(TIMEOUT_MS);
   const jsPage = await on.newPage();
@@ -284,19 +287,11 @@ try {
   for (let i = 0; i < 50 && dialogs.length === 0; i++) await jsPage.waitForTimeout(100);
   eq(dialogs.length, 1, 'control: the hostile markup, unescaped, runs its onerror with JavaScript on');
   await load(jsPage, `${cfg.open}/ui`, 200, 'list (JS on)');
-  const row = await jsPage.locator(`#sessions tbody tr:has(a[href="/ui/sessions/${hostile.id}"]) td:nth-child(4)`).textContent();
-  eq(row, cfg.hostile, 'list: the hostile protocol version shows literally');
-  const listActive = await active(jsPage);
-  await load(jsPage, `${cfg.open}/ui/sessions/${hostile.id}`, 200, 'hostile session page (JS on)');
-  const shown = Object.fromEntries((await readTable(jsPage, '#session')).pairs);
-  eq(shown['protocol version'], cfg.hostile, 'session page: the hostile protocol version shows literally');
   await jsPage.waitForTimeout(300);
-  const pageActive = await active(jsPage);
-  for (const [where, a] of [['list', listActive], ['session page', pageActive]]) {
-    eq([a.img, a.b, a.scripts, a.handlers, a.iframes], [0, 0, 0, 0, 0], `${where}: no element made of the hostile value`);
-  }
+  const listActive = await active(jsPage);
+  eq([listActive.img, listActive.b, listActive.scripts, listActive.handlers, listActive.iframes], [0, 0, 0, 0, 0], 'list: no element made of what a client sent');
   eq(dialogs.length, 1, 'no script of the hostile value ran');
-  result.hostile = { shown: shown['protocol version'], img: pageActive.img, b: pageActive.b, dialogs: dialogs.length - 1 };
+  result.hostile = { kept: hostile !== undefined, img: listActive.img, b: listActive.b, dialogs: dialogs.length - 1 };
 
   // 5. An unknown id and a bad one, JavaScript off.
   const errors = {};
