@@ -181,7 +181,7 @@ impl Store {
                 m.end.is_some()
                     || !read.entries.is_empty()
                     || start == Start::Opening
-                    || read.last_added.unwrap_or(m.f).max(m.f) >= cursor.seq
+                    || read.last_added.max(m.l).unwrap_or(m.f).max(m.f) >= cursor.seq
             });
             if caught_up || tries == UNKNOWN_TRIES {
                 break read;
@@ -212,7 +212,9 @@ impl Store {
                 kind: meta.kind(),
                 first: meta.f,
                 end_last: meta.end.as_ref().map(|e| e.last),
-                last_added: first.last_added,
+                // How far the stream went: its entries say, or its meta when the store lost
+                // them (restarted empty, its running calls' facts written again).
+                last_added: first.last_added.max(meta.l),
                 next_prev: first.entries.first().map(|e| e.prev),
                 owner_gone,
                 unanswered: meta.unanswered_any(cursor.seq),

@@ -293,6 +293,11 @@ pub(super) struct Meta {
     pub pr: String,
     /// Its opening position.
     pub f: u64,
+    /// The last position the owner had published when it wrote this meta (at the opening, at
+    /// each answer, at the end, and when it writes a running stream's facts again after an
+    /// outage): a stream whose entries the store lost still says how far it went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l: Option<u64>,
     /// Ended, and how: `None` while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<MetaEnd>,
@@ -582,6 +587,7 @@ mod tests {
             k: "post".into(),
             pr: principal_text(Principal([1; 16])),
             f: 4,
+            l: None,
             end: None,
             req: vec![("1".into(), 0), ("2".into(), 9)],
         };

@@ -251,6 +251,7 @@ impl Write {
                     k: p.kind.as_str().to_owned(),
                     pr: wire::principal_text(p.principal),
                     f: p.first_seq,
+                    l: Some(p.last.max(p.prev)),
                     end,
                     req: p
                         .requests
@@ -363,6 +364,7 @@ fn fenced_publication(
         k: p.kind.as_str().to_owned(),
         pr: wire::principal_text(p.principal),
         f: p.first_seq,
+        l: Some(p.last.max(p.prev)),
         // At the last position the owner tagged, published or not: a client may have read
         // those events from the owner itself, and its cursor is then within the stream (the
         // events the fleet lacks are the explicit gap, the end its failure), never ahead.
