@@ -22,6 +22,7 @@
 
 mod auth;
 mod bodies;
+mod fleet;
 mod forward;
 mod inbound;
 mod live;
@@ -36,7 +37,6 @@ use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use bytes::Bytes;
 use http::header::HeaderName;
 use http::{Method, Request, Response};
 use tracing::Instrument;
@@ -47,8 +47,8 @@ use crate::config::Config;
 use crate::error::{ProxyError, Refusal};
 
 use crate::metrics::Metrics;
-use crate::session::{hash_id, Owner, Registry, Session};
-use crate::store::{Adoption, Store};
+use crate::session::{hash_id, Registry};
+use crate::store::Store;
 use crate::upstream::{full_body, Upstream};
 
 // The exchange's types under the names the route handlers use (`super::...`).
@@ -95,9 +95,9 @@ impl Gateway {
         let registry = Arc::new(Registry::new(cfg.clone(), metrics));
         let upstream = Arc::new(Upstream::new(cfg.clone()));
         let (store, store_tasks) = Store::new(&cfg, &registry);
-        registry.on_end(on_end(
+        registry.on_end(fleet::on_end(
             store.clone(),
-            end_upstream(upstream.clone(), cfg.upstream_header_timeout),
+            fleet::end_upstream(upstream.clone(), cfg.upstream_header_timeout),
         ));
         if let Some(key) = store.label_key() {
             crate::session::set_label_key(key);
@@ -311,67 +311,9 @@ impl Gateway {
         if let Some(m) = inb.info.method {
             let _ = facts.call.set((m, inb.info.tool.take().map(Into::into)));
         }
-        // A session is only named on its own endpoint: elsewhere its id is just a header.
-        let held = inb
-            .sid
-            .as_deref()
-            .filter(|_| !inb.modern)
-            .and_then(|sid| self.registry.get(sid));
-        // A stranger's POST into a session of the fleet this replica does not hold: its ids
-        // claimed in the store all the same (held until the answer's head), so an id in
-        // flight in the session is nobody else's here either.
-        let mut _strangers_claim = None;
-        let held = match held {
-            None if self.store.is_on() && !inb.modern => match inb.sid.clone() {
-                Some(sid) => match self.adopt(&sid, Caller::of(&inb)).await {
-                    Ok(Adopted::Held(s)) => Some(s),
-                    Ok(Adopted::NotYours) => {
-                        // A minted session's stranger is answered 404 as for an id nobody
-                        // holds (its stateless upstream never knew it): nothing to claim.
-                        let minted = crate::session::is_minted_form(&sid);
-                        _strangers_claim = if carries_requests(&inb) && !minted {
-                            let single_id = inb.info.single_id.clone();
-                            let ids = &inb.info.request_ids;
-                            self.strangers_claim(&sid, inb.principal, ids, single_id)
-                                .await?
-                        } else {
-                            None
-                        };
-                        None
-                    }
-                    // Right after the store's return, a session it does not have may be one
-                    // whose record its holder has not written again yet: a POST that may be a
-                    // retransmission is not forwarded as a stranger's on that account.
-                    Ok(Adopted::None) if carries_requests(&inb) && self.store.just_recovered() => {
-                        return Err(
-                            ProxyError::StoreUnanswered.for_request(inb.info.single_id.clone())
-                        );
-                    }
-                    Ok(Adopted::None) => None,
-                    // A resume the store could not say anything about: not a session this
-                    // gateway never saw (404 ends a client's session), but a busy one: the
-                    // client comes back after `Retry-After` (every client of a lost replica
-                    // resuming here at once is paced so).
-                    Err(Unanswered)
-                        if inb.parts.method == Method::GET && inb.cursor().is_some() =>
-                    {
-                        return Err(ProxyError::StoreUnanswered.into());
-                    }
-                    // Nor is a POST carrying requests forwarded as into a session nobody
-                    // knows: it may be a retransmission of a call another replica runs, and
-                    // forwarded raw it would run again (STYLE 19: refused, never the unsafe
-                    // action).
-                    Err(Unanswered) if carries_requests(&inb) => {
-                        return Err(
-                            ProxyError::StoreUnanswered.for_request(inb.info.single_id.clone())
-                        );
-                    }
-                    Err(Unanswered) => None,
-                },
-                None => None,
-            },
-            held => held,
-        };
+        // The session the request names, held here or adopted from the fleet's store (the
+        // fleet layer, `fleet.rs`); a stranger's claim in the fleet is held until the head.
+        let (held, _strangers_claim) = self.find(&mut inb).await?;
         let session = held.filter(|s| s.endpoint() == inb.parts.uri.path());
         // A minted session is nobody's but its owner's: the stateless upstream never knew it,
         // so anyone else is answered exactly as for a minted id the gateway does not hold
@@ -415,247 +357,6 @@ impl Gateway {
             Route::Forward => self.forward(inb, session, None).await,
         }
     }
-}
-
-/// The fleet's store said nothing of a session (see [`Adoption::Unanswered`]).
-struct Unanswered;
-
-/// Who asks for a session this replica does not hold, and where.
-struct Caller<'a> {
-    principal: crate::session::Principal,
-    share: crate::session::Principal,
-    path: &'a str,
-    version: Option<&'a str>,
-}
-
-impl Caller<'_> {
-    fn of(inb: &Inbound) -> Caller<'_> {
-        Caller {
-            principal: inb.principal,
-            share: inb.share,
-            path: inb.parts.uri.path(),
-            version: inb
-                .parts
-                .headers
-                .get(MCP_PROTOCOL_VERSION)
-                .and_then(|v| v.to_str().ok()),
-        }
-    }
-}
-
-/// What the fleet's store made of a session this replica did not hold.
-enum Adopted {
-    /// Adopted: held from now on.
-    Held(Arc<Session>),
-    /// A live session of someone else's: not adopted for this caller.
-    NotYours,
-    /// No such session (or none that can be adopted).
-    None,
-}
-
-/// Whether `inb` is a POST carrying requests (ids the upstream answers by).
-fn carries_requests(inb: &Inbound) -> bool {
-    inb.parts.method == Method::POST && !inb.info.request_ids.is_empty()
-}
-
-impl Gateway {
-    /// A session this replica does not hold, adopted from the fleet's store when it is there,
-    /// live and the caller's (any caller's with `--resume-auth none`): held from now on, with
-    /// the epoch it was created with and stream numbers of a block of this replica's.
-    async fn adopt(&self, sid: &str, caller: Caller<'_>) -> Result<Adopted, Unanswered> {
-        let principal =
-            (self.cfg.resume_auth != crate::config::ResumeAuth::None).then_some(caller.principal);
-        let (record, first_stream) = match self.store.adopt(sid, principal).await {
-            Adoption::Adopt(record, first_stream) => (record, first_stream),
-            Adoption::None => return Ok(Adopted::None),
-            Adoption::NotYours => return Ok(Adopted::NotYours),
-            // A minted id certifies itself under the fleet's key: one that does not for this
-            // caller is not its session, whatever the store would say (404, as a minted id's
-            // stranger gets on the replica holding it).
-            Adoption::Unanswered => {
-                return match self.rebuild_minted(sid, &caller) {
-                    Some(s) => Ok(Adopted::Held(s)),
-                    None if crate::session::is_minted_form(sid) => Ok(Adopted::None),
-                    None => Err(Unanswered),
-                }
-            }
-        };
-        let owner = Owner::new(record.principal, &record.endpoint)
-            .in_share(record.share)
-            .adopted(record.epoch, first_stream);
-        let Ok(s) = self
-            .registry
-            .adopt(sid, owner, record.minted)
-            .inspect_err(|_| tracing::warn!("session cap reached with every session in use: a session of the fleet is not adopted"))
-        else {
-            return Ok(Adopted::None);
-        };
-        if let Some(v) = &record.protocol_version {
-            s.set_protocol_version(v);
-        }
-        tracing::debug!(mcp.session = %s.hashed_id(), "session adopted from the fleet's store");
-        Ok(Adopted::Held(s))
-    }
-
-    /// A stranger's POST into session `sid` of the fleet (not adopted for it): its request
-    /// ids claimed in the session as any POST's are ([`Store::claim`], the rule
-    /// [`crate::session::verdict`]): refused while another's request with one of them is in
-    /// flight, as the replica holding the session refuses it, never answered from another's
-    /// stream; forwarded (untagged) with the claim held until the answer's head otherwise.
-    async fn strangers_claim(
-        &self,
-        sid: &str,
-        principal: crate::session::Principal,
-        ids: &[String],
-        single_id: Option<serde_json::Value>,
-    ) -> Result<Option<crate::store::IdsHeld>, Refusal> {
-        use crate::store::IdClaim;
-        let limit = self.cfg.upstream_header_timeout;
-        match self.store.claim(sid, None, principal, ids, limit).await {
-            IdClaim::Ours(held) => Ok(Some(held)),
-            IdClaim::Unknown => Ok(None),
-            IdClaim::Carried(_) | IdClaim::InFlight => {
-                Err(forward::in_flight(single_id.as_ref(), ids).for_request(single_id))
-            }
-            IdClaim::Pending | IdClaim::Unanswered => {
-                Err(ProxyError::StoreUnanswered.for_request(single_id))
-            }
-        }
-    }
-
-    /// A minted session the store said nothing of (down, or restarted empty moments ago),
-    /// held from its id alone when the id certifies itself under the fleet's key for this
-    /// caller on this endpoint (`session::mint_fleet_id`): its epoch is in it, its streams
-    /// numbered from a block of this replica's, and its record written once the store answers.
-    fn rebuild_minted(&self, sid: &str, caller: &Caller<'_>) -> Option<Arc<Session>> {
-        let epoch = self
-            .registry
-            .minted_epoch(sid, caller.principal, caller.path)?;
-        let owner = Owner::new(caller.principal, caller.path)
-            .in_share(caller.share)
-            .adopted(epoch, Store::rebuilt_block());
-        let s = self.registry.adopt(sid, owner, true).ok()?;
-        if let Some(v) = caller.version {
-            s.set_protocol_version(v);
-        }
-        self.store.rebuilt(&s);
-        tracing::debug!(mcp.session = %s.hashed_id(), "minted session held from its id: the store did not say");
-        Some(s)
-    }
-
-    /// The fleet's hand-over at the end of a drain: with a store, the calls this replica
-    /// still reads upstream go on into the store (their clients resume on other replicas, from
-    /// it) until they end, at most `--store-drain-timeout`; without one, nothing.
-    pub(crate) async fn hand_over(&self) {
-        let Some(limit) = self.cfg.store.as_ref().map(|s| s.drain_timeout) else {
-            return;
-        };
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut running = self.registry.running_calls();
-        if running > 0 {
-            tracing::info!(
-                calls = running,
-                ?limit,
-                "drained: reading the calls still running into the fleet's store"
-            );
-        }
-        while running > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(HAND_OVER_POLL).await;
-            running = self.registry.running_calls();
-        }
-        if running > 0 {
-            tracing::warn!(calls = running, "--store-drain-timeout: calls still running are left (their followers get owner-lost)");
-        }
-    }
-
-    /// The replica stops accepting: the clients it serves from the fleet's store resume
-    /// elsewhere at once.
-    pub(crate) fn drain_followers(&self) {
-        self.store.drain_followers();
-    }
-
-    /// Ends `session` (DELETE, an operator's end): here, and through the registry's
-    /// [`on_end`], upstream and in the fleet.
-    pub(super) fn end_session(&self, session: &Session, why: crate::session::Eviction) {
-        self.registry.remove(session.id(), why);
-    }
-}
-
-/// How often the hand-over looks whether the calls it reads have ended.
-const HAND_OVER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Shed DELETEs in flight at most: beyond, a shed session is left to the upstream's own
-/// expiry (a flood of sheds must not become a flood of upstream requests).
-const MAX_SHED_DELETES: usize = 64;
-
-/// What follows every end of a session here, whatever ended it (the registry's one hook):
-/// the fleet learns of it ([`Store::ended`]: a tombstone and an announcement, unless another
-/// replica announced it), and a session the gateway alone ended is ended upstream too. With a
-/// store, a session that only idled out here may live on through another replica: the store
-/// says whether the fleet let it idle out too before the upstream is asked ([`Store::idled`]).
-fn on_end(store: Store, shed: crate::session::EndUpstream) -> crate::session::OnEnd {
-    crate::session::OnEnd(Box::new(move |s, why| {
-        let upstream_too = why.ends_upstream() && !s.minted();
-        if why == crate::session::Eviction::Ttl && store.is_on() {
-            store.idled(s, upstream_too.then(|| shed.clone()));
-            return;
-        }
-        store.ended(s, why);
-        if upstream_too {
-            shed(s);
-        }
-    }))
-}
-
-/// A `DELETE` to the upstream for a session the gateway ended alone (the cap, the budget, its
-/// TTL, an operator), so the upstream does not keep a session the gateway dropped (its
-/// client's next request then gets the upstream's 404 and initializes again). It carries the
-/// session id and protocol version, not the client's credentials (the gateway keeps none): an
-/// upstream that wants them on DELETE refuses it and keeps the session until its own expiry.
-fn end_upstream(
-    upstream: Arc<Upstream>,
-    limit: std::time::Duration,
-) -> crate::session::EndUpstream {
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_SHED_DELETES));
-    Arc::new(move |s: &Session| {
-        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-            tracing::debug!(mcp.session = %s.hashed_id(), "too many shed sessions being ended upstream: left to the upstream's expiry");
-            return;
-        };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let mut headers = http::HeaderMap::new();
-        let (Ok(sid), Ok(uri)) = (
-            http::HeaderValue::from_str(s.id()),
-            s.endpoint().parse::<http::Uri>(),
-        ) else {
-            return;
-        };
-        headers.insert(MCP_SESSION_ID, sid);
-        if let Some(v) = s
-            .protocol_version()
-            .and_then(|v| http::HeaderValue::from_str(&v).ok())
-        {
-            headers.insert(MCP_PROTOCOL_VERSION, v);
-        }
-        let req = upstream.request(
-            &Method::DELETE,
-            &uri,
-            &headers,
-            None,
-            full_body(Bytes::new()),
-            None,
-        );
-        let (upstream, session) = (upstream.clone(), s.hashed_id().clone());
-        rt.spawn(async move {
-            let _permit = permit;
-            match tokio::time::timeout(limit, upstream.send(req)).await {
-                Ok(Ok(resp)) => tracing::debug!(mcp.session = %session, status = resp.status().as_u16(), "shed session ended upstream"),
-                _ => tracing::debug!(mcp.session = %session, "shed session: the upstream did not answer its DELETE"),
-            }
-        });
-    })
 }
 
 fn is_visible_ascii(b: &[u8]) -> bool {
