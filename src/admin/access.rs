@@ -96,7 +96,7 @@ impl Access {
 
 /// A refusal as JSON, with the challenge a browser answers with a password prompt.
 fn refused(status: StatusCode, why: &'static str) -> Answer {
-    let mut a = super::sessions::error(status, "refused", why);
+    let mut a = Answer::error(status, "refused", why);
     if status == StatusCode::UNAUTHORIZED {
         a.headers.push((
             header::WWW_AUTHENTICATE,

@@ -104,6 +104,16 @@ impl Answer {
     fn text(status: StatusCode, body: &'static str) -> Answer {
         Answer::new(status, "text/plain", Bytes::from_static(body.as_bytes()))
     }
+
+    /// An error as JSON: `{"error": kind, "message": why}` (the sessions' pages and the
+    /// access checks answer with it).
+    fn error(status: StatusCode, kind: &str, why: &str) -> Answer {
+        Answer::new(
+            status,
+            "application/json",
+            Bytes::from(serde_json::json!({ "error": kind, "message": why }).to_string()),
+        )
+    }
 }
 
 impl Admin {

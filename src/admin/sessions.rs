@@ -11,7 +11,6 @@
 //! store, while another operator's question to the fleet is out, a read or an end that needs
 //! the fleet gets 503 with `Retry-After` (one question at a time per replica: `store::ask`).
 
-use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 
 use super::access::Want;
@@ -51,7 +50,7 @@ async fn answer<B>(admin: &Admin, req: &Request<B>) -> Answer {
     } else if read {
         Want::Read
     } else {
-        let mut a = error(
+        let mut a = Answer::error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
             "sessions are read with GET and ended with DELETE",
@@ -97,7 +96,7 @@ async fn answer<B>(admin: &Admin, req: &Request<B>) -> Answer {
             Ok(None) => not_found(false, "no replica holds a session of that id"),
             Err(_) => busy(false),
         },
-        (Want::End, None, _) => error(
+        (Want::End, None, _) => Answer::error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
             "end one session: DELETE /sessions/{id}",
@@ -149,7 +148,7 @@ fn busy(html: bool) -> Answer {
             ui::message("Busy", why),
         )
     } else {
-        error(StatusCode::SERVICE_UNAVAILABLE, "busy", why)
+        Answer::error(StatusCode::SERVICE_UNAVAILABLE, "busy", why)
     };
     a.headers.push((http::header::RETRY_AFTER, "1"));
     a
@@ -163,7 +162,7 @@ fn bad_query(html: bool, why: &str) -> Answer {
             ui::message("Not a page of the list", why),
         )
     } else {
-        error(StatusCode::BAD_REQUEST, "bad-query", why)
+        Answer::error(StatusCode::BAD_REQUEST, "bad-query", why)
     }
 }
 
@@ -175,21 +174,12 @@ fn is_label(s: &str) -> bool {
 fn json(listing: &Listing) -> Answer {
     match serde_json::to_vec(listing) {
         Ok(body) => Answer::new(StatusCode::OK, JSON, body),
-        Err(_) => error(
+        Err(_) => Answer::error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "the list could not be written",
         ),
     }
-}
-
-/// An error as JSON: `{"error": kind, "message": why}`.
-pub(super) fn error(status: StatusCode, kind: &str, why: &str) -> Answer {
-    Answer::new(
-        status,
-        JSON,
-        Bytes::from(serde_json::json!({ "error": kind, "message": why }).to_string()),
-    )
 }
 
 fn bad_label(html: bool) -> Answer {
@@ -201,7 +191,7 @@ fn bad_label(html: bool) -> Answer {
             ui::message("Not a session id", why),
         )
     } else {
-        error(StatusCode::BAD_REQUEST, "bad-id", why)
+        Answer::error(StatusCode::BAD_REQUEST, "bad-id", why)
     }
 }
 
@@ -209,6 +199,6 @@ fn not_found(html: bool, why: &str) -> Answer {
     if html {
         Answer::new(StatusCode::NOT_FOUND, HTML, ui::message("Not found", why))
     } else {
-        error(StatusCode::NOT_FOUND, "unknown-session", why)
+        Answer::error(StatusCode::NOT_FOUND, "unknown-session", why)
     }
 }
