@@ -1,8 +1,8 @@
 //! The fleet layer: how a request finds its session, the local registry first and then the
 //! fleet's store (an adoption for the caller, a stranger's claim of its ids in a session it
-//! is not given, a minted id that certifies itself when the store cannot say), and what
-//! follows a session's end in the fleet and upstream (the registry's one hook), the drain's
-//! hand-over. Without a store, a session is the registry's alone and this is a lookup.
+//! is not given, a minted id that certifies itself when the store cannot say), how a POST's
+//! ids claimed here are claimed in the fleet before it is forwarded, and what follows a
+//! session's end in the fleet and upstream (the registry's one hook), the drain's hand-over. Without a store, a session is the registry's alone and this is a lookup.
 //!
 //! The rules it applies are the session core's (`session::verdict` for an id in flight,
 //! `session::decide` for a cursor); this layer only says where the facts come from.
@@ -16,7 +16,7 @@ use super::inbound::Inbound;
 use super::{forward, Gateway, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::error::{ProxyError, Refusal};
 use crate::session::{Owner, Session};
-use crate::store::{Adoption, IdsHeld, Store};
+use crate::store::{Adoption, IdClaim, IdsHeld, Store};
 use crate::upstream::{full_body, Upstream};
 
 impl Gateway {
@@ -92,6 +92,63 @@ impl Gateway {
             held => held,
         };
         Ok((held, strangers_claim))
+    }
+}
+
+/// What the fleet's store says of a POST's request ids claimed here ([`Gateway::claim_in_fleet`]).
+pub(super) enum FleetClaim {
+    /// Forward it: its ids are this replica's in the fleet until the guard drops (`None`:
+    /// no store, or a first POST forwarded while the store did not answer).
+    Ours(Option<IdsHeld>),
+    /// A stream of another replica carries them: a retransmission, resumed from the store.
+    Elsewhere(u32),
+}
+
+impl Gateway {
+    /// A POST's request ids, claimed in `s` here, claimed in the fleet's store before it is
+    /// forwarded (the one awaited write on a POST's path, STYLE 19): a retransmission whose
+    /// claim cannot be made is refused (503 + `Retry-After`), never forwarded; one that
+    /// another replica's stream carries is resumed from it; another's in flight is 409.
+    pub(super) async fn claim_in_fleet(
+        &self,
+        inb: &mut Inbound,
+        s: &Arc<Session>,
+    ) -> Result<FleetClaim, Refusal> {
+        if !self.store.is_on() {
+            return Ok(FleetClaim::Ours(None));
+        }
+        let limit = self.cfg.upstream_header_timeout;
+        let single_id = || inb.info.single_id.clone();
+        // A POST with the client's cursor is a retransmission of a call it was cut
+        // from: forwarded only once its claim is made (STYLE 19).
+        let retransmitted = inb.cursor().is_some();
+        let ids = &inb.info.request_ids;
+        let claim = self
+            .store
+            .claim(s.id(), Some(s), inb.principal, ids, limit)
+            .await;
+        match claim {
+            // Right after the store's return nothing claimed proves nothing: the
+            // replica that ran the call may not have written its claim again yet.
+            IdClaim::Ours(_) if retransmitted && self.store.just_recovered() => {
+                Err(ProxyError::StoreUnanswered.for_request(single_id()))
+            }
+            IdClaim::Ours(held) => Ok(FleetClaim::Ours(Some(held))),
+            IdClaim::Carried(stream) => Ok(FleetClaim::Elsewhere(stream)),
+            IdClaim::InFlight => Err(forward::in_flight(
+                inb.info.single_id.as_ref(),
+                &inb.info.request_ids,
+            )
+            .for_request(single_id())),
+            IdClaim::Pending => Err(ProxyError::StoreUnanswered.for_request(single_id())),
+            IdClaim::Unanswered if retransmitted => {
+                Err(ProxyError::StoreUnanswered.for_request(single_id()))
+            }
+            // A first POST of a session held here: forwarded (a store outage costs
+            // cross-replica resumability, never availability); the stream it opens
+            // writes its claim once the store is back (the writer defers it).
+            IdClaim::Unanswered | IdClaim::Unknown => Ok(FleetClaim::Ours(None)),
+        }
     }
 }
 

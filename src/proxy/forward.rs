@@ -12,6 +12,7 @@ use std::sync::Arc;
 use http::{Method, Response, StatusCode};
 use tracing::Instrument;
 
+use super::fleet::FleetClaim;
 use super::inbound::Inbound;
 use super::respond::{minted_header, pass_through};
 use super::{is_visible_ascii, Gateway, ResBody, MCP_SESSION_ID};
@@ -23,7 +24,7 @@ use crate::metrics::ResumeOutcome;
 use crate::session::{
     Eviction, Forwarding, InFlight, OpenStream, Owner, Reattach, Reservation, Session, StreamKind,
 };
-use crate::store::{IdClaim, IdsHeld};
+use crate::store::IdsHeld;
 use crate::upstream::{full_body, media, Media, OwnBody, SendError, Source};
 
 /// A request on its way upstream: its answer, once polled to the end.
@@ -241,43 +242,12 @@ impl Gateway {
                         return Err(ProxyError::DetachedCalls(detached)
                             .for_request(inb.info.single_id.clone()));
                     }
-                    let limit = self.cfg.upstream_header_timeout;
-                    let single_id = || inb.info.single_id.clone();
-                    // A POST with the client's cursor is a retransmission of a call it was cut
-                    // from: forwarded only once its claim is made (STYLE 19).
-                    let retransmitted = inb.cursor().is_some();
-                    let ids = &inb.info.request_ids;
-                    match self
-                        .store
-                        .claim(s.id(), Some(s), inb.principal, ids, limit)
-                        .await
-                    {
-                        // Right after the store's return nothing claimed proves nothing: the
-                        // replica that ran the call may not have written its claim again yet.
-                        IdClaim::Ours(_) if retransmitted && self.store.just_recovered() => {
-                            return Err(ProxyError::StoreUnanswered.for_request(single_id()));
-                        }
-                        IdClaim::Ours(held) => claimed = Some(held),
-                        IdClaim::Carried(stream) => {
+                    // In the fleet's store too, before it is forwarded (`fleet.rs`).
+                    match self.claim_in_fleet(inb, s).await? {
+                        FleetClaim::Ours(held) => claimed = held,
+                        FleetClaim::Elsewhere(stream) => {
                             return Ok(Prepared::Elsewhere(s.clone(), stream));
                         }
-                        IdClaim::InFlight => {
-                            return Err(in_flight(
-                                inb.info.single_id.as_ref(),
-                                &inb.info.request_ids,
-                            )
-                            .for_request(single_id()))
-                        }
-                        IdClaim::Pending => {
-                            return Err(ProxyError::StoreUnanswered.for_request(single_id()));
-                        }
-                        IdClaim::Unanswered if retransmitted => {
-                            return Err(ProxyError::StoreUnanswered.for_request(single_id()));
-                        }
-                        // A first POST of a session held here: forwarded (a store outage costs
-                        // cross-replica resumability, never availability); the stream it opens
-                        // writes its claim once the store is back (the writer defers it).
-                        IdClaim::Unanswered | IdClaim::Unknown => {}
                     }
                     Some(f)
                 }
