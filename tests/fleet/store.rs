@@ -69,6 +69,23 @@ async fn initialize(gw: &Binary, mock: &mut Mock, sid: &str) {
     assert_eq!(pending.await.unwrap().status(), 200);
 }
 
+/// A session ALICE creates through `gw` in front of a stateless upstream (the mock answers
+/// `initialize` without a session): the gateway mints its id. Returns it.
+async fn minted(gw: &Binary, mock: &mut Mock) -> String {
+    let pending = tokio::spawn(send(gw.addr, as_(ALICE, post(INITIALIZE, None))));
+    mock.next().await.respond_json(
+        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
+    );
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let sid = resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(sid.starts_with("mra-"), "{sid}");
+    sid
+}
+
 /// ALICE's call `id` through `gw`: the upstream's stream (returned, still open) sends its first
 /// progress event, the client reads it and is cut. Returns the client's cursor.
 async fn cut_after_first(gw: &Binary, mock: &mut Mock, sid: &str, id: u64) -> (String, SseWriter) {
@@ -1091,17 +1108,7 @@ async fn a_session_ended_on_one_replica_is_ended_on_every_one() {
         return;
     };
     // A stateless upstream: the gateway mints the session, the upstream never knows it.
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_json(
-        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
-    );
-    let resp = pending.await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    assert!(sid.starts_with("mra-"), "{sid}");
+    let sid = minted(&a, &mut mock).await;
     // B adopts it for a call.
     let pending = tokio::spawn(send(b.addr, as_(ALICE, post(&call(1), Some(&sid)))));
     let upstream = mock.next().await.respond_sse(None);
@@ -1692,17 +1699,7 @@ async fn a_minted_session_lives_on_any_replica_when_the_store_forgot_it() {
     let Some((redis, _key, mut mock, a, b)) = two_replicas("minted-reborn").await else {
         return;
     };
-    let pending = tokio::spawn(send(a.addr, as_(ALICE, post(INITIALIZE, None))));
-    mock.next().await.respond_json(
-        r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"mock","version":"0"}}}"#,
-    );
-    let resp = pending.await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    assert!(sid.starts_with("mra-"), "{sid}");
+    let sid = minted(&a, &mut mock).await;
     // The store forgets everything (as one restarted without persistence).
     let mut conn = store_conn(&redis).await;
     let () = ::redis::cmd("FLUSHALL")
